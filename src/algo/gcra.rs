@@ -1,0 +1,428 @@
+//! GCRA, the Generic Cell Rate Algorithm (ATM Forum Traffic Management Specification 4.0,
+//! section 4.4.2, "virtual scheduling" form), used as a token bucket with one timestamp.
+//!
+//! In plain words: every request "costs" one emission interval `T = period / rate` of time.
+//! The key stores the *theoretical arrival time* (TAT): the instant at which the key would be
+//! idle again if no more requests came. A request of quantity `n` at `now` moves the TAT to
+//! `max(TAT, now) + n·T`, and is admitted iff that is at most the *tolerance*
+//! `τ = burst · T` ahead of `now`. An idle key therefore admits exactly `burst` requests at
+//! once, then one more every `T`: the behaviour of a token bucket of capacity `burst` refilled
+//! at `rate / period`, with a single integer of state instead of a counter and a timestamp.
+
+use crate::decision::{Decision, Outcome, Overflow, Verdict};
+use crate::params::GcraParams;
+
+/// GcraState is what one GCRA key stores: the TAT and the parameters it was built under, so
+/// that a call with other parameters can convert it (capacity in use is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GcraState {
+    /// Theoretical arrival time, ns since the Unix epoch.
+    pub tat_ns: u64,
+    /// The emission interval the TAT was built under, ns (≥ 1).
+    pub emission_interval_ns: u64,
+    /// The burst the TAT was built under (≥ 1).
+    pub burst: u64,
+}
+
+/// GcraRequest is one call's request: `quantity` requests at once (0 = just report), and an
+/// optional reservation horizon (`MAXWAIT`, ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcraRequest {
+    /// Requests to admit together; 0 only reports the key's state.
+    pub quantity: u64,
+    /// With `Some(w)`, a denial that would clear within `w` ns becomes a reservation.
+    pub max_wait_ns: Option<u64>,
+}
+
+impl GcraRequest {
+    /// Returns a plain request of `quantity` without a reservation horizon.
+    pub fn of(quantity: u64) -> Self {
+        Self { quantity, max_wait_ns: None }
+    }
+}
+
+/// Returns the stored TAT re-expressed under `params`, never earlier than `now_ns`.
+///
+/// A key last written under another emission interval keeps the *capacity in use*, measured in
+/// requests: `(tat − now) / T_old` requests become `(tat − now) / T_old · T_new` ns of TAT
+/// ahead of now, rounded up (so a conversion never admits more). The stored burst plays no
+/// part: a lower burst makes the key wait until its capacity in use drains below it.
+///
+/// Errors: [`Overflow`] if the converted TAT does not fit in `u64` nanoseconds.
+pub fn effective_tat(
+    params: &GcraParams,
+    stored: Option<&GcraState>,
+    now_ns: u64,
+) -> Result<u64, Overflow> {
+    let Some(state) = stored else { return Ok(now_ns) };
+    if state.tat_ns <= now_ns {
+        return Ok(now_ns);
+    }
+    if state.emission_interval_ns == params.emission_interval_ns {
+        return Ok(state.tat_ns);
+    }
+    let in_use_ns = u128::from(state.tat_ns - now_ns);
+    let old_t = u128::from(state.emission_interval_ns.max(1));
+    let scaled = in_use_ns * u128::from(params.emission_interval_ns);
+    let converted = scaled.div_ceil(old_t);
+    let converted = u64::try_from(converted).map_err(|_| Overflow)?;
+    now_ns.checked_add(converted).ok_or(Overflow)
+}
+
+/// Requests of quantity 1 still admitted at `now_ns` by a key whose TAT is `tat_ns`.
+fn remaining(params: &GcraParams, tat_ns: u64, now_ns: u64) -> u64 {
+    let in_use_ns = tat_ns.saturating_sub(now_ns);
+    params.tolerance_ns.saturating_sub(in_use_ns) / params.emission_interval_ns
+}
+
+/// Decides one GCRA request at `now_ns` against the `stored` state (None: missing key).
+///
+/// Follows SPEC.md's RL.GCRA rule exactly: `tat = max(stored_tat, now)`,
+/// `new_tat = tat + n·T`, admitted iff `new_tat − now ≤ τ`. Admitted requests return the new
+/// state in `write` (to be stored with an absolute expiry at `new_tat`); denials, `quantity`
+/// 0 and `quantity > burst` (a [`Verdict::Never`]) return no write. With `max_wait_ns`, a
+/// denial that clears within it is admitted as [`Verdict::Reserved`] and writes the state it
+/// would have written at the later instant (which is the same `new_tat`).
+///
+/// Errors: [`Overflow`] if `new_tat` or the converted TAT leaves `u64` nanoseconds.
+pub fn decide(
+    params: &GcraParams,
+    stored: Option<&GcraState>,
+    now_ns: u64,
+    request: GcraRequest,
+) -> Result<Outcome<GcraState>, Overflow> {
+    let tat = effective_tat(params, stored, now_ns)?;
+    let report = |verdict: Verdict, tat_after: u64| Decision {
+        verdict,
+        limit: params.burst,
+        remaining: remaining(params, tat_after, now_ns),
+        reset_after_ns: tat_after.saturating_sub(now_ns),
+    };
+    let n = request.quantity;
+    if n == 0 {
+        let verdict = match request.max_wait_ns {
+            Some(_) => Verdict::Reserved { delay_ns: 0 },
+            None => Verdict::Allowed,
+        };
+        return Ok(Outcome { decision: report(verdict, tat), write: None });
+    }
+    if n > params.burst {
+        return Ok(Outcome { decision: report(Verdict::Never, tat), write: None });
+    }
+    // n ≤ burst, so n·T ≤ τ, which fits by construction of GcraParams.
+    let cost_ns = n.checked_mul(params.emission_interval_ns).ok_or(Overflow)?;
+    let new_tat = tat.checked_add(cost_ns).ok_or(Overflow)?;
+    let ahead_ns = new_tat - now_ns;
+    let write = GcraState {
+        tat_ns: new_tat,
+        emission_interval_ns: params.emission_interval_ns,
+        burst: params.burst,
+    };
+    if ahead_ns <= params.tolerance_ns {
+        let verdict = match request.max_wait_ns {
+            Some(_) => Verdict::Reserved { delay_ns: 0 },
+            None => Verdict::Allowed,
+        };
+        return Ok(Outcome { decision: report(verdict, new_tat), write: Some(write) });
+    }
+    // Admitted at the first instant t with new_tat − t ≤ τ. That instant is not after `tat`
+    // (because n·T ≤ τ), so max(stored_tat, t) is still `tat` and new_tat is unchanged.
+    let wait_ns = ahead_ns - params.tolerance_ns;
+    match request.max_wait_ns {
+        Some(max_wait_ns) if wait_ns <= max_wait_ns => Ok(Outcome {
+            decision: report(Verdict::Reserved { delay_ns: wait_ns }, new_tat),
+            write: Some(write),
+        }),
+        _ => Ok(Outcome {
+            decision: report(Verdict::Denied { retry_after_ns: wait_ns }, tat),
+            write: None,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
+    use proptest::prelude::*;
+
+    const MS: u64 = NANOS_PER_MILLI;
+    const S: u64 = NANOS_PER_SEC;
+    /// An arbitrary epoch instant for timelines (2026-11-30T00:00:00Z).
+    const BASE: u64 = 1_795_996_800 * S;
+
+    /// One step of a timeline: at `at` ns after BASE, request `qty`; expect the reply fields
+    /// (retry_ms: None = -1 in the reply).
+    struct Step {
+        at: u64,
+        qty: u64,
+        allowed: bool,
+        remaining: u64,
+        retry_ms: Option<u64>,
+        reset_ms: u64,
+    }
+
+    fn retry_ms(verdict: Verdict) -> Option<u64> {
+        match verdict {
+            Verdict::Denied { retry_after_ns } => Some(ceil_ms(retry_after_ns)),
+            Verdict::Reserved { delay_ns } => Some(ceil_ms(delay_ns)),
+            Verdict::Allowed | Verdict::Never => None,
+        }
+    }
+
+    fn run(params: GcraParams, steps: &[Step]) {
+        let mut stored: Option<GcraState> = None;
+        for (i, step) in steps.iter().enumerate() {
+            let out = decide(&params, stored.as_ref(), BASE + step.at, GcraRequest::of(step.qty))
+                .unwrap_or_else(|_| panic!("step {i}: overflow"));
+            let d = out.decision;
+            assert_eq!(d.verdict.is_allowed(), step.allowed, "step {i}: allowed");
+            assert_eq!(d.limit, params.burst, "step {i}: limit");
+            assert_eq!(d.remaining, step.remaining, "step {i}: remaining");
+            assert_eq!(retry_ms(d.verdict), step.retry_ms, "step {i}: retry_after_ms");
+            assert_eq!(ceil_ms(d.reset_after_ns), step.reset_ms, "step {i}: reset_after_ms");
+            assert_eq!(out.write.is_some(), step.allowed && step.qty > 0, "step {i}: write");
+            if let Some(w) = out.write {
+                stored = Some(w);
+            }
+        }
+    }
+
+    fn st(at: u64, qty: u64, allowed: bool, remaining: u64, retry: Option<u64>, reset: u64) -> Step {
+        Step { at, qty, allowed, remaining, retry_ms: retry, reset_ms: reset }
+    }
+
+    #[test]
+    fn idle_key_admits_exactly_burst_then_one_per_interval() {
+        // burst 3, 1 per second.
+        let p = GcraParams::new(3, 1, S).unwrap();
+        run(p, &[
+            st(0, 1, true, 2, None, 1000),
+            st(0, 1, true, 1, None, 2000),
+            st(0, 1, true, 0, None, 3000),
+            st(0, 1, false, 0, Some(1000), 3000),
+            st(999 * MS, 1, false, 0, Some(1), 2001),
+            st(1000 * MS, 1, true, 0, None, 3000),
+            st(1500 * MS, 1, false, 0, Some(500), 2500),
+            st(5000 * MS, 1, true, 2, None, 1000),
+        ]);
+    }
+
+    #[test]
+    fn quantity_zero_reports_without_writing() {
+        let p = GcraParams::new(5, 10, S).unwrap();
+        run(p, &[
+            st(0, 0, true, 5, None, 0),
+            st(0, 2, true, 3, None, 200),
+            st(50 * MS, 0, true, 3, None, 150),
+            st(100 * MS, 0, true, 4, None, 100),
+        ]);
+    }
+
+    #[test]
+    fn quantity_above_burst_is_never_allowed() {
+        let p = GcraParams::new(5, 10, S).unwrap();
+        run(p, &[
+            st(0, 1, true, 4, None, 100),
+            st(0, 6, false, 4, None, 100),
+            st(0, 5, false, 4, Some(100), 100),
+            st(0, 4, true, 0, None, 500),
+        ]);
+    }
+
+    #[test]
+    fn quantity_n_costs_n_intervals() {
+        let p = GcraParams::new(10, 1, S).unwrap();
+        run(p, &[
+            st(0, 7, true, 3, None, 7000),
+            st(0, 4, false, 3, Some(1000), 7000),
+            st(1000 * MS, 4, true, 0, None, 10000),
+        ]);
+    }
+
+    #[test]
+    fn denied_request_leaves_state_untouched() {
+        let p = GcraParams::new(1, 1, S).unwrap();
+        let first = decide(&p, None, BASE, GcraRequest::of(1)).unwrap();
+        let stored = first.write.unwrap();
+        let denied = decide(&p, Some(&stored), BASE + 10, GcraRequest::of(1)).unwrap();
+        assert!(denied.write.is_none());
+        assert!(!denied.decision.verdict.is_allowed());
+    }
+
+    #[test]
+    fn clock_stepping_back_never_admits_extra() {
+        let p = GcraParams::new(2, 1, S).unwrap();
+        let a = decide(&p, None, BASE, GcraRequest::of(2)).unwrap().write.unwrap();
+        // The clock steps back one hour: the stored TAT is far ahead of now.
+        let back = BASE - 3600 * S;
+        let out = decide(&p, Some(&a), back, GcraRequest::of(1)).unwrap();
+        assert!(!out.decision.verdict.is_allowed());
+        assert_eq!(out.decision.remaining, 0);
+        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 3601 * S });
+    }
+
+    #[test]
+    fn raising_the_rate_takes_effect_at_once() {
+        // 2 of burst 4 used at 1/s → capacity in use 2 requests. At 10/s those 2 requests are
+        // 200 ms of TAT, so 2 remain and the key resets in 200 ms.
+        let slow = GcraParams::new(4, 1, S).unwrap();
+        let fast = GcraParams::new(4, 10, S).unwrap();
+        let s = decide(&slow, None, BASE, GcraRequest::of(2)).unwrap().write.unwrap();
+        let out = decide(&fast, Some(&s), BASE, GcraRequest::of(0)).unwrap();
+        assert_eq!(out.decision.remaining, 2);
+        assert_eq!(out.decision.reset_after_ns, 200 * MS);
+        let out = decide(&fast, Some(&s), BASE, GcraRequest::of(2)).unwrap();
+        assert!(out.decision.verdict.is_allowed());
+        assert_eq!(out.write.unwrap().emission_interval_ns, 100 * MS);
+    }
+
+    #[test]
+    fn lowering_the_burst_keeps_capacity_in_use() {
+        let big = GcraParams::new(10, 1, S).unwrap();
+        let small = GcraParams::new(3, 1, S).unwrap();
+        let s = decide(&big, None, BASE, GcraRequest::of(8)).unwrap().write.unwrap();
+        // 8 in use, capacity now 3: wait until 2 are in use, i.e. 6 s.
+        let out = decide(&small, Some(&s), BASE, GcraRequest::of(1)).unwrap();
+        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 6 * S });
+        assert_eq!(out.decision.remaining, 0);
+        // Raising the burst again admits at once.
+        let out = decide(&big, Some(&s), BASE, GcraRequest::of(2)).unwrap();
+        assert!(out.decision.verdict.is_allowed());
+    }
+
+    #[test]
+    fn reservation_within_max_wait_advances_state() {
+        let p = GcraParams::new(1, 1, S).unwrap();
+        let s = decide(&p, None, BASE, GcraRequest::of(1)).unwrap().write.unwrap();
+        let req = GcraRequest { quantity: 1, max_wait_ns: Some(1000 * MS) };
+        let out = decide(&p, Some(&s), BASE, req).unwrap();
+        assert_eq!(out.decision.verdict, Verdict::Reserved { delay_ns: S });
+        assert_eq!(out.write.unwrap().tat_ns, BASE + 2 * S);
+        let short = GcraRequest { quantity: 1, max_wait_ns: Some(999 * MS) };
+        let out = decide(&p, Some(&s), BASE, short).unwrap();
+        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: S });
+        assert!(out.write.is_none());
+    }
+
+    #[test]
+    fn overflow_is_an_error_not_a_panic() {
+        let p = GcraParams::new(2, 1, S).unwrap();
+        let s = GcraState { tat_ns: u64::MAX - 1, emission_interval_ns: S, burst: 2 };
+        assert_eq!(decide(&p, Some(&s), 0, GcraRequest::of(1)), Err(Overflow));
+        let fast = GcraParams::new(2, 1, crate::time::MAX_PERIOD_NS).unwrap();
+        let s = GcraState { tat_ns: u64::MAX, emission_interval_ns: 1, burst: 2 };
+        assert_eq!(decide(&fast, Some(&s), 0, GcraRequest::of(0)), Err(Overflow));
+    }
+
+    fn params_strategy() -> impl Strategy<Value = GcraParams> {
+        (1u64..50, 1u64..1000, 1u64..5_000).prop_map(|(burst, rate, period_ms)| {
+            GcraParams::new(burst, rate, period_ms * MS).unwrap()
+        })
+    }
+
+    /// Random timelines: (gap ns, quantity) pairs.
+    fn timeline() -> impl Strategy<Value = Vec<(u64, u64)>> {
+        prop::collection::vec((0u64..3 * S, 0u64..6), 1..60)
+    }
+
+    proptest! {
+        #[test]
+        fn waiting_exactly_retry_after_admits_and_1ns_less_does_not(
+            p in params_strategy(), steps in timeline(), qty in 1u64..6,
+        ) {
+            let mut now = BASE;
+            let mut stored = None;
+            for (gap, q) in steps {
+                now += gap;
+                if let Ok(out) = decide(&p, stored.as_ref(), now, GcraRequest::of(q)) {
+                    if out.write.is_some() { stored = out.write; }
+                }
+            }
+            let out = decide(&p, stored.as_ref(), now, GcraRequest::of(qty)).unwrap();
+            if let Verdict::Denied { retry_after_ns } = out.decision.verdict {
+                prop_assert!(retry_after_ns > 0);
+                let later = decide(&p, stored.as_ref(), now + retry_after_ns, GcraRequest::of(qty)).unwrap();
+                prop_assert!(later.decision.verdict.is_allowed());
+                let early = decide(&p, stored.as_ref(), now + retry_after_ns - 1, GcraRequest::of(qty)).unwrap();
+                prop_assert!(!early.decision.verdict.is_allowed());
+            }
+        }
+
+        #[test]
+        fn remaining_never_exceeds_burst_and_denials_never_write(
+            p in params_strategy(), steps in timeline(),
+        ) {
+            let mut now = BASE;
+            let mut stored = None;
+            for (gap, q) in steps {
+                now += gap;
+                let out = decide(&p, stored.as_ref(), now, GcraRequest::of(q)).unwrap();
+                prop_assert!(out.decision.remaining <= p.burst);
+                prop_assert_eq!(out.decision.limit, p.burst);
+                if !out.decision.verdict.is_allowed() || q == 0 {
+                    prop_assert!(out.write.is_none());
+                } else {
+                    prop_assert!(out.write.is_some());
+                    stored = out.write;
+                }
+            }
+        }
+
+        #[test]
+        fn admitted_never_exceeds_burst_plus_rate_times_elapsed(
+            p in params_strategy(), steps in timeline(),
+        ) {
+            // Over any interval [a, b] of request instants, admitted ≤ burst + (b − a) / T.
+            let mut now = BASE;
+            let mut stored = None;
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            for (gap, q) in steps {
+                now += gap;
+                let out = decide(&p, stored.as_ref(), now, GcraRequest::of(q)).unwrap();
+                if out.write.is_some() {
+                    stored = out.write;
+                    admitted.push((now, q));
+                }
+            }
+            for i in 0..admitted.len() {
+                let mut total = 0u128;
+                for j in i..admitted.len() {
+                    total += u128::from(admitted[j].1);
+                    let elapsed = u128::from(admitted[j].0 - admitted[i].0);
+                    let bound = u128::from(p.burst) + elapsed / u128::from(p.emission_interval_ns);
+                    prop_assert!(total <= bound, "{} admitted in {} ns", total, elapsed);
+                }
+            }
+        }
+
+        #[test]
+        fn reservations_executed_at_their_delay_respect_the_rate(
+            p in params_strategy(), steps in timeline(), max_wait_ms in 0u64..5_000,
+        ) {
+            let mut now = BASE;
+            let mut stored = None;
+            let mut executions: Vec<(u64, u64)> = Vec::new();
+            for (gap, q) in steps {
+                now += gap;
+                let req = GcraRequest { quantity: q, max_wait_ns: Some(max_wait_ms * MS) };
+                let out = decide(&p, stored.as_ref(), now, req).unwrap();
+                if let (Some(w), Verdict::Reserved { delay_ns }) = (out.write, out.decision.verdict) {
+                    prop_assert!(delay_ns <= max_wait_ms * MS);
+                    stored = Some(w);
+                    executions.push((now + delay_ns, q));
+                }
+            }
+            executions.sort_unstable();
+            for i in 0..executions.len() {
+                let mut total = 0u128;
+                for j in i..executions.len() {
+                    total += u128::from(executions[j].1);
+                    let elapsed = u128::from(executions[j].0 - executions[i].0);
+                    let bound = u128::from(p.burst) + elapsed / u128::from(p.emission_interval_ns);
+                    prop_assert!(total <= bound);
+                }
+            }
+        }
+    }
+}

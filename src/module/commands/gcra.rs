@@ -1,0 +1,74 @@
+//! `RL.GCRA key burst rate period [QUANTITY n] [PEEK] [MAXWAIT ms]`.
+
+use std::ffi::c_int;
+
+use redis_module::raw;
+
+use super::{five, once, unknown, Args, Options};
+use crate::algo::gcra::{self, GcraRequest, GcraState};
+use crate::codec::State;
+use crate::module::clock;
+use crate::module::error::CommandError;
+use crate::module::ffi;
+use crate::module::keys::LimiterKey;
+use crate::params::{self, GcraParams};
+use crate::time::{ceil_ms, NANOS_PER_MILLI};
+
+/// A fully validated RL.GCRA call.
+struct GcraCall {
+    key: *mut raw::RedisModuleString,
+    params: GcraParams,
+    request: GcraRequest,
+    peek: bool,
+}
+
+fn parse(args: Args<'_>) -> Result<GcraCall, CommandError> {
+    let [_, key, burst, rate, period, rest @ ..] = args else {
+        return Err(CommandError::Arity("rl.gcra"));
+    };
+    let burst = params::positive(unsafe { ffi::bytes(*burst) }, "burst")?;
+    let rate = params::positive(unsafe { ffi::bytes(*rate) }, "rate")?;
+    let period_ns = params::seconds(unsafe { ffi::bytes(*period) }, "period")?;
+    let params = GcraParams::new(burst, rate, period_ns)?;
+    let (mut quantity, mut peek, mut max_wait_ns) = (1, false, None);
+    let (mut seen_quantity, mut seen_max_wait) = (false, false);
+    let mut options = Options::new(rest);
+    while let Some(keyword) = options.next_keyword() {
+        if keyword.eq_ignore_ascii_case(b"QUANTITY") {
+            once(&mut seen_quantity, "QUANTITY")?;
+            quantity = params::non_negative(options.value("QUANTITY")?, "QUANTITY")?;
+        } else if keyword.eq_ignore_ascii_case(b"PEEK") {
+            once(&mut peek, "PEEK")?;
+        } else if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
+            once(&mut seen_max_wait, "MAXWAIT")?;
+            let ms = params::non_negative(options.value("MAXWAIT")?, "MAXWAIT")?;
+            max_wait_ns = Some(ms.saturating_mul(NANOS_PER_MILLI));
+        } else {
+            return Err(unknown(keyword));
+        }
+    }
+    Ok(GcraCall { key: *key, params, request: GcraRequest { quantity, max_wait_ns }, peek })
+}
+
+/// Runs RL.GCRA (see SPEC.md). The reply is the five-integer array.
+pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, CommandError> {
+    let call = parse(args)?;
+    let now_ns = clock::now_ns();
+    let may_write = !call.peek && call.request.quantity > 0;
+    let mut key = LimiterKey::open(ctx, call.key, may_write);
+    let stored: Option<GcraState> = match key.load()? {
+        None => None,
+        Some(State::Gcra(state)) => Some(*state),
+        #[allow(unreachable_patterns)]
+        Some(other) => return Err(CommandError::WrongAlgorithm { held: other.algorithm_name() }),
+    };
+    let outcome = gcra::decide(&call.params, stored.as_ref(), now_ns, call.request)?;
+    if let (true, Some(write)) = (may_write, outcome.write) {
+        let expire_at_ms = i64::try_from(ceil_ms(write.tat_ns)).unwrap_or(i64::MAX);
+        let state = State::Gcra(write);
+        key.store(state.clone(), expire_at_ms);
+        key.announce_write(&state, expire_at_ms, c"rl.gcra");
+    }
+    drop(key);
+    Ok(ffi::reply_integers(ctx, &five(&outcome.decision)))
+}

@@ -1,0 +1,77 @@
+//! The command handlers: parse → now → load → decide → store/replicate/notify → reply.
+
+pub mod apply;
+pub mod gcra;
+#[cfg(debug_assertions)]
+pub mod panic;
+
+use redis_module::raw;
+
+use super::error::CommandError;
+use super::ffi;
+use crate::decision::{Decision, Verdict};
+use crate::time::ceil_ms;
+
+/// The arguments of one call, `args[0]` being the command name.
+pub type Args<'a> = &'a [*mut raw::RedisModuleString];
+
+/// Reads the optional trailing keywords of a command: each may come once, in any order,
+/// case-insensitively.
+pub struct Options<'a> {
+    rest: std::slice::Iter<'a, *mut raw::RedisModuleString>,
+}
+
+impl<'a> Options<'a> {
+    /// Starts reading at `args` (the part after the positional arguments).
+    pub fn new(args: Args<'a>) -> Self {
+        Self { rest: args.iter() }
+    }
+
+    /// Returns the next keyword's bytes, or `None` at the end.
+    pub fn next_keyword(&mut self) -> Option<&'a [u8]> {
+        self.rest.next().map(|&s| unsafe { ffi::bytes(s) })
+    }
+
+    /// Returns the value following `keyword`.
+    pub fn value(&mut self, keyword: &'static str) -> Result<&'a [u8], CommandError> {
+        self.rest
+            .next()
+            .map(|&s| unsafe { ffi::bytes(s) })
+            .ok_or(CommandError::MissingValue(keyword))
+    }
+}
+
+/// Marks a keyword as seen, failing if it was already.
+pub fn once(seen: &mut bool, keyword: &'static str) -> Result<(), CommandError> {
+    if std::mem::replace(seen, true) {
+        return Err(CommandError::Duplicate(keyword));
+    }
+    Ok(())
+}
+
+/// The error for an argument that is no keyword of the command.
+pub fn unknown(arg: &[u8]) -> CommandError {
+    let shown: String = String::from_utf8_lossy(arg).chars().take(64).collect();
+    CommandError::UnknownArgument(shown)
+}
+
+/// Saturating conversion for reply integers.
+pub fn as_reply_int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The SPEC five-integer reply: allowed, limit, remaining, retry_after_ms, reset_after_ms.
+pub fn five(decision: &Decision) -> [i64; 5] {
+    let retry_after_ms = match decision.verdict {
+        Verdict::Allowed | Verdict::Never => -1,
+        Verdict::Denied { retry_after_ns } => as_reply_int(ceil_ms(retry_after_ns).max(1)),
+        Verdict::Reserved { delay_ns } => as_reply_int(ceil_ms(delay_ns)),
+    };
+    [
+        i64::from(decision.verdict.is_allowed()),
+        as_reply_int(decision.limit),
+        as_reply_int(decision.remaining),
+        retry_after_ms,
+        as_reply_int(ceil_ms(decision.reset_after_ns)),
+    ]
+}

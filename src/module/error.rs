@@ -1,0 +1,72 @@
+//! CommandError, and the one place that spells every error reply.
+
+use crate::codec::DecodeError;
+use crate::decision::Overflow;
+use crate::params::ParamError;
+
+/// Everything a command can fail with. Each becomes exactly one reply string in
+/// [`CommandError::reply_text`].
+#[derive(Debug)]
+pub enum CommandError {
+    /// A bad argument value; the error names it.
+    Param(ParamError),
+    /// Time arithmetic would overflow 64-bit nanoseconds.
+    Overflow(Overflow),
+    /// The key holds another Redis type.
+    WrongType,
+    /// The key holds a limiter of another algorithm.
+    WrongAlgorithm { held: &'static str },
+    /// An argument that is not a known keyword of this command.
+    UnknownArgument(String),
+    /// A keyword given twice.
+    Duplicate(&'static str),
+    /// A keyword given without its value.
+    MissingValue(&'static str),
+    /// Wrong number of arguments (checked again here although Redis checks the arity).
+    Arity(&'static str),
+    /// An internal command sent by a normal client.
+    InternalOnly(&'static str),
+    /// A replicated state that does not decode.
+    BadState(DecodeError),
+    /// A panic caught at the module boundary.
+    Panic(String),
+}
+
+impl From<ParamError> for CommandError {
+    fn from(e: ParamError) -> Self {
+        Self::Param(e)
+    }
+}
+
+impl From<Overflow> for CommandError {
+    fn from(e: Overflow) -> Self {
+        Self::Overflow(e)
+    }
+}
+
+impl CommandError {
+    /// Returns the full error reply, code included.
+    pub fn reply_text(&self) -> String {
+        match self {
+            Self::Param(e) => format!("ERR {e}"),
+            Self::Overflow(e) => format!("ERR {e}"),
+            Self::WrongType => {
+                "WRONGTYPE Operation against a key holding the wrong kind of value".to_owned()
+            }
+            Self::WrongAlgorithm { held } => format!(
+                "ERR key holds a {held} limiter; use the command of that algorithm or another key"
+            ),
+            Self::UnknownArgument(arg) => format!("ERR syntax error: unknown argument '{arg}'"),
+            Self::Duplicate(kw) => format!("ERR syntax error: {kw} given more than once"),
+            Self::MissingValue(kw) => format!("ERR syntax error: {kw} needs a value"),
+            Self::Arity(cmd) => format!("ERR wrong number of arguments for '{cmd}' command"),
+            Self::InternalOnly(cmd) => format!(
+                "ERR {cmd} is internal: it is accepted only from the replication stream or AOF"
+            ),
+            Self::BadState(e) => format!("ERR invalid limiter state: {e}"),
+            Self::Panic(msg) => {
+                format!("ERR internal error in redis-rl (see the server log): {msg}")
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The Redis glue: the only code that names `redis_module`, raw pointers, `unsafe` or a
+//! clock. Entry points: `RedisModule_OnLoad`, the command handlers and the type callbacks,
+//! each behind the panic boundary in [`guard`].
+
+mod clock;
+mod commands;
+mod data_type;
+mod error;
+mod ffi;
+mod guard;
+mod keys;
+
+use std::ffi::{c_int, CStr};
+use std::mem::MaybeUninit;
+
+use redis_module::raw;
+
+use ffi::Level;
+
+/// Redis's allocator, so `used_memory` and `MEMORY USAGE` see the module's memory. Unit tests
+/// of this crate run without a server, so they keep the system allocator.
+#[cfg(not(test))]
+#[global_allocator]
+static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAlloc;
+
+/// The module's name as Redis knows it (`MODULE LIST`).
+const MODULE_NAME: &CStr = c"rl";
+
+/// The crate version as one integer, `major·10000 + minor·100 + patch` (0.1.0 → 100).
+const MODULE_VERSION: c_int = {
+    const fn num(s: &str) -> c_int {
+        let b = s.as_bytes();
+        let mut i = 0;
+        let mut v: c_int = 0;
+        while i < b.len() {
+            v = v * 10 + (b[i] - b'0') as c_int;
+            i += 1;
+        }
+        v
+    }
+    num(env!("CARGO_PKG_VERSION_MAJOR")) * 10000
+        + num(env!("CARGO_PKG_VERSION_MINOR")) * 100
+        + num(env!("CARGO_PKG_VERSION_PATCH"))
+};
+
+/// The oldest server this module supports: Redis 7.0 (key-specs, absolute expiry, options).
+const MIN_SERVER_VERSION: c_int = 0x0007_0000;
+
+/// Entry point called by `MODULE LOAD` / `loadmodule`.
+///
+/// # Safety
+/// Called by Redis with a valid context and argument vector.
+#[no_mangle]
+pub unsafe extern "C" fn RedisModule_OnLoad(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // Nothing may allocate before this call: it installs the allocator's functions.
+    if raw::Export_RedisModule_Init(
+        ctx,
+        MODULE_NAME.as_ptr(),
+        MODULE_VERSION,
+        raw::REDISMODULE_APIVER_1 as c_int,
+    ) == raw::Status::Err as c_int
+    {
+        return raw::Status::Err as c_int;
+    }
+    let args = args(argv, argc);
+    let loaded = guard::callback("OnLoad", Err("panic during load".to_owned()), || on_load(ctx, args));
+    match loaded {
+        Ok(()) => raw::Status::Ok as c_int,
+        Err(why) => {
+            ffi::log(ctx, Level::Warning, &format!("redis-rl: module not loaded: {why}"));
+            raw::Status::Err as c_int
+        }
+    }
+}
+
+fn args<'a>(argv: *mut *mut raw::RedisModuleString, argc: c_int) -> commands::Args<'a> {
+    match usize::try_from(argc) {
+        Ok(n) if n > 0 && !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
+        _ => &[],
+    }
+}
+
+fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<(), String> {
+    let version = unsafe { raw::RedisModule_GetServerVersion }.map(|f| unsafe { f() });
+    match version {
+        Some(v) if v >= MIN_SERVER_VERSION => {}
+        Some(v) => {
+            return Err(format!(
+                "this server is version {}.{}.{}; redis-rl needs Redis 7.0 or newer (or Valkey)",
+                v >> 16,
+                (v >> 8) & 0xff,
+                v & 0xff
+            ))
+        }
+        None => return Err("this server is older than 7.0; redis-rl needs Redis 7.0 or newer".into()),
+    }
+    if let Some(&first) = args.first() {
+        let shown = String::from_utf8_lossy(unsafe { ffi::bytes(first) }).into_owned();
+        return Err(format!("unknown module argument '{shown}' (redis-rl takes none)"));
+    }
+    if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
+        let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+            | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
+            | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD;
+        unsafe { set_options(ctx, options as c_int) };
+    }
+    data_type::register(ctx)?;
+    for spec in COMMANDS {
+        register_command(ctx, spec)?;
+    }
+    #[cfg(debug_assertions)]
+    register_command(ctx, &PANIC_COMMAND)?;
+    Ok(())
+}
+
+/// One command's registration data.
+struct CommandSpec {
+    name: &'static CStr,
+    handler: unsafe extern "C" fn(
+        *mut raw::RedisModuleCtx,
+        *mut *mut raw::RedisModuleString,
+        c_int,
+    ) -> c_int,
+    flags: &'static CStr,
+    /// Redis arity: positive = exact, negative = at least.
+    arity: c_int,
+    /// Whether argument 1 is a key.
+    has_key: bool,
+    summary: &'static CStr,
+    complexity: &'static CStr,
+}
+
+macro_rules! handler {
+    ($name:literal, $run:path) => {{
+        unsafe extern "C" fn handle(
+            ctx: *mut raw::RedisModuleCtx,
+            argv: *mut *mut raw::RedisModuleString,
+            argc: c_int,
+        ) -> c_int {
+            guard::command(ctx, $name, || $run(ctx, args(argv, argc)))
+        }
+        handle
+    }};
+}
+
+const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: c"RL.GCRA",
+        handler: handler!("RL.GCRA", commands::gcra::run),
+        flags: c"write deny-oom fast",
+        arity: -5,
+        has_key: true,
+        summary: c"GCRA (token bucket) rate limit: admit or deny a request of QUANTITY",
+        complexity: c"O(1)",
+    },
+    CommandSpec {
+        name: c"RL.APPLY",
+        handler: handler!("RL.APPLY", commands::apply::run),
+        flags: c"write deny-oom",
+        arity: -3,
+        has_key: true,
+        summary: c"Internal: stores a limiter state from the replication stream or AOF",
+        complexity: c"O(1)",
+    },
+];
+
+#[cfg(debug_assertions)]
+const PANIC_COMMAND: CommandSpec = CommandSpec {
+    name: c"RL.PANIC",
+    handler: handler!("RL.PANIC", commands::panic::run),
+    flags: c"readonly",
+    arity: 1,
+    has_key: false,
+    summary: c"Debug builds only: panics on purpose",
+    complexity: c"O(1)",
+};
+
+fn register_command(ctx: *mut raw::RedisModuleCtx, spec: &CommandSpec) -> Result<(), String> {
+    let name = spec.name.to_string_lossy();
+    let create = unsafe { raw::RedisModule_CreateCommand }.ok_or("no CreateCommand API")?;
+    let key_pos = c_int::from(spec.has_key);
+    let status = unsafe {
+        create(ctx, spec.name.as_ptr(), Some(spec.handler), spec.flags.as_ptr(), key_pos, key_pos, key_pos)
+    };
+    if status != raw::Status::Ok as c_int {
+        return Err(format!("cannot create command {name}"));
+    }
+    let (Some(get), Some(set_info)) =
+        (unsafe { raw::RedisModule_GetCommand }, unsafe { raw::RedisModule_SetCommandInfo })
+    else {
+        return Err("no SetCommandInfo API".into());
+    };
+    let command = unsafe { get(ctx, spec.name.as_ptr()) };
+    if command.is_null() {
+        return Err(format!("cannot find command {name} after creating it"));
+    }
+    let version = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    // SAFETY: all-zero is the API's "end of array" marker and a valid bit pattern for these
+    // plain C structs.
+    let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] =
+        unsafe { [MaybeUninit::zeroed().assume_init(), MaybeUninit::zeroed().assume_init()] };
+    if spec.has_key {
+        let ks = &mut key_specs[0];
+        ks.flags = u64::from(raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE);
+        ks.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+        ks.bs.index.pos = 1;
+        ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+        ks.fk.range.lastkey = 0;
+        ks.fk.range.keystep = 1;
+        ks.fk.range.limit = 0;
+    }
+    let mut info: raw::RedisModuleCommandInfo = unsafe { MaybeUninit::zeroed().assume_init() };
+    info.version = &version;
+    info.summary = spec.summary.as_ptr();
+    info.complexity = spec.complexity.as_ptr();
+    info.since = c"0.1.0".as_ptr();
+    info.arity = spec.arity;
+    info.key_specs = if spec.has_key { key_specs.as_mut_ptr() } else { std::ptr::null_mut() };
+    if unsafe { set_info(command, &info) } != raw::Status::Ok as c_int {
+        return Err(format!("cannot set command info of {name}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! Validated parameters: every range check on client input happens here, once, before any
+//! state is read or written.
+
+use std::fmt;
+
+use crate::time::{parse_count, parse_seconds_ns};
+
+/// ParamError names the argument a client got wrong; its `Display` text is the reply after
+/// `ERR ` (e.g. `burst must be a positive integer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamError {
+    /// The named count (`burst`, `rate`, …) is not an integer in `1..=2^64-1`.
+    NotPositiveInteger(&'static str),
+    /// The named count (`QUANTITY`, `MAXWAIT`, …) is not an integer in `0..=2^64-1`.
+    NotNonNegativeInteger(&'static str),
+    /// The named duration (`period`, `window`) is not a plain decimal of seconds in range.
+    NotSeconds(&'static str),
+    /// `period / rate` rounds to less than one nanosecond.
+    RateTooHigh,
+    /// `burst × emission interval` does not fit in 64-bit nanoseconds.
+    BurstTooLarge,
+}
+
+impl fmt::Display for ParamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotPositiveInteger(name) => write!(f, "{name} must be a positive integer"),
+            Self::NotNonNegativeInteger(name) => {
+                write!(f, "{name} must be a non-negative integer")
+            }
+            Self::NotSeconds(name) => write!(
+                f,
+                "{name} must be seconds as a plain decimal (digits, optionally '.' and 1 to 9 \
+                 more digits), > 0 and <= 315360000"
+            ),
+            Self::RateTooHigh => write!(
+                f,
+                "rate is too high for period: the emission interval period/rate is below 1 ns"
+            ),
+            Self::BurstTooLarge => write!(
+                f,
+                "burst is too large: burst * period / rate overflows 64-bit nanoseconds"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ParamError {}
+
+/// Parses a count that must be ≥ 1, naming `name` in the error.
+pub fn positive(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
+    match parse_count(text) {
+        Some(value) if value >= 1 => Ok(value),
+        _ => Err(ParamError::NotPositiveInteger(name)),
+    }
+}
+
+/// Parses a count that may be 0, naming `name` in the error.
+pub fn non_negative(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
+    parse_count(text).ok_or(ParamError::NotNonNegativeInteger(name))
+}
+
+/// Parses a duration in seconds (see [`crate::time::parse_seconds_ns`]) to nanoseconds,
+/// naming `name` in the error.
+pub fn seconds(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
+    parse_seconds_ns(text).ok_or(ParamError::NotSeconds(name))
+}
+
+/// GcraParams are the validated parameters of one GCRA limit.
+///
+/// Terms (ATM Forum Traffic Management Specification 4.0, the Generic Cell Rate Algorithm):
+/// the *emission interval* `T` is the time one request "costs" (`period / rate`); the
+/// *tolerance* `τ = burst · T` is how far ahead of now the theoretical arrival time may run,
+/// i.e. how much capacity an idle key holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcraParams {
+    /// Requests an idle key admits at once; ≥ 1.
+    pub burst: u64,
+    /// `T = period / rate`, rounded to the nearest nanosecond; ≥ 1 ns.
+    pub emission_interval_ns: u64,
+    /// `τ = burst · T` in nanoseconds; fits in `u64`.
+    pub tolerance_ns: u64,
+}
+
+impl GcraParams {
+    /// Builds the parameters from `burst` requests, `rate` requests per `period_ns`.
+    ///
+    /// Errors: [`ParamError::NotPositiveInteger`] for a zero `burst`/`rate`,
+    /// [`ParamError::NotSeconds`] for a `period_ns` outside `1..=MAX_PERIOD_NS`,
+    /// [`ParamError::RateTooHigh`] when `T` rounds to 0, [`ParamError::BurstTooLarge`] when
+    /// `burst · T` overflows.
+    pub fn new(burst: u64, rate: u64, period_ns: u64) -> Result<Self, ParamError> {
+        if burst == 0 {
+            return Err(ParamError::NotPositiveInteger("burst"));
+        }
+        if rate == 0 {
+            return Err(ParamError::NotPositiveInteger("rate"));
+        }
+        if period_ns == 0 || period_ns > crate::time::MAX_PERIOD_NS {
+            return Err(ParamError::NotSeconds("period"));
+        }
+        // Round half up, in 128 bits so that `period_ns + rate / 2` cannot overflow.
+        let rounded = (u128::from(period_ns) + u128::from(rate) / 2) / u128::from(rate);
+        let emission_interval_ns = u64::try_from(rounded).map_err(|_| ParamError::RateTooHigh)?;
+        Self::from_interval(burst, emission_interval_ns)
+    }
+
+    /// Builds the parameters from `burst` and an emission interval already in nanoseconds
+    /// (as stored in a key), with the same checks as [`GcraParams::new`].
+    pub fn from_interval(burst: u64, emission_interval_ns: u64) -> Result<Self, ParamError> {
+        if burst == 0 {
+            return Err(ParamError::NotPositiveInteger("burst"));
+        }
+        if emission_interval_ns == 0 {
+            return Err(ParamError::RateTooHigh);
+        }
+        if emission_interval_ns > crate::time::MAX_PERIOD_NS {
+            return Err(ParamError::NotSeconds("period"));
+        }
+        let tolerance_ns =
+            burst.checked_mul(emission_interval_ns).ok_or(ParamError::BurstTooLarge)?;
+        Ok(Self { burst, emission_interval_ns, tolerance_ns })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::NANOS_PER_SEC;
+
+    #[test]
+    fn emission_interval_rounds_to_nearest_ns() {
+        let p = GcraParams::new(1, 3, NANOS_PER_SEC).unwrap();
+        assert_eq!(p.emission_interval_ns, 333_333_333);
+        let p = GcraParams::new(1, 3, 2 * NANOS_PER_SEC).unwrap();
+        assert_eq!(p.emission_interval_ns, 666_666_667);
+        let p = GcraParams::new(1, 2, 1).unwrap(); // 0.5 ns rounds half up to 1
+        assert_eq!(p.emission_interval_ns, 1);
+    }
+
+    #[test]
+    fn rate_above_one_per_ns_is_rejected() {
+        assert_eq!(GcraParams::new(1, 3, 1), Err(ParamError::RateTooHigh));
+        assert_eq!(GcraParams::new(1, u64::MAX, NANOS_PER_SEC), Err(ParamError::RateTooHigh));
+        assert!(GcraParams::new(1, 1_000_000_000, NANOS_PER_SEC).is_ok());
+    }
+
+    #[test]
+    fn tolerance_overflow_is_rejected() {
+        assert_eq!(
+            GcraParams::new(u64::MAX, 1, NANOS_PER_SEC),
+            Err(ParamError::BurstTooLarge)
+        );
+        assert!(GcraParams::new(u64::MAX, 1_000_000_000, NANOS_PER_SEC).is_ok());
+    }
+
+    #[test]
+    fn errors_name_the_argument() {
+        assert_eq!(
+            positive(b"0", "burst").unwrap_err().to_string(),
+            "burst must be a positive integer"
+        );
+        assert_eq!(
+            non_negative(b"-1", "QUANTITY").unwrap_err().to_string(),
+            "QUANTITY must be a non-negative integer"
+        );
+        assert!(seconds(b"1e3", "period").unwrap_err().to_string().starts_with("period "));
+    }
+}

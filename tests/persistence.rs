@@ -1,0 +1,157 @@
+//! The native type through the server's persistence machinery: RDB, AOF (plain and
+//! rewritten), DEBUG RELOAD, DUMP/RESTORE, COPY, MEMORY USAGE, and the golden RDB fixture.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{info_field, q, rl, snapshot, wait_until, Server};
+
+/// Keys written by [`workload`], with their expected allowed count.
+const KEYS: &[&str] = &["a", "b", "c", "{tag}d", "e:\u{00e9}"];
+
+/// A mixed GCRA workload with long periods (nothing expires during a test).
+fn workload(c: &mut redis::Connection) {
+    rl(c, &["RL.GCRA", "a", "5", "1", "100"]);
+    rl(c, &["RL.GCRA", "a", "5", "1", "100", "QUANTITY", "3"]);
+    rl(c, &["RL.GCRA", "b", "1", "1", "3600"]);
+    rl(c, &["RL.GCRA", "b", "1", "1", "3600"]); // denied
+    rl(c, &["RL.GCRA", "c", "100", "7", "0.5", "QUANTITY", "90"]);
+    rl(c, &["RL.GCRA", "{tag}d", "10", "3", "86400", "QUANTITY", "10"]);
+    rl(c, &["RL.GCRA", "e:\u{00e9}", "2", "1", "1000.123456789"]);
+}
+
+fn snapshots(c: &mut redis::Connection) -> Vec<(Option<Vec<u8>>, i64)> {
+    KEYS.iter().map(|k| snapshot(c, k)).collect()
+}
+
+fn assert_still_limits(c: &mut redis::Connection) {
+    // "b" is at its limit for an hour, "{tag}d" for a day: still denied after the restart.
+    assert_eq!(rl(c, &["RL.GCRA", "b", "1", "1", "3600"])[0], 0);
+    assert_eq!(rl(c, &["RL.GCRA", "{tag}d", "10", "3", "86400"])[0], 0);
+    let a = rl(c, &["RL.GCRA", "a", "5", "1", "100", "QUANTITY", "0"]);
+    assert_eq!(&a[..3], &[1, 5, 1]);
+}
+
+#[test]
+fn save_and_restart_keep_state_and_expiry() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    workload(&mut c);
+    let before = snapshots(&mut c);
+    q::<()>(&mut c, &["SAVE"]);
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(snapshots(&mut c), before);
+    assert_still_limits(&mut c);
+}
+
+#[test]
+fn debug_reload_keeps_state() {
+    let s = Server::start();
+    let mut c = s.conn();
+    workload(&mut c);
+    let before = snapshots(&mut c);
+    let digest_before: String = q(&mut c, &["DEBUG", "DIGEST"]);
+    q::<()>(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(snapshots(&mut c), before);
+    assert_eq!(q::<String>(&mut c, &["DEBUG", "DIGEST"]), digest_before);
+    assert_still_limits(&mut c);
+}
+
+#[test]
+fn aof_always_survives_sigkill() {
+    let mut s = Server::builder().arg("appendonly", "yes").arg("appendfsync", "always").start();
+    let mut c = s.conn();
+    workload(&mut c);
+    let before = snapshots(&mut c);
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(snapshots(&mut c), before);
+    assert_still_limits(&mut c);
+}
+
+#[test]
+fn bgrewriteaof_then_restart_keeps_state() {
+    let mut s = Server::builder()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .arg("aof-use-rdb-preamble", "no")
+        .start();
+    let mut c = s.conn();
+    workload(&mut c);
+    let before = snapshots(&mut c);
+    q::<String>(&mut c, &["BGREWRITEAOF"]);
+    wait_until("the AOF rewrite", Duration::from_secs(20), || {
+        info_field(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            && info_field(&mut c, "persistence", "aof_rewrite_scheduled").as_deref() == Some("0")
+    });
+    // The rewritten base file holds our effect command (the type's aof_rewrite callback).
+    let aof_dir = s.dir().join("appendonlydir");
+    let base = std::fs::read_dir(&aof_dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().contains(".base.aof"))
+        .expect("a base AOF file");
+    let text = std::fs::read(base.path()).unwrap();
+    assert!(text.windows(8).any(|w| w == b"RL.APPLY"), "base AOF lacks RL.APPLY");
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(snapshots(&mut c), before);
+    assert_still_limits(&mut c);
+}
+
+#[test]
+fn dump_restore_and_copy_are_exact() {
+    let s = Server::start();
+    let mut c = s.conn();
+    workload(&mut c);
+    let (dump, expire_at) = snapshot(&mut c, "b");
+    let dump = dump.unwrap();
+    let digest: Vec<String> = q(&mut c, &["DEBUG", "DIGEST-VALUE", "b"]);
+    redis::cmd("RESTORE").arg("b2").arg(expire_at).arg(&dump).arg("ABSTTL").query::<()>(&mut c).unwrap();
+    assert_eq!(snapshot(&mut c, "b2"), (Some(dump.clone()), expire_at));
+    assert_eq!(q::<Vec<String>>(&mut c, &["DEBUG", "DIGEST-VALUE", "b2"]), digest);
+    assert_eq!(rl(&mut c, &["RL.GCRA", "b2", "1", "1", "3600"])[0], 0);
+    q::<i64>(&mut c, &["COPY", "b", "b3"]);
+    assert_eq!(snapshot(&mut c, "b3"), (Some(dump), expire_at));
+    // The copy is independent: writing one leaves the other alone.
+    let before_a = snapshot(&mut c, "a");
+    q::<i64>(&mut c, &["COPY", "a", "a2"]);
+    rl(&mut c, &["RL.GCRA", "a2", "5", "1", "100"]);
+    assert_eq!(snapshot(&mut c, "a"), before_a);
+    assert_ne!(snapshot(&mut c, "a2"), before_a);
+}
+
+#[test]
+fn memory_usage_reports_the_value() {
+    let s = Server::start();
+    let mut c = s.conn();
+    workload(&mut c);
+    let bytes: i64 = q(&mut c, &["MEMORY", "USAGE", "a"]);
+    assert!(bytes > 24 && bytes < 200, "MEMORY USAGE a = {bytes}");
+}
+
+/// The state bytes of the fixture key, as the version-1 codec lays them out.
+const FIXTURE_KEY: &str = "fixture:gcra";
+
+#[test]
+fn golden_v1_rdb_fixture_still_loads() {
+    // tests/fixtures/v1-gcra.rdb was written by the first release (encoding version 1):
+    // RL.GCRA fixture:gcra 3 1 315360000 QUANTITY 2, then PERSIST (so it never expires), SAVE.
+    let dir = tempfile::Builder::new().prefix("redis-rl-fixture-").tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-gcra.rdb");
+    std::fs::copy(&fixture, dir.path().join("dump.rdb")).unwrap();
+    let s = Server::builder().dir(dir).start();
+    let mut c = s.conn();
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", FIXTURE_KEY]), 1);
+    let r = rl(&mut c, &["RL.GCRA", FIXTURE_KEY, "3", "1", "315360000", "QUANTITY", "0"]);
+    // Two of three used at one per ten years: one remains, and it stays so until 2046.
+    assert_eq!(&r[..3], &[1, 3, 1]);
+    assert!(r[4] > 0);
+    let r = rl(&mut c, &["RL.GCRA", FIXTURE_KEY, "3", "1", "315360000", "QUANTITY", "2"]);
+    assert_eq!(r[0], 0);
+}

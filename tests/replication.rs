@@ -1,0 +1,93 @@
+//! Replication: a replica receives the effect (RL.APPLY with absolute times) and holds
+//! byte-identical state and expiry; a promoted replica keeps limiting.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{err_s, info_field, q, rl, snapshot, wait_until, Server};
+
+fn wait_for_link(replica: &Server) {
+    let mut c = replica.conn();
+    wait_until("the replication link", Duration::from_secs(20), || {
+        info_field(&mut c, "replication", "master_link_status").as_deref() == Some("up")
+    });
+}
+
+fn keys(c: &mut redis::Connection) -> Vec<String> {
+    let mut k: Vec<String> = q(c, &["KEYS", "*"]);
+    k.sort();
+    k
+}
+
+#[test]
+fn replica_holds_identical_state_and_expiry() {
+    let master = Server::start();
+    let replica = Server::builder().replica_of(&master).start();
+    wait_for_link(&replica);
+    let mut m = master.conn();
+    for i in 0..50 {
+        let key = format!("user:{}", i % 7);
+        let burst = (3 + i % 4).to_string();
+        let qty = (i % 3).to_string();
+        rl(&mut m, &["RL.GCRA", &key, &burst, "1", "60", "QUANTITY", &qty]);
+        rl(&mut m, &["RL.GCRA", &key, &burst, "1", "60", "PEEK"]);
+    }
+    // Writes from MULTI/EXEC and from a script replicate as effects too.
+    let _: Vec<Vec<i64>> = redis::pipe().atomic()
+        .cmd("RL.GCRA").arg("tx").arg(2).arg(1).arg(60)
+        .cmd("RL.GCRA").arg("tx").arg(2).arg(1).arg(60)
+        .query(&mut m).unwrap();
+    let _: Vec<i64> = redis::cmd("EVAL")
+        .arg("return redis.call('RL.GCRA', KEYS[1], 2, 1, 60)")
+        .arg(1).arg("lua").query(&mut m).unwrap();
+    let acked: i64 = q(&mut m, &["WAIT", "1", "5000"]);
+    assert_eq!(acked, 1);
+    let mut r = replica.conn();
+    let master_keys = keys(&mut m);
+    assert_eq!(keys(&mut r), master_keys);
+    assert!(master_keys.len() >= 9);
+    for key in &master_keys {
+        assert_eq!(snapshot(&mut r, key), snapshot(&mut m, key), "key {key}");
+        let dm: Vec<String> = q(&mut m, &["DEBUG", "DIGEST-VALUE", key]);
+        let dr: Vec<String> = q(&mut r, &["DEBUG", "DIGEST-VALUE", key]);
+        assert_eq!(dm, dr, "digest of {key}");
+    }
+    // The replica refuses writes from clients, as for any write command.
+    let e = err_s(&mut r, &["RL.GCRA", "user:1", "3", "1", "60"]);
+    assert!(e.starts_with("READONLY"), "{e}");
+}
+
+#[test]
+fn full_resync_transfers_state_through_rdb() {
+    let master = Server::start();
+    let mut m = master.conn();
+    rl(&mut m, &["RL.GCRA", "pre", "2", "1", "600", "QUANTITY", "2"]);
+    let before = snapshot(&mut m, "pre");
+    // The replica joins afterwards: the state travels in the RDB of the full sync.
+    let replica = Server::builder().replica_of(&master).start();
+    wait_for_link(&replica);
+    let mut r = replica.conn();
+    assert_eq!(snapshot(&mut r, "pre"), before);
+}
+
+#[test]
+fn promoted_replica_keeps_denying() {
+    let master = Server::start();
+    let replica = Server::builder().replica_of(&master).start();
+    wait_for_link(&replica);
+    let mut m = master.conn();
+    for _ in 0..3 {
+        assert_eq!(rl(&mut m, &["RL.GCRA", "over", "3", "1", "600"])[0], 1);
+    }
+    assert_eq!(rl(&mut m, &["RL.GCRA", "over", "3", "1", "600"])[0], 0);
+    rl(&mut m, &["RL.GCRA", "half", "4", "1", "600", "QUANTITY", "2"]);
+    assert_eq!(q::<i64>(&mut m, &["WAIT", "1", "5000"]), 1);
+    let mut r = replica.conn();
+    q::<()>(&mut r, &["REPLICAOF", "NO", "ONE"]);
+    assert_eq!(rl(&mut r, &["RL.GCRA", "over", "3", "1", "600"])[0], 0);
+    // Exactly what the master would have admitted: 2 more of 4, then no more.
+    assert_eq!(rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[..3], [1, 4, 1]);
+    assert_eq!(rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[..3], [1, 4, 0]);
+    assert_eq!(rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[0], 0);
+}
