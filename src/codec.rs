@@ -1,49 +1,107 @@
 //! The one versioned encoding of a limiter key's state, used by RDB save/load, AOF rewrite,
-//! replication (`RL.APPLY`), `DUMP`/`RESTORE` and `DEBUG DIGEST-VALUE`.
+//! replication (`RL.APPLY`), `DUMP`/`RESTORE` and `DEBUG DIGEST-VALUE`; and the encoding of
+//! the *effects* that replicas and the AOF apply.
 //!
-//! Layout (all integers little-endian):
+//! Layout (all integers little-endian `u64` unless noted):
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 0 | encoding version (currently [`ENCODING_VERSION`]) |
-//! | 1 | algorithm tag (`1` = GCRA) |
-//! | 2.. | the algorithm's fields |
+//! | 0 | encoding version (u8; this build writes [`ENCODING_VERSION`], reads 1 and 2) |
+//! | 1 | tag (u8) |
+//! | 2.. | the tag's fields |
 //!
-//! GCRA (tag 1, version 1): `tat_ns: u64`, `emission_interval_ns: u64`, `burst: u64`;
-//! 26 bytes in all.
+//! States (versions 1 and 2 share the GCRA layout; windows exist from version 2):
 //!
-//! Decoding validates every field against the same ranges that command arguments must meet
-//! and rejects short input, trailing bytes, unknown tags and versions newer than this build:
-//! a file or a `RESTORE` payload can never load a value that a command could not have made.
+//! * tag 1, GCRA: `tat_ns`, `emission_interval_ns`, `burst` (26 bytes).
+//! * tag 2, FIXED: `window_ns`, `limit`, `window_start_ns`, `count`, `updated_ns` (42 bytes).
+//! * tag 3, SLIDING: `window_ns`, `limit`, `window_start_ns`, `prev`, `curr`, `updated_ns`
+//!   (50 bytes).
+//! * tag 4, LOG: `window_ns`, `limit`, `first_ns`, `last_ns`, `total`, `len`, then `len`
+//!   bytes of the log's entries (LEB128: the oldest entry's count, then `delta_ns, count` per
+//!   later instant).
+//!
+//! Effects (only in `RL.APPLY`, never stored):
+//!
+//! * a state (tags 1–4): replace the key's value with it;
+//! * tag 0x81, LOG append: `window_ns`, `limit`, `at_ns`, `quantity`;
+//! * tag 0x82, LOG refund: `at_ns`, `quantity`.
+//!
+//! Decoding validates every field against what a command could have produced and rejects
+//! short input, trailing bytes, unknown tags and versions newer than this build: a file or a
+//! `RESTORE` payload can never load a value that a command could not have made.
 
 use std::fmt;
 
+use crate::algo::fixed_window::FixedState;
 use crate::algo::gcra::GcraState;
-use crate::params::GcraParams;
+use crate::algo::sliding_log::{LogState, LogWrite, RequestLog};
+use crate::algo::sliding_window::SlidingState;
+use crate::params::{GcraParams, WindowParams};
 
 /// The newest encoding version this build writes. Every older version stays decodable.
-pub const ENCODING_VERSION: u8 = 1;
+pub const ENCODING_VERSION: u8 = 2;
 
 const TAG_GCRA: u8 = 1;
-const GCRA_LEN: usize = 2 + 3 * 8;
+const TAG_FIXED: u8 = 2;
+const TAG_SLIDING: u8 = 3;
+const TAG_LOG: u8 = 4;
+const TAG_LOG_APPEND: u8 = 0x81;
+const TAG_LOG_REFUND: u8 = 0x82;
 
-/// State is the value of one limiter key.
+/// State is the value of one limiter key. The window states are boxed so that a GCRA key,
+/// the most common, stays a small allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum State {
     /// A GCRA key (`RL.GCRA`, `CL.THROTTLE`).
     Gcra(GcraState),
+    /// A FIXED window key.
+    Fixed(Box<FixedState>),
+    /// A SLIDING window key.
+    Sliding(Box<SlidingState>),
+    /// A LOG window key.
+    Log(Box<LogState>),
 }
 
 impl State {
-    /// Returns the algorithm's name as users see it in errors (`GCRA`).
-    pub fn algorithm_name(&self) -> &'static str {
+    /// Returns what the key holds, as users see it in errors (`GCRA limiter`, `FIXED window`).
+    pub fn describe(&self) -> &'static str {
         match self {
-            Self::Gcra(_) => "GCRA",
+            Self::Gcra(_) => "GCRA limiter",
+            Self::Fixed(_) => "FIXED window",
+            Self::Sliding(_) => "SLIDING window",
+            Self::Log(_) => "LOG window",
         }
+    }
+
+    /// Bytes the value occupies on the heap (the state and, for LOG, the log's buffer).
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + match self {
+                Self::Gcra(_) => 0,
+                Self::Fixed(_) => std::mem::size_of::<FixedState>(),
+                Self::Sliding(_) => std::mem::size_of::<SlidingState>(),
+                Self::Log(l) => std::mem::size_of::<LogState>() + l.log.allocated_bytes(),
+            }
     }
 }
 
-/// DecodeError says why bytes are not a valid state.
+/// Effect is what a write does to a key, as replicas and the AOF receive it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Replace the key's value.
+    Replace(State),
+    /// Apply an admitted LOG request to the key's log (creating it if missing).
+    LogAppend(LogWrite),
+    /// Give back up to `quantity` of the most recent requests of a LOG key at `at_ns`.
+    LogRefund {
+        /// The refund's instant, ns since the epoch.
+        at_ns: u64,
+        /// Requests to give back.
+        quantity: u64,
+    },
+}
+
+/// DecodeError says why bytes are not a valid state or effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeError {
     /// Fewer bytes than the layout needs.
@@ -52,7 +110,7 @@ pub enum DecodeError {
     TrailingBytes,
     /// Written by a newer version of the module (or not ours).
     UnknownVersion(u8),
-    /// An algorithm tag this version does not know.
+    /// A tag this version does not know (or not valid in this place).
     UnknownAlgorithm(u8),
     /// A field outside the range a command could produce; names the field.
     OutOfRange(&'static str),
@@ -75,25 +133,81 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
+fn put(out: &mut Vec<u8>, fields: &[u64]) {
+    for f in fields {
+        out.extend_from_slice(&f.to_le_bytes());
+    }
+}
+
+/// Appends the encoding of a GCRA state (newest version) to `out`.
+pub fn encode_gcra_into(g: &GcraState, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_GCRA]);
+    put(out, &[g.tat_ns, g.emission_interval_ns, g.burst]);
+}
+
+/// Appends the encoding of a FIXED state (newest version) to `out`.
+pub fn encode_fixed_into(s: &FixedState, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_FIXED]);
+    put(out, &[s.window_ns, s.limit, s.window_start_ns, s.count, s.updated_ns]);
+}
+
+/// Appends the encoding of a SLIDING state (newest version) to `out`.
+pub fn encode_sliding_into(s: &SlidingState, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_SLIDING]);
+    put(out, &[s.window_ns, s.limit, s.window_start_ns, s.prev, s.curr, s.updated_ns]);
+}
+
+/// Appends the encoding of a LOG state (newest version) to `out`.
+pub fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG]);
+    let bytes = s.log.bytes();
+    put(out, &[
+        s.window_ns,
+        s.limit,
+        s.log.first_ns().unwrap_or(0),
+        s.log.last_ns().unwrap_or(0),
+        s.log.total(),
+        bytes.len() as u64,
+    ]);
+    out.extend_from_slice(bytes);
+}
+
+/// Appends the encoding of a LOG append effect to `out`.
+pub fn encode_log_append_into(w: &LogWrite, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG_APPEND]);
+    put(out, &[w.window_ns, w.limit, w.at_ns, w.quantity]);
+}
+
+/// Appends the encoding of a LOG refund effect to `out`.
+pub fn encode_log_refund_into(at_ns: u64, quantity: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG_REFUND]);
+    put(out, &[at_ns, quantity]);
+}
+
 /// Appends the encoding of `state` (newest version) to `out`.
 pub fn encode_into(state: &State, out: &mut Vec<u8>) {
     match state {
-        State::Gcra(g) => {
-            out.reserve(GCRA_LEN);
-            out.push(ENCODING_VERSION);
-            out.push(TAG_GCRA);
-            out.extend_from_slice(&g.tat_ns.to_le_bytes());
-            out.extend_from_slice(&g.emission_interval_ns.to_le_bytes());
-            out.extend_from_slice(&g.burst.to_le_bytes());
-        }
+        State::Gcra(g) => encode_gcra_into(g, out),
+        State::Fixed(s) => encode_fixed_into(s, out),
+        State::Sliding(s) => encode_sliding_into(s, out),
+        State::Log(s) => encode_log_into(s, out),
     }
 }
 
 /// Returns the encoding of `state` (newest version).
 pub fn encode(state: &State) -> Vec<u8> {
-    let mut out = Vec::with_capacity(GCRA_LEN);
+    let mut out = Vec::with_capacity(64);
     encode_into(state, &mut out);
     out
+}
+
+/// Appends the encoding of `effect` to `out`.
+pub fn encode_effect_into(effect: &Effect, out: &mut Vec<u8>) {
+    match effect {
+        Effect::Replace(state) => encode_into(state, out),
+        Effect::LogAppend(w) => encode_log_append_into(w, out),
+        Effect::LogRefund { at_ns, quantity } => encode_log_refund_into(*at_ns, *quantity, out),
+    }
 }
 
 /// Reads little-endian u64 fields one after another, failing on short input.
@@ -101,11 +215,21 @@ struct Reader<'a> {
     rest: &'a [u8],
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, DecodeError> {
         let (head, tail) = self.rest.split_first_chunk::<8>().ok_or(DecodeError::Truncated)?;
         self.rest = tail;
         Ok(u64::from_le_bytes(*head))
+    }
+
+    fn bytes(&mut self, len: u64) -> Result<&'a [u8], DecodeError> {
+        let len = usize::try_from(len).map_err(|_| DecodeError::Truncated)?;
+        if len > self.rest.len() {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, tail) = self.rest.split_at(len);
+        self.rest = tail;
+        Ok(head)
     }
 
     fn finish(self) -> Result<(), DecodeError> {
@@ -117,31 +241,117 @@ impl Reader<'_> {
     }
 }
 
-/// Decodes and validates a state written by any version up to [`ENCODING_VERSION`].
-///
-/// Errors: see [`DecodeError`]. Never panics, whatever the input.
-pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
-    let [version, tag, rest @ ..] = bytes else { return Err(DecodeError::Truncated) };
-    if *version == 0 || *version > ENCODING_VERSION {
-        return Err(DecodeError::UnknownVersion(*version));
+fn window_params(window_ns: u64, limit: u64) -> Result<WindowParams, DecodeError> {
+    WindowParams::new(limit, window_ns).map_err(|e| match e {
+        crate::params::ParamError::NotPositiveInteger(_) => DecodeError::OutOfRange("limit"),
+        _ => DecodeError::OutOfRange("window_ns"),
+    })
+}
+
+fn check_window_start(start: u64, updated: u64, window_ns: u64) -> Result<(), DecodeError> {
+    if start % window_ns != 0 {
+        return Err(DecodeError::OutOfRange("window_start_ns"));
     }
-    let mut reader = Reader { rest };
-    let state = match *tag {
-        TAG_GCRA => {
-            let tat_ns = reader.u64()?;
-            let emission_interval_ns = reader.u64()?;
-            let burst = reader.u64()?;
+    if updated < start || updated - start >= window_ns {
+        return Err(DecodeError::OutOfRange("updated_ns"));
+    }
+    Ok(())
+}
+
+fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, DecodeError> {
+    match (version, tag) {
+        (_, TAG_GCRA) => {
+            let tat_ns = r.u64()?;
+            let emission_interval_ns = r.u64()?;
+            let burst = r.u64()?;
             if burst == 0 {
                 return Err(DecodeError::OutOfRange("burst"));
             }
             GcraParams::from_interval(burst, emission_interval_ns)
                 .map_err(|_| DecodeError::OutOfRange("emission_interval_ns"))?;
-            State::Gcra(GcraState { tat_ns, emission_interval_ns, burst })
+            Ok(State::Gcra(GcraState { tat_ns, emission_interval_ns, burst }))
         }
-        other => return Err(DecodeError::UnknownAlgorithm(other)),
-    };
+        (2.., TAG_FIXED) => {
+            let (window_ns, limit, window_start_ns, count, updated_ns) =
+                (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            window_params(window_ns, limit)?;
+            check_window_start(window_start_ns, updated_ns, window_ns)?;
+            if count == 0 || count > limit {
+                return Err(DecodeError::OutOfRange("count"));
+            }
+            Ok(State::Fixed(Box::new(FixedState { window_ns, limit, window_start_ns, count, updated_ns })))
+        }
+        (2.., TAG_SLIDING) => {
+            let (window_ns, limit, window_start_ns, prev, curr, updated_ns) =
+                (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            window_params(window_ns, limit)?;
+            check_window_start(window_start_ns, updated_ns, window_ns)?;
+            if curr > limit {
+                return Err(DecodeError::OutOfRange("curr"));
+            }
+            if prev == 0 && curr == 0 {
+                return Err(DecodeError::OutOfRange("prev"));
+            }
+            Ok(State::Sliding(Box::new(SlidingState {
+                window_ns, limit, window_start_ns, prev, curr, updated_ns,
+            })))
+        }
+        (2.., TAG_LOG) => {
+            let (window_ns, limit, first_ns, last_ns, total, len) =
+                (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            window_params(window_ns, limit)?;
+            if total == 0 || total > limit {
+                return Err(DecodeError::OutOfRange("total"));
+            }
+            let bytes = r.bytes(len)?;
+            let log = RequestLog::from_parts(first_ns, last_ns, total, bytes)
+                .ok_or(DecodeError::OutOfRange("log"))?;
+            Ok(State::Log(Box::new(LogState { window_ns, limit, log })))
+        }
+        (_, other) => Err(DecodeError::UnknownAlgorithm(other)),
+    }
+}
+
+fn header(bytes: &[u8]) -> Result<(u8, u8, Reader<'_>), DecodeError> {
+    let [version, tag, rest @ ..] = bytes else { return Err(DecodeError::Truncated) };
+    if *version == 0 || *version > ENCODING_VERSION {
+        return Err(DecodeError::UnknownVersion(*version));
+    }
+    Ok((*version, *tag, Reader { rest }))
+}
+
+/// Decodes and validates a state written by any version up to [`ENCODING_VERSION`].
+///
+/// Errors: see [`DecodeError`]. Never panics, whatever the input.
+pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
+    let (version, tag, mut reader) = header(bytes)?;
+    let state = decode_state(version, tag, &mut reader)?;
     reader.finish()?;
     Ok(state)
+}
+
+/// Decodes and validates an effect (a state, or a LOG append/refund).
+///
+/// Errors: see [`DecodeError`]. Never panics, whatever the input.
+pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
+    let (version, tag, mut r) = header(bytes)?;
+    let effect = match (version, tag) {
+        (2.., TAG_LOG_APPEND) => {
+            let (window_ns, limit, at_ns, quantity) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            window_params(window_ns, limit)?;
+            if quantity == 0 || quantity > limit {
+                return Err(DecodeError::OutOfRange("quantity"));
+            }
+            Effect::LogAppend(LogWrite { window_ns, limit, at_ns, quantity })
+        }
+        (2.., TAG_LOG_REFUND) => {
+            let (at_ns, quantity) = (r.u64()?, r.u64()?);
+            Effect::LogRefund { at_ns, quantity }
+        }
+        _ => Effect::Replace(decode_state(version, tag, &mut r)?),
+    };
+    r.finish()?;
+    Ok(effect)
 }
 
 #[cfg(test)]
@@ -157,8 +367,22 @@ mod tests {
     fn gcra_layout_is_fixed() {
         let bytes = encode(&gcra(0x0102_0304_0506_0708, 1_000_000_000, 10));
         assert_eq!(bytes.len(), 26);
-        assert_eq!(&bytes[..2], &[1, 1]);
+        assert_eq!(&bytes[..2], &[ENCODING_VERSION, 1]);
         assert_eq!(&bytes[2..10], &[8, 7, 6, 5, 4, 3, 2, 1]);
+    }
+
+    #[test]
+    fn version_1_gcra_still_decodes() {
+        let mut v1 = encode(&gcra(5, 7, 3));
+        v1[0] = 1;
+        assert_eq!(decode(&v1), Ok(gcra(5, 7, 3)));
+        // Version 1 knew no windows.
+        let mut fixed = encode(&State::Fixed(Box::new(FixedState {
+            window_ns: 10, limit: 5, window_start_ns: 100, count: 1, updated_ns: 105,
+        })));
+        assert!(decode(&fixed).is_ok());
+        fixed[0] = 1;
+        assert_eq!(decode(&fixed), Err(DecodeError::UnknownAlgorithm(TAG_FIXED)));
     }
 
     #[test]
@@ -177,30 +401,79 @@ mod tests {
         assert_eq!(decode(&tag), Err(DecodeError::UnknownAlgorithm(200)));
         assert_eq!(decode(&encode(&gcra(5, 0, 3))), Err(DecodeError::OutOfRange("emission_interval_ns")));
         assert_eq!(decode(&encode(&gcra(5, 7, 0))), Err(DecodeError::OutOfRange("burst")));
-        assert_eq!(
-            decode(&encode(&gcra(5, 1 << 40, u64::MAX))),
-            Err(DecodeError::OutOfRange("emission_interval_ns"))
-        );
+        let fixed = |count, start, updated| {
+            encode(&State::Fixed(Box::new(FixedState {
+                window_ns: 10, limit: 5, window_start_ns: start, count, updated_ns: updated,
+            })))
+        };
+        assert_eq!(decode(&fixed(6, 100, 105)), Err(DecodeError::OutOfRange("count")));
+        assert_eq!(decode(&fixed(0, 100, 105)), Err(DecodeError::OutOfRange("count")));
+        assert_eq!(decode(&fixed(1, 101, 105)), Err(DecodeError::OutOfRange("window_start_ns")));
+        assert_eq!(decode(&fixed(1, 100, 110)), Err(DecodeError::OutOfRange("updated_ns")));
+        // A log longer than its limit.
+        let mut log = LogState { window_ns: 1000, limit: 2, log: RequestLog::default() };
+        log.log.push(10, 2);
+        let ok = encode(&State::Log(Box::new(log.clone())));
+        assert!(decode(&ok).is_ok());
+        log.limit = 1;
+        assert_eq!(decode(&encode(&State::Log(Box::new(log)))), Err(DecodeError::OutOfRange("total")));
+        // Effects are not states.
+        let mut effect = Vec::new();
+        encode_effect_into(&Effect::LogRefund { at_ns: 1, quantity: 1 }, &mut effect);
+        assert_eq!(decode(&effect), Err(DecodeError::UnknownAlgorithm(TAG_LOG_REFUND)));
+        assert_eq!(decode_effect(&effect), Ok(Effect::LogRefund { at_ns: 1, quantity: 1 }));
+    }
+
+    fn arb_state() -> impl Strategy<Value = State> {
+        let w = 1u64..1_000_000_000_000;
+        prop_oneof![
+            (any::<u64>(), 1u64..1_000_000_000_000, 1u64..1_000_000).prop_map(|(t, i, b)| gcra(t, i, b)),
+            (w.clone(), 1u64..1000, 0u64..1 << 20, 0u64..1000).prop_map(|(w, l, k, o)| {
+                State::Fixed(Box::new(FixedState {
+                    window_ns: w, limit: l, window_start_ns: k * w, count: 1 + o % l, updated_ns: k * w + o % w,
+                }))
+            }),
+            (w.clone(), 1u64..1000, 0u64..1 << 20, any::<u16>(), 0u64..1000).prop_map(|(w, l, k, p, c)| {
+                State::Sliding(Box::new(SlidingState {
+                    window_ns: w, limit: l, window_start_ns: k * w, prev: u64::from(p) + 1, curr: c % (l + 1),
+                    updated_ns: k * w + c % w,
+                }))
+            }),
+            (w, prop::collection::vec((1u64..1_000_000, 1u64..4), 1..30)).prop_map(|(w, pushes)| {
+                let mut log = RequestLog::default();
+                let mut t = 1u64 << 50;
+                for (gap, c) in &pushes { t += gap; log.push(t, *c); }
+                let limit = log.total();
+                State::Log(Box::new(LogState { window_ns: w, limit, log }))
+            }),
+        ]
     }
 
     proptest! {
         #[test]
-        fn decode_of_encode_is_identity(tat in any::<u64>(), t in 1u64..1_000_000_000_000, burst in 1u64..1_000_000) {
-            let s = gcra(tat, t, burst);
-            prop_assert_eq!(decode(&encode(&s)), Ok(s));
+        fn decode_of_encode_is_identity(s in arb_state()) {
+            prop_assert_eq!(decode(&encode(&s)), Ok(s.clone()));
+            let mut e = Vec::new();
+            encode_effect_into(&Effect::Replace(s.clone()), &mut e);
+            prop_assert_eq!(decode_effect(&e), Ok(Effect::Replace(s)));
         }
 
         #[test]
-        fn decode_of_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+        fn decode_of_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..128)) {
             let _ = decode(&bytes);
+            let _ = decode_effect(&bytes);
         }
 
         #[test]
-        fn decode_of_mutated_valid_bytes_never_panics(idx in 0usize..26, val in any::<u8>(), cut in 0usize..27) {
-            let mut b = encode(&gcra(1, 2, 3));
-            b[idx] = val;
-            b.truncate(cut);
+        fn decode_of_mutated_valid_bytes_never_panics(s in arb_state(), idx in any::<prop::sample::Index>(),
+                                                      val in any::<u8>(), cut in any::<prop::sample::Index>()) {
+            let mut b = encode(&s);
+            let i = idx.index(b.len());
+            b[i] = val;
+            let c = cut.index(b.len() + 1);
+            b.truncate(c);
             let _ = decode(&b);
+            let _ = decode_effect(&b);
         }
     }
 }

@@ -167,3 +167,27 @@ mod tests {
         assert!(seconds(b"1e3", "period").unwrap_err().to_string().starts_with("period "));
     }
 }
+
+/// WindowParams are the validated parameters of one window limit: at most `limit` requests in
+/// any `window_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowParams {
+    /// Requests allowed per window; ≥ 1.
+    pub limit: u64,
+    /// The window's length in ns; `1..=MAX_PERIOD_NS`.
+    pub window_ns: u64,
+}
+
+impl WindowParams {
+    /// Builds window parameters. Errors: [`ParamError::NotPositiveInteger`] for `limit` 0,
+    /// [`ParamError::NotSeconds`] for a window outside `1..=MAX_PERIOD_NS` ns.
+    pub fn new(limit: u64, window_ns: u64) -> Result<Self, ParamError> {
+        if limit == 0 {
+            return Err(ParamError::NotPositiveInteger("limit"));
+        }
+        if window_ns == 0 || window_ns > crate::time::MAX_PERIOD_NS {
+            return Err(ParamError::NotSeconds("window"));
+        }
+        Ok(Self { limit, window_ns })
+    }
+}

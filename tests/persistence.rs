@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{info_field, q, rl, snapshot, wait_until, Server};
 
 /// Keys written by [`workload`], with their expected allowed count.
-const KEYS: &[&str] = &["a", "b", "c", "{tag}d", "e:\u{00e9}"];
+const KEYS: &[&str] = &["a", "b", "c", "{tag}d", "e:\u{00e9}", "wf", "ws", "wl", "wl2"];
 
 /// A mixed GCRA workload with long periods (nothing expires during a test).
 fn workload(c: &mut redis::Connection) {
@@ -19,6 +19,13 @@ fn workload(c: &mut redis::Connection) {
     rl(c, &["RL.GCRA", "c", "100", "7", "0.5", "QUANTITY", "90"]);
     rl(c, &["RL.GCRA", "{tag}d", "10", "3", "86400", "QUANTITY", "10"]);
     rl(c, &["RL.GCRA", "e:\u{00e9}", "2", "1", "1000.123456789"]);
+    rl(c, &["RL.WINDOW", "wf", "5", "3600", "FIXED", "QUANTITY", "5"]);
+    rl(c, &["RL.WINDOW", "ws", "7", "3600", "SLIDING", "QUANTITY", "7"]);
+    for _ in 0..20 {
+        rl(c, &["RL.WINDOW", "wl", "20", "3600", "LOG"]);
+    }
+    rl(c, &["RL.WINDOW", "wl2", "50", "3600", "LOG", "QUANTITY", "3"]);
+    rl(c, &["RL.WINDOW", "wl2", "50", "3600", "LOG", "QUANTITY", "4"]);
 }
 
 fn snapshots(c: &mut redis::Connection) -> Vec<(Option<Vec<u8>>, i64)> {
@@ -31,6 +38,10 @@ fn assert_still_limits(c: &mut redis::Connection) {
     assert_eq!(rl(c, &["RL.GCRA", "{tag}d", "10", "3", "86400"])[0], 0);
     let a = rl(c, &["RL.GCRA", "a", "5", "1", "100", "QUANTITY", "0"]);
     assert_eq!(&a[..3], &[1, 5, 1]);
+    for (key, limit, algo) in [("wf", "5", "FIXED"), ("ws", "7", "SLIDING"), ("wl", "20", "LOG")] {
+        assert_eq!(rl(c, &["RL.WINDOW", key, limit, "3600", algo])[0], 0, "{key}");
+    }
+    assert_eq!(rl(c, &["RL.WINDOW", "wl2", "50", "3600", "LOG", "QUANTITY", "0"])[2], 43);
 }
 
 #[test]
@@ -135,17 +146,40 @@ fn memory_usage_reports_the_value() {
     assert!(bytes > 24 && bytes < 200, "MEMORY USAGE a = {bytes}");
 }
 
-/// The state bytes of the fixture key, as the version-1 codec lays them out.
 const FIXTURE_KEY: &str = "fixture:gcra";
+
+fn start_with_fixture(name: &str) -> Server {
+    let dir = tempfile::Builder::new().prefix("redis-rl-fixture-").tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    std::fs::copy(&fixture, dir.path().join("dump.rdb")).unwrap();
+    Server::builder().dir(dir).start()
+}
+
+#[test]
+fn golden_v2_rdb_fixture_still_loads() {
+    // tests/fixtures/v2-all.rdb was written by encoding version 2, with ten-year windows and
+    // PERSIST on every key (so the file never expires): see tests/fixtures/README.md.
+    let s = start_with_fixture("v2-all.rdb");
+    let mut c = s.conn();
+    let r = rl(&mut c, &["RL.GCRA", "fixture:gcra", "3", "1", "315360000", "QUANTITY", "0"]);
+    assert_eq!(&r[..3], &[1, 3, 1]);
+    let r = rl(&mut c, &["RL.WINDOW", "fixture:log", "5", "315360000", "LOG", "QUANTITY", "0"]);
+    assert_eq!(&r[..3], &[1, 5, 2]);
+    assert_eq!(rl(&mut c, &["RL.WINDOW", "fixture:log", "5", "315360000", "LOG", "QUANTITY", "3"])[0], 0);
+    // FIXED and SLIDING counts belong to the window they were made in; they load and answer.
+    let r = rl(&mut c, &["RL.WINDOW", "fixture:fixed", "4", "315360000", "FIXED", "QUANTITY", "0"]);
+    assert_eq!(r[1], 4);
+    let r = rl(&mut c, &["RL.WINDOW", "fixture:sliding", "6", "315360000", "SLIDING", "QUANTITY", "0"]);
+    assert_eq!(r[1], 6);
+    let dump: Vec<u8> = q(&mut c, &["DUMP", "fixture:log"]);
+    assert!(dump.len() > 50);
+}
 
 #[test]
 fn golden_v1_rdb_fixture_still_loads() {
     // tests/fixtures/v1-gcra.rdb was written by the first release (encoding version 1):
     // RL.GCRA fixture:gcra 3 1 315360000 QUANTITY 2, then PERSIST (so it never expires), SAVE.
-    let dir = tempfile::Builder::new().prefix("redis-rl-fixture-").tempdir().unwrap();
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-gcra.rdb");
-    std::fs::copy(&fixture, dir.path().join("dump.rdb")).unwrap();
-    let s = Server::builder().dir(dir).start();
+    let s = start_with_fixture("v1-gcra.rdb");
     let mut c = s.conn();
     assert_eq!(q::<i64>(&mut c, &["EXISTS", FIXTURE_KEY]), 1);
     let r = rl(&mut c, &["RL.GCRA", FIXTURE_KEY, "3", "1", "315360000", "QUANTITY", "0"]);

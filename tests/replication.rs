@@ -32,6 +32,10 @@ fn replica_holds_identical_state_and_expiry() {
         let qty = (i % 3).to_string();
         rl(&mut m, &["RL.GCRA", &key, &burst, "1", "60", "QUANTITY", &qty]);
         rl(&mut m, &["RL.GCRA", &key, &burst, "1", "60", "PEEK"]);
+        for algo in ["FIXED", "SLIDING", "LOG"] {
+            let wkey = format!("{algo}:{}", i % 5);
+            rl(&mut m, &["RL.WINDOW", &wkey, &burst, "60", algo, "QUANTITY", &qty]);
+        }
     }
     // Writes from MULTI/EXEC and from a script replicate as effects too.
     let _: Vec<Vec<i64>> = redis::pipe().atomic()
@@ -46,7 +50,7 @@ fn replica_holds_identical_state_and_expiry() {
     let mut r = replica.conn();
     let master_keys = keys(&mut m);
     assert_eq!(keys(&mut r), master_keys);
-    assert!(master_keys.len() >= 9);
+    assert!(master_keys.len() >= 24, "{master_keys:?}");
     for key in &master_keys {
         assert_eq!(snapshot(&mut r, key), snapshot(&mut m, key), "key {key}");
         let dm: Vec<String> = q(&mut m, &["DEBUG", "DIGEST-VALUE", key]);

@@ -75,6 +75,23 @@ pub fn with_encoded<R>(state: &State, f: impl FnOnce(&[u8]) -> R) -> R {
     })
 }
 
+/// Calls `f` with the bytes that `encode` writes into a reused buffer (no allocation per
+/// call in the steady state).
+pub fn with_scratch<R>(encode: impl FnOnce(&mut Vec<u8>), f: impl FnOnce(&[u8]) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            encode(&mut buf);
+            f(&buf)
+        }
+        Err(_) => {
+            let mut buf = Vec::new();
+            encode(&mut buf);
+            f(&buf)
+        }
+    })
+}
+
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guard::callback("rdb_load", ptr::null_mut(), || {
         if encver < 1 || encver > c_int::from(ENCODING_VERSION) {
@@ -152,10 +169,10 @@ unsafe extern "C" fn aof_rewrite(
     })
 }
 
-/// Bytes the value occupies: the boxed state (the server adds its own object overhead).
+/// Bytes the value occupies: the state's allocations (the server adds its own overhead).
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard::callback("mem_usage", 0, || match value.cast::<State>().as_ref() {
-        Some(_) => std::mem::size_of::<State>(),
+        Some(state) => state.heap_bytes(),
         None => 0,
     })
 }

@@ -15,7 +15,19 @@ pub enum CommandError {
     /// The key holds another Redis type.
     WrongType,
     /// The key holds a limiter of another algorithm.
-    WrongAlgorithm { held: &'static str },
+    WrongAlgorithm {
+        /// What the key holds (`FIXED window`, `GCRA limiter`, …).
+        held: &'static str,
+        /// What the call asked for.
+        asked: &'static str,
+    },
+    /// RL.WINDOW … LOG with a limit above `rl.log-max-limit`.
+    LogLimitTooHigh {
+        /// The limit asked for.
+        limit: u64,
+        /// The configured maximum.
+        max: u64,
+    },
     /// An argument that is not a known keyword of this command.
     UnknownArgument(String),
     /// A keyword given twice.
@@ -53,8 +65,13 @@ impl CommandError {
             Self::WrongType => {
                 "WRONGTYPE Operation against a key holding the wrong kind of value".to_owned()
             }
-            Self::WrongAlgorithm { held } => format!(
-                "ERR key holds a {held} limiter; use the command of that algorithm or another key"
+            Self::WrongAlgorithm { held, asked } => format!(
+                "ERR key holds a {held}, not a {asked}: use the same algorithm for a key, or \
+                 another key"
+            ),
+            Self::LogLimitTooHigh { limit, max } => format!(
+                "ERR limit {limit} is above rl.log-max-limit ({max}) for LOG, which stores every \
+                 request: use SLIDING for large limits, or raise rl.log-max-limit"
             ),
             Self::UnknownArgument(arg) => format!("ERR syntax error: unknown argument '{arg}'"),
             Self::Duplicate(kw) => format!("ERR syntax error: {kw} given more than once"),

@@ -1,11 +1,11 @@
 //! Opening a limiter key, loading its state (WRONGTYPE here), storing state with an absolute
-//! expiry, and telling the server about the write.
+//! expiry, and telling the server about the write (replication, WATCH, keyspace event).
 
 use std::ffi::{c_char, c_int, CStr};
 
 use redis_module::raw;
 
-use super::data_type::{self, redis_type, with_encoded};
+use super::data_type::{self, redis_type, with_scratch};
 use super::error::CommandError;
 use super::ffi;
 use crate::codec::State;
@@ -19,7 +19,7 @@ pub struct LimiterKey {
 
 impl LimiterKey {
     /// Opens `name`; with `write`, for writing (the module signals modifications itself, so
-    /// opening for writing touches nothing until [`LimiterKey::store`]).
+    /// opening for writing touches nothing until something is stored).
     pub fn open(
         ctx: *mut raw::RedisModuleCtx,
         name: *mut raw::RedisModuleString,
@@ -33,10 +33,15 @@ impl LimiterKey {
         Self { ctx, name, key }
     }
 
+    /// The key's name.
+    pub fn name(&self) -> *mut raw::RedisModuleString {
+        self.name
+    }
+
     /// Returns the key's limiter state, `None` for a missing key.
     ///
     /// Errors: [`CommandError::WrongType`] when the key holds another Redis type.
-    pub fn load(&self) -> Result<Option<&mut State>, CommandError> {
+    pub fn load(&mut self) -> Result<Option<&mut State>, CommandError> {
         if self.key.is_null() {
             return Ok(None);
         }
@@ -44,37 +49,33 @@ impl LimiterKey {
         if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
             return Ok(None);
         }
-        let module_type = unsafe { raw::RedisModule_ModuleTypeGetType.map_or(std::ptr::null_mut(), |f| f(self.key)) };
+        let module_type = unsafe {
+            raw::RedisModule_ModuleTypeGetType.map_or(std::ptr::null_mut(), |f| f(self.key))
+        };
         if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int || module_type != redis_type() {
             return Err(CommandError::WrongType);
         }
-        let value = unsafe { raw::RedisModule_ModuleTypeGetValue.map_or(std::ptr::null_mut(), |f| f(self.key)) };
+        let value = unsafe {
+            raw::RedisModule_ModuleTypeGetValue.map_or(std::ptr::null_mut(), |f| f(self.key))
+        };
+        // SAFETY: values of our type are always `Box<State>` made by `data_type::into_value`,
+        // and the key stays open (so the value alive) while `self` is borrowed.
         Ok(unsafe { value.cast::<State>().as_mut() })
     }
 
-    /// Stores `state` (in place when the key already holds a limiter) and sets the key to
-    /// expire at `expire_at_ms` (ms since the epoch).
-    pub fn store(&mut self, state: State, expire_at_ms: i64) {
-        match self.load() {
-            Ok(Some(existing)) => *existing = state,
-            _ => {
-                if let Some(set) = unsafe { raw::RedisModule_ModuleTypeSetValue } {
-                    unsafe { set(self.key, redis_type(), data_type::into_value(state)) };
-                }
-            }
+    /// Makes `state` the key's value, replacing whatever it held (the TTL is dropped: set it
+    /// again with [`LimiterKey::set_expire_at`]).
+    pub fn set_value(&mut self, state: State) {
+        if let Some(set) = unsafe { raw::RedisModule_ModuleTypeSetValue } {
+            unsafe { set(self.key, redis_type(), data_type::into_value(state)) };
         }
-        self.set_expire_at(expire_at_ms);
     }
 
-    /// Stores `state` without touching the expiry the key has (AOF rewrite sends it apart).
-    pub fn store_keep_ttl(&mut self, state: State) {
+    /// Stores `state`: in place when the key holds a limiter, else as a new value.
+    pub fn put(&mut self, state: State) {
         match self.load() {
             Ok(Some(existing)) => *existing = state,
-            _ => {
-                if let Some(set) = unsafe { raw::RedisModule_ModuleTypeSetValue } {
-                    unsafe { set(self.key, redis_type(), data_type::into_value(state)) };
-                }
-            }
+            _ => self.set_value(state),
         }
     }
 
@@ -85,22 +86,25 @@ impl LimiterKey {
         }
     }
 
-    /// After a write: propagates the effect (`RL.APPLY key state PXAT expire_at_ms`) to replicas
-    /// and the AOF, signals the modification (WATCH) and emits the keyspace event `event`.
-    pub fn announce_write(&self, state: &State, expire_at_ms: i64, event: &CStr) {
+    /// Deletes the key.
+    pub fn delete(&mut self) {
+        if let Some(delete) = unsafe { raw::RedisModule_DeleteKey } {
+            unsafe { delete(self.key) };
+        }
+    }
+
+    /// After a write: propagates the effect that `encode` writes (`RL.APPLY key <effect>
+    /// PXAT expire_at_ms`) to replicas and the AOF, signals the modification (WATCH) and emits
+    /// the keyspace event `event`.
+    pub fn announce(&self, encode: impl FnOnce(&mut Vec<u8>), expire_at_ms: i64, event: &CStr) {
+        replicate_effect(self.ctx, self.name, encode, expire_at_ms);
+        self.signal(event);
+    }
+
+    /// After a deletion: propagates `DEL key`, signals the modification and emits the event.
+    pub fn announce_delete(&self, event: &CStr) {
         if let Some(replicate) = unsafe { raw::RedisModule_Replicate } {
-            with_encoded(state, |bytes| unsafe {
-                replicate(
-                    self.ctx,
-                    ffi::cstr(c"RL.APPLY"),
-                    ffi::cstr(c"sbcl"),
-                    self.name,
-                    bytes.as_ptr().cast::<c_char>(),
-                    bytes.len(),
-                    ffi::cstr(c"PXAT"),
-                    expire_at_ms as std::ffi::c_longlong,
-                )
-            });
+            unsafe { replicate(self.ctx, ffi::cstr(c"DEL"), ffi::cstr(c"s"), self.name) };
         }
         self.signal(event);
     }
@@ -115,6 +119,30 @@ impl LimiterKey {
                 notify(self.ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr(), self.name);
             }
         }
+    }
+}
+
+/// Propagates `RL.APPLY name <effect> PXAT <expire_at_ms>` to replicas and the AOF, the
+/// effect being what `encode` writes.
+pub fn replicate_effect(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    encode: impl FnOnce(&mut Vec<u8>),
+    expire_at_ms: i64,
+) {
+    if let Some(replicate) = unsafe { raw::RedisModule_Replicate } {
+        with_scratch(encode, |bytes| unsafe {
+            replicate(
+                ctx,
+                ffi::cstr(c"RL.APPLY"),
+                ffi::cstr(c"sbcl"),
+                name,
+                bytes.as_ptr().cast::<c_char>(),
+                bytes.len(),
+                ffi::cstr(c"PXAT"),
+                expire_at_ms as std::ffi::c_longlong,
+            )
+        });
     }
 }
 

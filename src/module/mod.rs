@@ -4,6 +4,7 @@
 
 mod clock;
 mod commands;
+mod config;
 mod data_type;
 mod error;
 mod ffi;
@@ -98,10 +99,8 @@ fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<()
         }
         None => return Err("this server is older than 7.0; redis-rl needs Redis 7.0 or newer".into()),
     }
-    if let Some(&first) = args.first() {
-        let shown = String::from_utf8_lossy(unsafe { ffi::bytes(first) }).into_owned();
-        return Err(format!("unknown module argument '{shown}' (redis-rl takes none)"));
-    }
+    let arg_bytes: Vec<&[u8]> = args.iter().map(|&a| unsafe { ffi::bytes(a) }).collect();
+    config::apply_module_args(&arg_bytes)?;
     if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
         let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
             | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
@@ -109,6 +108,7 @@ fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<()
         unsafe { set_options(ctx, options as c_int) };
     }
     data_type::register(ctx)?;
+    config::register(ctx)?;
     for spec in COMMANDS {
         register_command(ctx, spec)?;
     }
@@ -156,6 +156,15 @@ const COMMANDS: &[CommandSpec] = &[
         has_key: true,
         summary: c"GCRA (token bucket) rate limit: admit or deny a request of QUANTITY",
         complexity: c"O(1)",
+    },
+    CommandSpec {
+        name: c"RL.WINDOW",
+        handler: handler!("RL.WINDOW", commands::window::run),
+        flags: c"write deny-oom fast",
+        arity: -4,
+        has_key: true,
+        summary: c"Window rate limit (FIXED, SLIDING counter or exact LOG): admit or deny a request",
+        complexity: c"O(1); LOG: O(1) amortised, O(entries that left the window)",
     },
     CommandSpec {
         name: c"RL.APPLY",

@@ -4,15 +4,15 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 
-use super::{five, once, unknown, Args, Options};
+use super::{expire_at_ms, five, once, unknown, Args, Options};
 use crate::algo::gcra::{self, GcraRequest, GcraState};
-use crate::codec::State;
+use crate::codec::{self, State};
 use crate::module::clock;
 use crate::module::error::CommandError;
 use crate::module::ffi;
 use crate::module::keys::LimiterKey;
 use crate::params::{self, GcraParams};
-use crate::time::{ceil_ms, NANOS_PER_MILLI};
+use crate::time::NANOS_PER_MILLI;
 
 /// A fully validated RL.GCRA call.
 struct GcraCall {
@@ -59,15 +59,16 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     let stored: Option<GcraState> = match key.load()? {
         None => None,
         Some(State::Gcra(state)) => Some(*state),
-        #[allow(unreachable_patterns)]
-        Some(other) => return Err(CommandError::WrongAlgorithm { held: other.algorithm_name() }),
+        Some(other) => {
+            return Err(CommandError::WrongAlgorithm { held: other.describe(), asked: "GCRA limiter" })
+        }
     };
     let outcome = gcra::decide(&call.params, stored.as_ref(), now_ns, call.request)?;
     if let (true, Some(write)) = (may_write, outcome.write) {
-        let expire_at_ms = i64::try_from(ceil_ms(write.tat_ns)).unwrap_or(i64::MAX);
-        let state = State::Gcra(write);
-        key.store(state.clone(), expire_at_ms);
-        key.announce_write(&state, expire_at_ms, c"rl.gcra");
+        let expire_at_ms = expire_at_ms(write.tat_ns);
+        key.put(State::Gcra(write));
+        key.set_expire_at(expire_at_ms);
+        key.announce(|buf| codec::encode_gcra_into(&write, buf), expire_at_ms, c"rl.gcra");
     }
     drop(key);
     Ok(ffi::reply_integers(ctx, &five(&outcome.decision)))

@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod gcra;
+pub mod window;
 #[cfg(debug_assertions)]
 pub mod panic;
 
@@ -74,4 +75,9 @@ pub fn five(decision: &Decision) -> [i64; 5] {
         retry_after_ms,
         as_reply_int(ceil_ms(decision.reset_after_ns)),
     ]
+}
+
+/// The absolute expiry for a key that is idle at `idle_at_ns`: ms since the epoch, rounded up.
+pub fn expire_at_ms(idle_at_ns: u64) -> i64 {
+    i64::try_from(ceil_ms(idle_at_ns)).unwrap_or(i64::MAX)
 }

@@ -1,0 +1,241 @@
+//! Fixed window counter: one counter per window aligned to the Unix epoch
+//! (`floor(now / window)`), so every client and replica agrees on the window without
+//! key-naming tricks.
+//!
+//! Cheap and simple, with the classic weakness of the algorithm: a client may spend a full
+//! quota at the end of one window and another full quota at the start of the next, i.e. up to
+//! `2 · limit` requests within a span of a little more than no time at all around the boundary.
+//! Choose SLIDING or LOG when that burst matters.
+
+use crate::decision::{Decision, Outcome, Overflow, Verdict};
+use crate::params::WindowParams;
+
+/// FixedState is what a FIXED key stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedState {
+    /// The window length the count was built under, ns.
+    pub window_ns: u64,
+    /// The limit of the last write (reported by RL.REFUND).
+    pub limit: u64,
+    /// Start of the window the count belongs to, ns since the epoch (a multiple of
+    /// `window_ns`).
+    pub window_start_ns: u64,
+    /// Requests admitted in that window.
+    pub count: u64,
+    /// The instant of the last write, ns since the epoch: the latest any counted request can
+    /// have happened (used to carry the count across a change of window length).
+    pub updated_ns: u64,
+}
+
+/// Returns the count of requests that may lie in the window `[window_start, …)` current at
+/// `now_ns` under `params`.
+///
+/// With an unchanged window length this is the stored count when it belongs to the current
+/// window, else 0. After a change of window length the stored count is kept, whole, while any
+/// of its requests can lie in the new current window (i.e. its last write is not before the
+/// new window's start), so a change never admits more than the new limit allows.
+pub fn current_count(stored: Option<&FixedState>, window_start_ns: u64) -> u64 {
+    match stored {
+        Some(s) if s.updated_ns >= window_start_ns => s.count,
+        _ => 0,
+    }
+}
+
+/// Decides one FIXED request of `quantity` at `now_ns` (SPEC.md, RL.WINDOW FIXED): admitted
+/// iff `count + quantity ≤ limit`. `retry_after` and `reset_after` run to the window's end.
+///
+/// Errors: [`Overflow`] if counts or the window's end leave `u64`.
+pub fn decide(
+    params: &WindowParams,
+    stored: Option<&FixedState>,
+    now_ns: u64,
+    quantity: u64,
+) -> Result<Outcome<FixedState>, Overflow> {
+    let window_start_ns = now_ns - now_ns % params.window_ns;
+    let window_end_ns = window_start_ns.checked_add(params.window_ns).ok_or(Overflow)?;
+    let to_end_ns = window_end_ns - now_ns;
+    let count = current_count(stored, window_start_ns);
+    let report = |verdict: Verdict, count_after: u64| Decision {
+        verdict,
+        limit: params.limit,
+        remaining: params.limit.saturating_sub(count_after),
+        reset_after_ns: if count_after > 0 { to_end_ns } else { 0 },
+    };
+    if quantity == 0 {
+        return Ok(Outcome { decision: report(Verdict::Allowed, count), write: None });
+    }
+    if quantity > params.limit {
+        return Ok(Outcome { decision: report(Verdict::Never, count), write: None });
+    }
+    let count_after = count.checked_add(quantity).ok_or(Overflow)?;
+    if count_after > params.limit {
+        let verdict = Verdict::Denied { retry_after_ns: to_end_ns };
+        return Ok(Outcome { decision: report(verdict, count), write: None });
+    }
+    let write = FixedState {
+        window_ns: params.window_ns,
+        limit: params.limit,
+        window_start_ns,
+        count: count_after,
+        updated_ns: now_ns,
+    };
+    Ok(Outcome { decision: report(Verdict::Allowed, count_after), write: Some(write) })
+}
+
+/// Gives back up to `quantity` requests to the current window at `now_ns`; returns the new
+/// state (None when nothing is counted any more) and how many were given back.
+pub fn refund(state: &FixedState, now_ns: u64, quantity: u64) -> (Option<FixedState>, u64) {
+    let window_start_ns = now_ns - now_ns % state.window_ns.max(1);
+    let count = current_count(Some(state), window_start_ns);
+    let refunded = quantity.min(count);
+    let left = count - refunded;
+    if left == 0 {
+        return (None, refunded);
+    }
+    (Some(FixedState { count: left, ..*state }), refunded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
+    use proptest::prelude::*;
+
+    const MS: u64 = NANOS_PER_MILLI;
+    const S: u64 = NANOS_PER_SEC;
+    /// A window boundary for 10 s windows.
+    const BASE: u64 = 1_795_996_800 * S;
+
+    struct Step {
+        at: u64,
+        qty: u64,
+        allowed: bool,
+        remaining: u64,
+        retry_ms: Option<u64>,
+        reset_ms: u64,
+    }
+
+    fn st(at: u64, qty: u64, allowed: bool, remaining: u64, retry: Option<u64>, reset: u64) -> Step {
+        Step { at, qty, allowed, remaining, retry_ms: retry, reset_ms: reset }
+    }
+
+    fn run(params: WindowParams, steps: &[Step]) {
+        let mut stored = None;
+        for (i, s) in steps.iter().enumerate() {
+            let out = decide(&params, stored.as_ref(), BASE + s.at, s.qty).unwrap();
+            let d = out.decision;
+            assert_eq!(d.verdict.is_allowed(), s.allowed, "step {i}: allowed");
+            assert_eq!(d.remaining, s.remaining, "step {i}: remaining");
+            let retry = match d.verdict {
+                Verdict::Denied { retry_after_ns } => Some(ceil_ms(retry_after_ns)),
+                _ => None,
+            };
+            assert_eq!(retry, s.retry_ms, "step {i}: retry_after_ms");
+            assert_eq!(ceil_ms(d.reset_after_ns), s.reset_ms, "step {i}: reset_after_ms");
+            if out.write.is_some() {
+                stored = out.write;
+            }
+        }
+    }
+
+    #[test]
+    fn counts_per_epoch_aligned_window() {
+        let p = WindowParams::new(3, 10 * S).unwrap();
+        run(p, &[
+            st(0, 0, true, 3, None, 0),
+            st(1000 * MS, 1, true, 2, None, 9000),
+            st(2000 * MS, 2, true, 0, None, 8000),
+            st(2500 * MS, 1, false, 0, Some(7500), 7500),
+            st(2500 * MS, 4, false, 0, None, 7500),
+            st(9999 * MS, 0, true, 0, None, 1),
+            st(10_000 * MS, 1, true, 2, None, 10_000),
+        ]);
+    }
+
+    #[test]
+    fn boundary_burst_is_allowed_as_documented() {
+        // A full quota at the very end of one window and another at the very start of the
+        // next: 2 × limit within 2 ms. This is the known trade-off of FIXED.
+        let p = WindowParams::new(5, 10 * S).unwrap();
+        run(p, &[
+            st(9_999 * MS, 5, true, 0, None, 1),
+            st(10_001 * MS, 5, true, 0, None, 9_999),
+        ]);
+    }
+
+    #[test]
+    fn windows_are_aligned_to_the_epoch_not_to_the_first_request() {
+        let p = WindowParams::new(1, 60 * S).unwrap();
+        let out = decide(&p, None, BASE + 59 * S, 1).unwrap();
+        assert_eq!(out.decision.reset_after_ns, S);
+        assert_eq!(out.write.unwrap().window_start_ns, BASE);
+    }
+
+    #[test]
+    fn window_change_keeps_counts_that_may_lie_in_the_new_window() {
+        let hour = WindowParams::new(100, 3600 * S).unwrap();
+        let minute = WindowParams::new(10, 60 * S).unwrap();
+        let s = decide(&hour, None, BASE + 30 * S, 8).unwrap().write.unwrap();
+        // Same minute as the last write: the 8 requests may all be in it.
+        let out = decide(&minute, Some(&s), BASE + 40 * S, 3).unwrap();
+        assert!(!out.decision.verdict.is_allowed());
+        assert_eq!(out.decision.remaining, 2);
+        // The next minute: none of them can be in it any more.
+        let out = decide(&minute, Some(&s), BASE + 61 * S, 10).unwrap();
+        assert!(out.decision.verdict.is_allowed());
+    }
+
+    #[test]
+    fn refund_lowers_the_current_count_only() {
+        let p = WindowParams::new(5, 10 * S).unwrap();
+        let s = decide(&p, None, BASE, 4).unwrap().write.unwrap();
+        assert_eq!(refund(&s, BASE + S, 3), (Some(FixedState { count: 1, ..s }), 3));
+        assert_eq!(refund(&s, BASE + S, 9), (None, 4));
+        assert_eq!(refund(&s, BASE + 10 * S, 1), (None, 0));
+    }
+
+    proptest! {
+        #[test]
+        fn retry_after_is_honest(limit in 1u64..20, window_ms in 1u64..5000,
+                                 steps in prop::collection::vec((0u64..3_000_000_000, 0u64..6), 1..40),
+                                 qty in 1u64..6) {
+            let p = WindowParams::new(limit, window_ms * MS).unwrap();
+            let mut now = BASE;
+            let mut stored = None;
+            for (gap, q) in steps {
+                now += gap;
+                let out = decide(&p, stored.as_ref(), now, q).unwrap();
+                prop_assert!(out.decision.remaining <= limit);
+                if out.write.is_some() { stored = out.write; }
+            }
+            let out = decide(&p, stored.as_ref(), now, qty).unwrap();
+            if let Verdict::Denied { retry_after_ns } = out.decision.verdict {
+                prop_assert!(retry_after_ns > 0);
+                let later = decide(&p, stored.as_ref(), now + retry_after_ns, qty).unwrap();
+                prop_assert!(later.decision.verdict.is_allowed());
+                let early = decide(&p, stored.as_ref(), now + retry_after_ns - 1, qty).unwrap();
+                prop_assert!(!early.decision.verdict.is_allowed());
+            }
+        }
+
+        #[test]
+        fn never_more_than_limit_per_aligned_window(limit in 1u64..20, window_ms in 1u64..2000,
+                                 steps in prop::collection::vec((0u64..500_000_000, 0u64..6), 1..80)) {
+            let p = WindowParams::new(limit, window_ms * MS).unwrap();
+            let mut now = BASE;
+            let mut stored = None;
+            let mut per_window = std::collections::HashMap::<u64, u64>::new();
+            for (gap, q) in steps {
+                now += gap;
+                let out = decide(&p, stored.as_ref(), now, q).unwrap();
+                if let Some(w) = out.write {
+                    *per_window.entry(now / p.window_ns).or_default() += q;
+                    stored = Some(w);
+                } else {
+                    prop_assert!(q == 0 || !out.decision.verdict.is_allowed());
+                }
+            }
+            prop_assert!(per_window.values().all(|&c| c <= limit));
+        }
+    }
+}
