@@ -120,21 +120,31 @@ fn dump_restore_and_copy_are_exact() {
     let s = Server::start();
     let mut c = s.conn();
     workload(&mut c);
-    let (dump, expire_at) = snapshot(&mut c, "b");
-    let dump = dump.unwrap();
-    let digest: Vec<String> = q(&mut c, &["DEBUG", "DIGEST-VALUE", "b"]);
-    redis::cmd("RESTORE").arg("b2").arg(expire_at).arg(&dump).arg("ABSTTL").query::<()>(&mut c).unwrap();
-    assert_eq!(snapshot(&mut c, "b2"), (Some(dump.clone()), expire_at));
-    assert_eq!(q::<Vec<String>>(&mut c, &["DEBUG", "DIGEST-VALUE", "b2"]), digest);
-    assert_eq!(rl(&mut c, &["RL.GCRA", "b2", "1", "1", "3600"])[0], 0);
-    q::<i64>(&mut c, &["COPY", "b", "b3"]);
-    assert_eq!(snapshot(&mut c, "b3"), (Some(dump), expire_at));
-    // The copy is independent: writing one leaves the other alone.
-    let before_a = snapshot(&mut c, "a");
-    q::<i64>(&mut c, &["COPY", "a", "a2"]);
-    rl(&mut c, &["RL.GCRA", "a2", "5", "1", "100"]);
-    assert_eq!(snapshot(&mut c, "a"), before_a);
-    assert_ne!(snapshot(&mut c, "a2"), before_a);
+    for key in KEYS {
+        let (dump, expire_at) = snapshot(&mut c, key);
+        let dump = dump.unwrap();
+        let digest: Vec<String> = q(&mut c, &["DEBUG", "DIGEST-VALUE", key]);
+        let restored = format!("restored:{key}");
+        redis::cmd("RESTORE").arg(&restored).arg(expire_at).arg(&dump).arg("ABSTTL")
+            .query::<()>(&mut c).unwrap();
+        assert_eq!(snapshot(&mut c, &restored), (Some(dump.clone()), expire_at), "{key}");
+        assert_eq!(q::<Vec<String>>(&mut c, &["DEBUG", "DIGEST-VALUE", &restored]), digest, "{key}");
+        let copied = format!("copied:{key}");
+        q::<i64>(&mut c, &["COPY", key, &copied]);
+        assert_eq!(snapshot(&mut c, &copied), (Some(dump), expire_at), "{key}");
+    }
+    assert_eq!(rl(&mut c, &["RL.GCRA", "restored:b", "1", "1", "3600"])[0], 0);
+    assert_eq!(rl(&mut c, &["RL.WINDOW", "restored:wl", "20", "3600", "LOG"])[0], 0);
+    // A copy is independent: writing one leaves the other alone.
+    for (key, args) in [
+        ("a", vec!["RL.GCRA", "copied:a", "5", "1", "100"]),
+        ("wl2", vec!["RL.WINDOW", "copied:wl2", "50", "3600", "LOG"]),
+    ] {
+        let before = snapshot(&mut c, key);
+        rl(&mut c, &args);
+        assert_eq!(snapshot(&mut c, key), before);
+        assert_ne!(snapshot(&mut c, &format!("copied:{key}")), before);
+    }
 }
 
 #[test]
