@@ -1,7 +1,6 @@
 # redis-rl: native rate-limit commands for Redis.
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
-DEBUG_MODULE := $(CURDIR)/target/debug/libredis_rl.so
 
 .PHONY: help deps build run test demo clean
 
@@ -17,11 +16,8 @@ build: deps ## Build the module: target/release/libredis_rl.so
 run: build ## Start redis-server on 127.0.0.1:$(PORT) in the foreground with the module
 	redis-server --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no --loadmodule $(MODULE)
 
-test: deps ## Run every test: pure core, then the real-server suites
-	cargo build --release
-	cargo build
-	cargo test --lib --no-default-features
-	RL_MODULE=$(MODULE) RL_DEBUG_MODULE=$(DEBUG_MODULE) cargo test
+test: deps ## Run every test: pure core, then the real-server suites; ends with "N passed, N failed"
+	@scripts/test.sh
 
 demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in another shell)
 	@PORT=$(PORT) scripts/demo.sh

@@ -39,6 +39,10 @@ if [ "$ALLOWED" = 0 ]; then
     sleep "$(awk -v ms="$RETRY_MS" 'BEGIN { printf "%.3f", ms / 1000 }')"
     request "retry after wait"
     echo
-    echo "Allowed again: one request's worth of capacity came back after 500 ms."
+    if [ "$ALLOWED" = 1 ]; then
+        echo "Allowed again: one request's worth of capacity came back after 500 ms."
+    else
+        echo "Still denied: retry_after_ms=$RETRY_MS (another client may be using this key)."
+    fi
 fi
 echo "TTL of the key (ms): $(cli PTTL "$key") -- it expires exactly when the bucket is full again."

@@ -10,9 +10,10 @@
 //! | 1 | tag (u8) |
 //! | 2.. | the tag's fields |
 //!
-//! States (versions 1 and 2 share the GCRA layout; windows exist from version 2):
+//! States (windows exist from version 2):
 //!
-//! * tag 1, GCRA: `tat_ns`, `emission_interval_ns`, `burst` (26 bytes).
+//! * tag 1, GCRA: `tat_ns`, `emission_interval_ns`, `burst`, `updated_ns` (34 bytes; version 1
+//!   had no `updated_ns`: 26 bytes).
 //! * tag 2, FIXED: `window_ns`, `limit`, `window_start_ns`, `count`, `updated_ns` (42 bytes).
 //! * tag 3, SLIDING: `window_ns`, `limit`, `window_start_ns`, `prev`, `curr`, `updated_ns`
 //!   (50 bytes).
@@ -142,7 +143,7 @@ fn put(out: &mut Vec<u8>, fields: &[u64]) {
 /// Appends the encoding of a GCRA state (newest version) to `out`.
 pub fn encode_gcra_into(g: &GcraState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_GCRA]);
-    put(out, &[g.tat_ns, g.emission_interval_ns, g.burst]);
+    put(out, &[g.tat_ns, g.emission_interval_ns, g.burst, g.updated_ns]);
 }
 
 /// Appends the encoding of a FIXED state (newest version) to `out`.
@@ -267,9 +268,19 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             if burst == 0 {
                 return Err(DecodeError::OutOfRange("burst"));
             }
-            GcraParams::from_interval(burst, emission_interval_ns)
+            let params = GcraParams::from_interval(burst, emission_interval_ns)
                 .map_err(|_| DecodeError::OutOfRange("emission_interval_ns"))?;
-            Ok(State::Gcra(GcraState { tat_ns, emission_interval_ns, burst }))
+            let updated_ns = if version == 1 {
+                // Version 1 did not record the last write: assume it filled the bucket, the
+                // most capacity in use it can have had.
+                tat_ns.saturating_sub(params.tolerance_ns)
+            } else {
+                r.u64()?
+            };
+            if updated_ns > tat_ns {
+                return Err(DecodeError::OutOfRange("updated_ns"));
+            }
+            Ok(State::Gcra(GcraState { tat_ns, emission_interval_ns, burst, updated_ns }))
         }
         (2.., TAG_FIXED) => {
             let (window_ns, limit, window_start_ns, count, updated_ns) =
@@ -360,22 +371,24 @@ mod tests {
     use proptest::prelude::*;
 
     fn gcra(tat_ns: u64, emission_interval_ns: u64, burst: u64) -> State {
-        State::Gcra(GcraState { tat_ns, emission_interval_ns, burst })
+        State::Gcra(GcraState { tat_ns, emission_interval_ns, burst, updated_ns: tat_ns / 2 })
     }
 
     #[test]
     fn gcra_layout_is_fixed() {
         let bytes = encode(&gcra(0x0102_0304_0506_0708, 1_000_000_000, 10));
-        assert_eq!(bytes.len(), 26);
+        assert_eq!(bytes.len(), 34);
         assert_eq!(&bytes[..2], &[ENCODING_VERSION, 1]);
         assert_eq!(&bytes[2..10], &[8, 7, 6, 5, 4, 3, 2, 1]);
     }
 
     #[test]
     fn version_1_gcra_still_decodes() {
-        let mut v1 = encode(&gcra(5, 7, 3));
+        let mut v1 = encode(&gcra(50, 7, 3));
         v1[0] = 1;
-        assert_eq!(decode(&v1), Ok(gcra(5, 7, 3)));
+        v1.truncate(26);
+        let expected = State::Gcra(GcraState { tat_ns: 50, emission_interval_ns: 7, burst: 3, updated_ns: 29 });
+        assert_eq!(decode(&v1), Ok(expected));
         // Version 1 knew no windows.
         let mut fixed = encode(&State::Fixed(Box::new(FixedState {
             window_ns: 10, limit: 5, window_start_ns: 100, count: 1, updated_ns: 105,
@@ -389,7 +402,7 @@ mod tests {
     fn corrupt_input_is_refused() {
         let good = encode(&gcra(5, 7, 3));
         assert_eq!(decode(&[]), Err(DecodeError::Truncated));
-        assert_eq!(decode(&good[..25]), Err(DecodeError::Truncated));
+        assert_eq!(decode(&good[..33]), Err(DecodeError::Truncated));
         let mut long = good.clone();
         long.push(0);
         assert_eq!(decode(&long), Err(DecodeError::TrailingBytes));

@@ -84,7 +84,7 @@ fn ttl_matches_reset_after_for_every_algorithm() {
             let r = rl(&mut c, &["RL.WINDOW", &key, "10", "30", algo]);
             assert_eq!(r[0], 1);
             let pttl: i64 = q(&mut c, &["PTTL", &key]);
-            assert!((pttl - r[4]).abs() <= 1, "{algo}: PTTL {pttl} vs reset_after_ms {}", r[4]);
+            assert_ms(pttl, r[4], 100);
         }
     }
 }

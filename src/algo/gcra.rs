@@ -12,8 +12,8 @@
 use crate::decision::{Decision, Outcome, Overflow, Verdict};
 use crate::params::GcraParams;
 
-/// GcraState is what one GCRA key stores: the TAT and the parameters it was built under, so
-/// that a call with other parameters can convert it (capacity in use is kept).
+/// GcraState is what one GCRA key stores: the TAT, the parameters it was built under and the
+/// instant of the write that built it, so that a call with other parameters can convert it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GcraState {
     /// Theoretical arrival time, ns since the Unix epoch.
@@ -22,6 +22,8 @@ pub struct GcraState {
     pub emission_interval_ns: u64,
     /// The burst the TAT was built under (≥ 1).
     pub burst: u64,
+    /// The instant of the last write, ns since the epoch (≤ `tat_ns`).
+    pub updated_ns: u64,
 }
 
 /// GcraRequest is one call's request: `quantity` requests at once (0 = just report), and an
@@ -41,32 +43,32 @@ impl GcraRequest {
     }
 }
 
-/// Returns the stored TAT re-expressed under `params`, never earlier than `now_ns`.
+/// Returns the stored TAT under `params` (saturating at `u64::MAX`), never earlier than
+/// `now_ns`.
 ///
-/// A key last written under another emission interval keeps the *capacity in use*, measured in
-/// requests: `(tat − now) / T_old` requests become `(tat − now) / T_old · T_new` ns of TAT
-/// ahead of now, rounded up (so a conversion never admits more). The stored burst plays no
-/// part: a lower burst makes the key wait until its capacity in use drains below it.
-///
-/// Errors: [`Overflow`] if the converted TAT does not fit in `u64` nanoseconds.
-pub fn effective_tat(
-    params: &GcraParams,
-    stored: Option<&GcraState>,
-    now_ns: u64,
-) -> Result<u64, Overflow> {
-    let Some(state) = stored else { return Ok(now_ns) };
+/// A key idle under its own parameters (`tat ≤ now`) is idle. A key last written under
+/// another emission interval keeps its *capacity in use at its last write*, measured in
+/// requests: at the write's instant `w` it had `(tat − w) / T_old` requests in use; under the
+/// new interval those requests end at `w + (tat − w) · T_new / T_old` (rounded up, so a
+/// conversion never admits more) and drain at the new rate from `w` on. The result does not
+/// depend on `now`, so repeated calls under the new parameters see one consistent key that
+/// drains at the new rate: raising the rate or the burst takes effect at once and never locks
+/// a key out, and waiting `retry_after` is honest. The stored burst plays no part: a lower
+/// burst makes the key wait until its capacity in use drains below it.
+pub fn effective_tat(params: &GcraParams, stored: Option<&GcraState>, now_ns: u64) -> u64 {
+    let Some(state) = stored else { return now_ns };
     if state.tat_ns <= now_ns {
-        return Ok(now_ns);
+        return now_ns;
     }
     if state.emission_interval_ns == params.emission_interval_ns {
-        return Ok(state.tat_ns);
+        return state.tat_ns;
     }
-    let in_use_ns = u128::from(state.tat_ns - now_ns);
+    let written = state.updated_ns.min(state.tat_ns);
+    let in_use_ns = u128::from(state.tat_ns - written);
     let old_t = u128::from(state.emission_interval_ns.max(1));
-    let scaled = in_use_ns * u128::from(params.emission_interval_ns);
-    let converted = scaled.div_ceil(old_t);
-    let converted = u64::try_from(converted).map_err(|_| Overflow)?;
-    now_ns.checked_add(converted).ok_or(Overflow)
+    let converted = (in_use_ns * u128::from(params.emission_interval_ns)).div_ceil(old_t);
+    let tat = u128::from(written) + converted;
+    u64::try_from(tat).unwrap_or(u64::MAX).max(now_ns)
 }
 
 /// Requests of quantity 1 still admitted at `now_ns` by a key whose TAT is `tat_ns`.
@@ -84,14 +86,16 @@ fn remaining(params: &GcraParams, tat_ns: u64, now_ns: u64) -> u64 {
 /// denial that clears within it is admitted as [`Verdict::Reserved`] and writes the state it
 /// would have written at the later instant (which is the same `new_tat`).
 ///
-/// Errors: [`Overflow`] if `new_tat` or the converted TAT leaves `u64` nanoseconds.
+/// Errors: [`Overflow`] only when an admitted request's `new_tat` would not fit in `u64`
+/// nanoseconds (a burst whose tolerance reaches past the year 2554); reports and denials
+/// saturate instead.
 pub fn decide(
     params: &GcraParams,
     stored: Option<&GcraState>,
     now_ns: u64,
     request: GcraRequest,
 ) -> Result<Outcome<GcraState>, Overflow> {
-    let tat = effective_tat(params, stored, now_ns)?;
+    let tat = effective_tat(params, stored, now_ns);
     let report = |verdict: Verdict, tat_after: u64| Decision {
         verdict,
         limit: params.burst,
@@ -99,45 +103,59 @@ pub fn decide(
         reset_after_ns: tat_after.saturating_sub(now_ns),
     };
     let n = request.quantity;
+    let admitted = match request.max_wait_ns {
+        Some(_) => Verdict::Reserved { delay_ns: 0 },
+        None => Verdict::Allowed,
+    };
     if n == 0 {
-        let verdict = match request.max_wait_ns {
-            Some(_) => Verdict::Reserved { delay_ns: 0 },
-            None => Verdict::Allowed,
-        };
-        return Ok(Outcome { decision: report(verdict, tat), write: None });
+        return Ok(Outcome { decision: report(admitted, tat), write: None });
     }
     if n > params.burst {
         return Ok(Outcome { decision: report(Verdict::Never, tat), write: None });
     }
-    // n ≤ burst, so n·T ≤ τ, which fits by construction of GcraParams.
-    let cost_ns = n.checked_mul(params.emission_interval_ns).ok_or(Overflow)?;
-    let new_tat = tat.checked_add(cost_ns).ok_or(Overflow)?;
-    let ahead_ns = new_tat - now_ns;
-    let write = GcraState {
-        tat_ns: new_tat,
-        emission_interval_ns: params.emission_interval_ns,
-        burst: params.burst,
-    };
-    if ahead_ns <= params.tolerance_ns {
-        let verdict = match request.max_wait_ns {
-            Some(_) => Verdict::Reserved { delay_ns: 0 },
-            None => Verdict::Allowed,
+    // In 128 bits: n·T ≤ τ < 2^64 and tat < 2^64, so nothing here can overflow.
+    let new_tat = u128::from(tat) + u128::from(n) * u128::from(params.emission_interval_ns);
+    let ahead_ns = new_tat - u128::from(now_ns);
+    let tolerance = u128::from(params.tolerance_ns);
+    let store = |verdict: Verdict| -> Result<Outcome<GcraState>, Overflow> {
+        let tat_ns = u64::try_from(new_tat).map_err(|_| Overflow)?;
+        let write = GcraState {
+            tat_ns,
+            emission_interval_ns: params.emission_interval_ns,
+            burst: params.burst,
+            updated_ns: now_ns,
         };
-        return Ok(Outcome { decision: report(verdict, new_tat), write: Some(write) });
+        Ok(Outcome { decision: report(verdict, tat_ns), write: Some(write) })
+    };
+    if ahead_ns <= tolerance {
+        return store(admitted);
     }
     // Admitted at the first instant t with new_tat − t ≤ τ. That instant is not after `tat`
     // (because n·T ≤ τ), so max(stored_tat, t) is still `tat` and new_tat is unchanged.
-    let wait_ns = ahead_ns - params.tolerance_ns;
+    let wait_ns = u64::try_from(ahead_ns - tolerance).unwrap_or(u64::MAX);
     match request.max_wait_ns {
-        Some(max_wait_ns) if wait_ns <= max_wait_ns => Ok(Outcome {
-            decision: report(Verdict::Reserved { delay_ns: wait_ns }, new_tat),
-            write: Some(write),
-        }),
+        Some(max_wait_ns) if wait_ns <= max_wait_ns => store(Verdict::Reserved { delay_ns: wait_ns }),
         _ => Ok(Outcome {
             decision: report(Verdict::Denied { retry_after_ns: wait_ns }, tat),
             write: None,
         }),
     }
+}
+
+/// Gives back up to `quantity` requests at `now_ns`: the TAT moves back by `quantity · T`,
+/// but not before `now`. Returns the new state (None when the key is idle again) and how
+/// many requests were given back (the capacity in use, rounded up, if that is less).
+pub fn refund(state: &GcraState, now_ns: u64, quantity: u64) -> (Option<GcraState>, u64) {
+    let t = state.emission_interval_ns.max(1);
+    let in_use_ns = state.tat_ns.saturating_sub(now_ns);
+    let in_use = in_use_ns.div_ceil(t);
+    let refunded = quantity.min(in_use);
+    let back_ns = u128::from(quantity) * u128::from(t);
+    let tat = if back_ns >= u128::from(in_use_ns) { now_ns } else { state.tat_ns - back_ns as u64 };
+    if tat <= now_ns {
+        return (None, refunded);
+    }
+    (Some(GcraState { tat_ns: tat, updated_ns: state.updated_ns.min(tat), ..*state }), refunded)
 }
 
 #[cfg(test)]
@@ -263,6 +281,22 @@ mod tests {
     }
 
     #[test]
+    fn raising_the_rate_never_locks_out() {
+        // One request per hour, used; the rate becomes one per second: the key is denied for
+        // one second (its one request re-expressed), then admits, whatever the old TTL says.
+        let hourly = GcraParams::new(1, 1, 3600 * S).unwrap();
+        let per_second = GcraParams::new(1, 1, S).unwrap();
+        let s = decide(&hourly, None, BASE, GcraRequest::of(1)).unwrap().write.unwrap();
+        let out = decide(&per_second, Some(&s), BASE + 10 * MS, GcraRequest::of(1)).unwrap();
+        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 990 * MS });
+        // Denials write nothing, and the conversion does not drift with time.
+        let out = decide(&per_second, Some(&s), BASE + 500 * MS, GcraRequest::of(1)).unwrap();
+        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 500 * MS });
+        let out = decide(&per_second, Some(&s), BASE + S, GcraRequest::of(1)).unwrap();
+        assert!(out.decision.verdict.is_allowed());
+    }
+
+    #[test]
     fn raising_the_rate_takes_effect_at_once() {
         // 2 of burst 4 used at 1/s → capacity in use 2 requests. At 10/s those 2 requests are
         // 200 ms of TAT, so 2 remain and the key resets in 200 ms.
@@ -308,11 +342,38 @@ mod tests {
     #[test]
     fn overflow_is_an_error_not_a_panic() {
         let p = GcraParams::new(2, 1, S).unwrap();
-        let s = GcraState { tat_ns: u64::MAX - 1, emission_interval_ns: S, burst: 2 };
-        assert_eq!(decide(&p, Some(&s), 0, GcraRequest::of(1)), Err(Overflow));
-        let fast = GcraParams::new(2, 1, crate::time::MAX_PERIOD_NS).unwrap();
-        let s = GcraState { tat_ns: u64::MAX, emission_interval_ns: 1, burst: 2 };
-        assert_eq!(decide(&fast, Some(&s), 0, GcraRequest::of(0)), Err(Overflow));
+        // A TAT near the end of time: reports and denials saturate, they never fail.
+        let s = GcraState { tat_ns: u64::MAX - 1, emission_interval_ns: S, burst: 2, updated_ns: 0 };
+        let out = decide(&p, Some(&s), 0, GcraRequest::of(1)).unwrap();
+        assert!(matches!(out.decision.verdict, Verdict::Denied { .. }));
+        let slow = GcraParams::new(2, 1, crate::time::MAX_PERIOD_NS).unwrap();
+        let s = GcraState { tat_ns: u64::MAX, emission_interval_ns: 1, burst: 2, updated_ns: 0 };
+        let out = decide(&slow, Some(&s), 0, GcraRequest::of(0)).unwrap();
+        assert_eq!((out.decision.remaining, out.decision.reset_after_ns), (0, u64::MAX));
+        // Only an admitted request whose TAT leaves 64-bit time is an error.
+        let huge = GcraParams::new(u64::MAX, 1_000_000_000, S).unwrap();
+        assert_eq!(decide(&huge, None, BASE, GcraRequest::of(u64::MAX)), Err(Overflow));
+    }
+
+    #[test]
+    fn refund_moves_the_tat_back_but_not_before_now() {
+        let p = GcraParams::new(5, 1, S).unwrap();
+        let s = decide(&p, None, BASE, GcraRequest::of(3)).unwrap().write.unwrap();
+        let (after, n) = refund(&s, BASE, 1);
+        assert_eq!((after.unwrap().tat_ns, n), (BASE + 2 * S, 1));
+        // 2.5 s in use: a refund of 5 gives back 3 (rounded up) and leaves the key idle.
+        let (after, n) = refund(&s, BASE + 500 * MS, 5);
+        assert_eq!((after, n), (None, 3));
+    }
+
+    #[test]
+    fn refund_of_everything_restores_the_state_before_the_requests() {
+        let p = GcraParams::new(5, 1, S).unwrap();
+        let before = decide(&p, None, BASE, GcraRequest::of(1)).unwrap().write.unwrap();
+        let after = decide(&p, Some(&before), BASE, GcraRequest::of(3)).unwrap().write.unwrap();
+        let (refunded, n) = refund(&after, BASE, 3);
+        assert_eq!(n, 3);
+        assert_eq!(refunded.unwrap().tat_ns, before.tat_ns);
     }
 
     fn params_strategy() -> impl Strategy<Value = GcraParams> {
@@ -346,6 +407,28 @@ mod tests {
                 prop_assert!(later.decision.verdict.is_allowed());
                 let early = decide(&p, stored.as_ref(), now + retry_after_ns - 1, GcraRequest::of(qty)).unwrap();
                 prop_assert!(!early.decision.verdict.is_allowed());
+            }
+        }
+
+        #[test]
+        fn after_a_parameter_change_waiting_retry_after_admits(
+            p1 in params_strategy(), p2 in params_strategy(), steps in timeline(),
+            gap in 0u64..3 * S, qty in 1u64..6,
+        ) {
+            let mut now = BASE;
+            let mut stored = None;
+            for (g, q) in steps {
+                now += g;
+                if let Some(w) = decide(&p1, stored.as_ref(), now, GcraRequest::of(q)).unwrap().write {
+                    stored = Some(w);
+                }
+            }
+            now += gap;
+            let out = decide(&p2, stored.as_ref(), now, GcraRequest::of(qty)).unwrap();
+            prop_assert!(out.decision.remaining <= p2.burst);
+            if let Verdict::Denied { retry_after_ns } = out.decision.verdict {
+                let later = decide(&p2, stored.as_ref(), now + retry_after_ns, GcraRequest::of(qty)).unwrap();
+                prop_assert!(later.decision.verdict.is_allowed());
             }
         }
 

@@ -65,12 +65,25 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         raw::REDISMODULE_APIVER_1 as c_int,
     ) == raw::Status::Err as c_int
     {
+        // The API table is filled before the name check, so logging works here.
+        ffi::log(ctx, Level::Warning, "redis-rl: module not loaded: a module named 'rl' is already loaded");
         return raw::Status::Err as c_int;
     }
     let args = args(argv, argc);
     let loaded = guard::callback("OnLoad", Err("panic during load".to_owned()), || on_load(ctx, args));
     match loaded {
-        Ok(()) => raw::Status::Ok as c_int,
+        Ok(()) => {
+            ffi::log(
+                ctx,
+                Level::Notice,
+                &format!(
+                    "redis-rl {} loaded (rl.log-max-limit {})",
+                    env!("CARGO_PKG_VERSION"),
+                    config::log_max_limit()
+                ),
+            );
+            raw::Status::Ok as c_int
+        }
         Err(why) => {
             ffi::log(ctx, Level::Warning, &format!("redis-rl: module not loaded: {why}"));
             raw::Status::Err as c_int
