@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run test demo clean
+.PHONY: help deps build run test demo bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -24,3 +24,6 @@ demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in
 
 clean: ## Remove build output
 	cargo clean
+
+bench: build ## Measure speed and memory against INCR and Lua limiters; writes BENCHMARKS.md (BENCH_QUICK=1: ~2 min)
+	python3 bench/bench.py

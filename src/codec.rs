@@ -21,7 +21,8 @@
 //!   bytes of the log's entries (LEB128: the oldest entry's count, then `delta_ns, count` per
 //!   later instant).
 //!
-//! Effects (only in `RL.APPLY`, never stored):
+//! Effects (only in `RL.APPLY`, never stored), optionally preceded by an expiry prefix
+//! (tag 0x90, `expire_at_ms: i64`) that sets the key's absolute expiry:
 //!
 //! * a state (tags 1–4): replace the key's value with it;
 //! * tag 0x81, LOG append: `window_ns`, `limit`, `at_ns`, `quantity`;
@@ -48,6 +49,7 @@ const TAG_SLIDING: u8 = 3;
 const TAG_LOG: u8 = 4;
 const TAG_LOG_APPEND: u8 = 0x81;
 const TAG_LOG_REFUND: u8 = 0x82;
+const TAG_EXPIRY: u8 = 0x90;
 
 /// State is the value of one limiter key. The window states are boxed so that a GCRA key,
 /// the most common, stays a small allocation.
@@ -202,6 +204,13 @@ pub fn encode(state: &State) -> Vec<u8> {
     out
 }
 
+/// Appends the expiry prefix (tag 0x90): the effect that follows sets the key to expire at
+/// `expire_at_ms`, ms since the epoch.
+pub fn encode_expiry_prefix_into(expire_at_ms: i64, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_EXPIRY]);
+    out.extend_from_slice(&expire_at_ms.to_le_bytes());
+}
+
 /// Appends the encoding of `effect` to `out`.
 pub fn encode_effect_into(effect: &Effect, out: &mut Vec<u8>) {
     match effect {
@@ -341,6 +350,22 @@ pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
     Ok(state)
 }
 
+/// Decodes an `RL.APPLY` blob: an optional expiry prefix, then an effect. Returns the effect
+/// and the absolute expiry (ms since the epoch), if any.
+///
+/// Errors: see [`DecodeError`]. Never panics, whatever the input.
+pub fn decode_applied(bytes: &[u8]) -> Result<(Effect, Option<i64>), DecodeError> {
+    let (_, tag, mut r) = header(bytes)?;
+    if tag != TAG_EXPIRY {
+        return Ok((decode_effect(bytes)?, None));
+    }
+    let expire_at_ms = r.u64()? as i64;
+    if expire_at_ms < 0 {
+        return Err(DecodeError::OutOfRange("expire_at_ms"));
+    }
+    Ok((decode_effect(r.rest)?, Some(expire_at_ms)))
+}
+
 /// Decodes and validates an effect (a state, or a LOG append/refund).
 ///
 /// Errors: see [`DecodeError`]. Never panics, whatever the input.
@@ -435,6 +460,12 @@ mod tests {
         encode_effect_into(&Effect::LogRefund { at_ns: 1, quantity: 1 }, &mut effect);
         assert_eq!(decode(&effect), Err(DecodeError::UnknownAlgorithm(TAG_LOG_REFUND)));
         assert_eq!(decode_effect(&effect), Ok(Effect::LogRefund { at_ns: 1, quantity: 1 }));
+        let mut applied = Vec::new();
+        encode_expiry_prefix_into(1234, &mut applied);
+        applied.extend_from_slice(&effect);
+        assert_eq!(decode_applied(&applied), Ok((Effect::LogRefund { at_ns: 1, quantity: 1 }, Some(1234))));
+        assert_eq!(decode_applied(&effect), Ok((Effect::LogRefund { at_ns: 1, quantity: 1 }, None)));
+        assert_eq!(decode_applied(&applied[..12]), Err(DecodeError::Truncated));
     }
 
     fn arb_state() -> impl Strategy<Value = State> {
@@ -475,6 +506,7 @@ mod tests {
         fn decode_of_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..128)) {
             let _ = decode(&bytes);
             let _ = decode_effect(&bytes);
+            let _ = decode_applied(&bytes);
         }
 
         #[test]
@@ -487,6 +519,7 @@ mod tests {
             b.truncate(c);
             let _ = decode(&b);
             let _ = decode_effect(&b);
+            let _ = decode_applied(&b);
         }
     }
 }

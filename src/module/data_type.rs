@@ -8,7 +8,8 @@ use redis_module::raw;
 
 use super::ffi::{self, Level};
 use super::guard;
-use crate::codec::{self, State, ENCODING_VERSION};
+use super::value;
+use crate::codec::{self, ENCODING_VERSION};
 
 /// The type's name, written into every RDB file: exactly 9 characters, fixed forever.
 pub const TYPE_NAME: &std::ffi::CStr = c"ratelimit";
@@ -54,25 +55,8 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Moves a state to the heap and returns the pointer Redis stores as the key's value.
-pub fn into_value(state: State) -> *mut c_void {
-    Box::into_raw(Box::new(state)).cast()
-}
-
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Calls `f` with the encoding of `state`, reusing one buffer (no allocation per call).
-pub fn with_encoded<R>(state: &State, f: impl FnOnce(&[u8]) -> R) -> R {
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buf) => {
-            buf.clear();
-            codec::encode_into(state, &mut buf);
-            f(&buf)
-        }
-        Err(_) => f(&codec::encode(state)),
-    })
 }
 
 /// Calls `f` with the bytes that `encode` writes into a reused buffer (no allocation per
@@ -122,7 +106,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             free(buf.cast());
         }
         match decoded {
-            Ok(state) => into_value(state),
+            Ok(state) => value::into_raw(state),
             Err(e) => {
                 ffi::log(
                     ptr::null_mut(),
@@ -137,11 +121,11 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard::callback("rdb_save", (), || {
-        let (Some(state), Some(save)) = (value.cast::<State>().as_ref(), raw::RedisModule_SaveStringBuffer)
-        else {
-            return;
-        };
-        with_encoded(state, |bytes| save(rdb, bytes.as_ptr().cast::<c_char>(), bytes.len()));
+        let Some(save) = raw::RedisModule_SaveStringBuffer else { return };
+        with_scratch(
+            |buf| value::encode_into(value, buf),
+            |bytes| save(rdb, bytes.as_ptr().cast::<c_char>(), bytes.len()),
+        );
     })
 }
 
@@ -151,12 +135,9 @@ unsafe extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     guard::callback("aof_rewrite", (), || {
-        let (Some(state), Some(emit)) = (value.cast::<State>().as_ref(), raw::RedisModule_EmitAOF)
-        else {
-            return;
-        };
+        let Some(emit) = raw::RedisModule_EmitAOF else { return };
         // Redis appends the key's PEXPIREAT after these commands.
-        with_encoded(state, |bytes| {
+        with_scratch(|buf| value::encode_into(value, buf), |bytes| {
             emit(
                 aof,
                 ffi::cstr(c"RL.APPLY"),
@@ -171,32 +152,26 @@ unsafe extern "C" fn aof_rewrite(
 
 /// Bytes the value occupies: the state's allocations (the server adds its own overhead).
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guard::callback("mem_usage", 0, || match value.cast::<State>().as_ref() {
-        Some(state) => state.heap_bytes(),
-        None => 0,
-    })
+    guard::callback("mem_usage", 0, || value::heap_bytes(value.cast_mut()))
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard::callback("digest", (), || {
-        let (Some(state), Some(add), Some(end)) = (
-            value.cast::<State>().as_ref(),
-            raw::RedisModule_DigestAddStringBuffer,
-            raw::RedisModule_DigestEndSequence,
-        ) else {
+        let (Some(add), Some(end)) =
+            (raw::RedisModule_DigestAddStringBuffer, raw::RedisModule_DigestEndSequence)
+        else {
             return;
         };
-        with_encoded(state, |bytes| add(md, bytes.as_ptr().cast::<c_char>(), bytes.len()));
+        with_scratch(
+            |buf| value::encode_into(value, buf),
+            |bytes| add(md, bytes.as_ptr().cast::<c_char>(), bytes.len()),
+        );
         end(md);
     })
 }
 
 unsafe extern "C" fn free(value: *mut c_void) {
-    guard::callback("free", (), || {
-        if !value.is_null() {
-            drop(Box::from_raw(value.cast::<State>()));
-        }
-    })
+    guard::callback("free", (), || value::free(value))
 }
 
 unsafe extern "C" fn copy(
@@ -204,8 +179,8 @@ unsafe extern "C" fn copy(
     _to: *mut raw::RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    guard::callback("copy", ptr::null_mut(), || match value.cast::<State>().as_ref() {
-        Some(state) => into_value(state.clone()),
+    guard::callback("copy", ptr::null_mut(), || match value::to_state(value.cast_mut()) {
+        Some(state) => value::into_raw(state),
         None => ptr::null_mut(),
     })
 }

@@ -1,14 +1,16 @@
 //! Opening a limiter key, loading its state (WRONGTYPE here), storing state with an absolute
 //! expiry, and telling the server about the write (replication, WATCH, keyspace event).
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 use redis_module::raw;
 
-use super::data_type::{self, redis_type, with_scratch};
+use super::data_type::{redis_type, with_scratch};
 use super::error::CommandError;
 use super::ffi;
-use crate::codec::State;
+use super::value::{self, Value};
+use crate::algo::gcra::GcraState;
+use crate::codec::{self, State};
 
 /// An open key, closed on drop.
 pub struct LimiterKey {
@@ -38,16 +40,16 @@ impl LimiterKey {
         self.name
     }
 
-    /// Returns the key's limiter state, `None` for a missing key.
+    /// Returns the key's raw value pointer (null for a missing key).
     ///
     /// Errors: [`CommandError::WrongType`] when the key holds another Redis type.
-    pub fn load(&mut self) -> Result<Option<&mut State>, CommandError> {
+    fn raw_value(&self) -> Result<*mut c_void, CommandError> {
         if self.key.is_null() {
-            return Ok(None);
+            return Ok(std::ptr::null_mut());
         }
         let key_type = unsafe { raw::RedisModule_KeyType.map_or(0, |f| f(self.key)) };
         if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
-            return Ok(None);
+            return Ok(std::ptr::null_mut());
         }
         let module_type = unsafe {
             raw::RedisModule_ModuleTypeGetType.map_or(std::ptr::null_mut(), |f| f(self.key))
@@ -55,27 +57,52 @@ impl LimiterKey {
         if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int || module_type != redis_type() {
             return Err(CommandError::WrongType);
         }
-        let value = unsafe {
+        Ok(unsafe {
             raw::RedisModule_ModuleTypeGetValue.map_or(std::ptr::null_mut(), |f| f(self.key))
-        };
-        // SAFETY: values of our type are always `Box<State>` made by `data_type::into_value`,
-        // and the key stays open (so the value alive) while `self` is borrowed.
-        Ok(unsafe { value.cast::<State>().as_mut() })
+        })
     }
 
-    /// Makes `state` the key's value, replacing whatever it held (the TTL is dropped: set it
-    /// again with [`LimiterKey::set_expire_at`]).
-    pub fn set_value(&mut self, state: State) {
-        if let Some(set) = unsafe { raw::RedisModule_ModuleTypeSetValue } {
-            unsafe { set(self.key, redis_type(), data_type::into_value(state)) };
+    /// Returns the key's limiter state, `None` for a missing key.
+    ///
+    /// Errors: [`CommandError::WrongType`] when the key holds another Redis type.
+    pub fn load(&mut self) -> Result<Option<Value<'_>>, CommandError> {
+        let raw = self.raw_value()?;
+        // SAFETY: values of our type are made by `value::into_raw`/`gcra_into_raw`, and the
+        // key stays open (so the value alive) while `self` is borrowed.
+        Ok(unsafe { value::view(raw) })
+    }
+
+    /// Makes `raw` (a value made by the `value` module) the key's value, replacing whatever
+    /// it held; the TTL is dropped, so set it again with [`LimiterKey::set_expire_at`].
+    pub fn set_raw(&mut self, raw: *mut c_void) {
+        match unsafe { raw::RedisModule_ModuleTypeSetValue } {
+            Some(set) => {
+                unsafe { set(self.key, redis_type(), raw) };
+            }
+            None => unsafe { value::free(raw) },
         }
     }
 
-    /// Stores `state`: in place when the key holds a limiter, else as a new value.
+    /// Makes `state` the key's value, replacing whatever it held.
+    pub fn set_value(&mut self, state: State) {
+        self.set_raw(value::into_raw(state));
+    }
+
+    /// Stores a GCRA state, in place when the key's value can hold it.
+    pub fn put_gcra(&mut self, g: &GcraState) {
+        if let Ok(raw) = self.raw_value() {
+            if !raw.is_null() && unsafe { value::update_gcra(raw, g) } {
+                return;
+            }
+        }
+        self.set_raw(value::gcra_into_raw(g));
+    }
+
+    /// Stores any state (in place for GCRA when possible, else as a new value).
     pub fn put(&mut self, state: State) {
-        match self.load() {
-            Ok(Some(existing)) => *existing = state,
-            _ => self.set_value(state),
+        match state {
+            State::Gcra(g) => self.put_gcra(&g),
+            other => self.set_value(other),
         }
     }
 
@@ -93,9 +120,9 @@ impl LimiterKey {
         }
     }
 
-    /// After a write: propagates the effect that `encode` writes (`RL.APPLY key <effect>
-    /// PXAT expire_at_ms`) to replicas and the AOF, signals the modification (WATCH) and emits
-    /// the keyspace event `event`.
+    /// After a write: propagates the effect that `encode` writes, with the expiry
+    /// `expire_at_ms` (`RL.APPLY key <blob>`), to replicas and the AOF, signals the
+    /// modification (WATCH) and emits the keyspace event `event`.
     pub fn announce(&self, encode: impl FnOnce(&mut Vec<u8>), expire_at_ms: i64, event: &CStr) {
         replicate_effect(self.ctx, self.name, encode, expire_at_ms);
         self.signal(event);
@@ -122,8 +149,8 @@ impl LimiterKey {
     }
 }
 
-/// Propagates `RL.APPLY name <effect> PXAT <expire_at_ms>` to replicas and the AOF, the
-/// effect being what `encode` writes.
+/// Propagates `RL.APPLY name <blob>` to replicas and the AOF: the blob holds the absolute
+/// expiry `expire_at_ms` and the effect that `encode` writes.
 pub fn replicate_effect(
     ctx: *mut raw::RedisModuleCtx,
     name: *mut raw::RedisModuleString,
@@ -131,16 +158,20 @@ pub fn replicate_effect(
     expire_at_ms: i64,
 ) {
     if let Some(replicate) = unsafe { raw::RedisModule_Replicate } {
-        with_scratch(encode, |bytes| unsafe {
+        // Two arguments only (the key and one blob holding expiry and effect): every extra
+        // argument costs the server an allocation per write.
+        let encode_all = |buf: &mut Vec<u8>| {
+            codec::encode_expiry_prefix_into(expire_at_ms, buf);
+            encode(buf);
+        };
+        with_scratch(encode_all, |bytes| unsafe {
             replicate(
                 ctx,
                 ffi::cstr(c"RL.APPLY"),
-                ffi::cstr(c"sbcl"),
+                ffi::cstr(c"sb"),
                 name,
                 bytes.as_ptr().cast::<c_char>(),
                 bytes.len(),
-                ffi::cstr(c"PXAT"),
-                expire_at_ms as std::ffi::c_longlong,
             )
         });
     }

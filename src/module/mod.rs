@@ -10,6 +10,8 @@ mod error;
 mod ffi;
 mod guard;
 mod keys;
+mod params_table;
+mod value;
 
 use std::ffi::{c_int, CStr};
 use std::mem::MaybeUninit;
@@ -183,7 +185,7 @@ const COMMANDS: &[CommandSpec] = &[
         name: c"RL.APPLY",
         handler: handler!("RL.APPLY", commands::apply::run),
         flags: c"write deny-oom",
-        arity: -3,
+        arity: 3,
         has_key: true,
         summary: c"Internal: stores a limiter state from the replication stream or AOF",
         complexity: c"O(1)",

@@ -1,7 +1,7 @@
-//! `RL.APPLY key effect [PXAT ms]`: the internal command that carries a write's effect to
-//! replicas and the AOF. The effect is a codec-encoded state (stored exactly) or a LOG
-//! append/refund (applied exactly, with its explicit instant); no clock is read. With `PXAT`
-//! the key gets that absolute expiry. Normal clients get an error: only the master's
+//! `RL.APPLY key blob`: the internal command that carries a write's effect to replicas and
+//! the AOF. The blob (see `codec`) holds an optional absolute expiry and the effect: a state
+//! (stored exactly) or a LOG append/refund (applied exactly, with its explicit instant); no
+//! clock is read. Normal clients get an error: only the master's
 //! replication stream and AOF loading may send it.
 
 use std::ffi::c_int;
@@ -14,8 +14,8 @@ use crate::codec::{self, Effect, State};
 use crate::module::error::CommandError;
 use crate::module::ffi;
 use crate::module::keys::LimiterKey;
-use crate::params::{ParamError, WindowParams};
-use crate::time::parse_count;
+use crate::module::value::Value;
+use crate::params::WindowParams;
 
 /// Runs RL.APPLY.
 pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, CommandError> {
@@ -23,26 +23,18 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     if ffi::context_flags(ctx) & gate == 0 {
         return Err(CommandError::InternalOnly("RL.APPLY"));
     }
-    let (key, effect, expire_at_ms) = match args {
-        [_, key, effect] => (*key, *effect, None),
-        [_, key, effect, keyword, ms]
-            if unsafe { ffi::bytes(*keyword) }.eq_ignore_ascii_case(b"PXAT") =>
-        {
-            let ms = parse_count(unsafe { ffi::bytes(*ms) })
-                .and_then(|v| i64::try_from(v).ok())
-                .ok_or(CommandError::Param(ParamError::NotNonNegativeInteger("PXAT")))?;
-            (*key, *effect, Some(ms))
-        }
-        [_, _, _, keyword, ..] => return Err(super::unknown(unsafe { ffi::bytes(*keyword) })),
-        _ => return Err(CommandError::Arity("rl.apply")),
+    let [_, key, blob] = args else {
+        return Err(CommandError::Arity("rl.apply"));
     };
-    let effect = codec::decode_effect(unsafe { ffi::bytes(effect) }).map_err(CommandError::BadState)?;
+    let (effect, expire_at_ms) =
+        codec::decode_applied(unsafe { ffi::bytes(*blob) }).map_err(CommandError::BadState)?;
+    let key = *key;
     let mut limiter = LimiterKey::open(ctx, key, true);
     let mut deleted = false;
     match effect {
         Effect::Replace(state) => limiter.put(state),
         Effect::LogAppend(write) => match limiter.load() {
-            Ok(Some(State::Log(log))) => log.apply(&write),
+            Ok(Some(Value::Log(log))) => log.apply(&write),
             _ => {
                 let params = WindowParams { limit: write.limit, window_ns: write.window_ns };
                 let mut state = LogState::new(&params);
@@ -51,7 +43,7 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
             }
         },
         Effect::LogRefund { at_ns, quantity } => {
-            if let Ok(Some(State::Log(log))) = limiter.load() {
+            if let Ok(Some(Value::Log(log))) = limiter.load() {
                 log.refund(at_ns, quantity);
                 if log.log.total() == 0 {
                     limiter.delete();

@@ -6,7 +6,8 @@ use redis_module::raw;
 
 use super::{expire_at_ms, five, once, unknown, Args, Options};
 use crate::algo::gcra::{self, GcraRequest, GcraState};
-use crate::codec::{self, State};
+use crate::codec;
+use crate::module::value::Value;
 use crate::module::clock;
 use crate::module::error::CommandError;
 use crate::module::ffi;
@@ -58,7 +59,7 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     let mut key = LimiterKey::open(ctx, call.key, may_write);
     let stored: Option<GcraState> = match key.load()? {
         None => None,
-        Some(State::Gcra(state)) => Some(*state),
+        Some(Value::Gcra(state)) => Some(state),
         Some(other) => {
             return Err(CommandError::WrongAlgorithm { held: other.describe(), asked: "GCRA limiter" })
         }
@@ -66,7 +67,7 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     let outcome = gcra::decide(&call.params, stored.as_ref(), now_ns, call.request)?;
     if let (true, Some(write)) = (may_write, outcome.write) {
         let expire_at_ms = expire_at_ms(write.tat_ns);
-        key.put(State::Gcra(write));
+        key.put_gcra(&write);
         key.set_expire_at(expire_at_ms);
         key.announce(|buf| codec::encode_gcra_into(&write, buf), expire_at_ms, c"rl.gcra");
     }

@@ -14,6 +14,7 @@ use crate::module::config;
 use crate::module::error::CommandError;
 use crate::module::ffi;
 use crate::module::keys::LimiterKey;
+use crate::module::value::Value;
 use crate::params::{self, WindowParams};
 
 /// The window algorithms.
@@ -82,7 +83,7 @@ fn parse(args: Args<'_>) -> Result<WindowCall, CommandError> {
     Ok(WindowCall { key: *key, params, algorithm, quantity, peek })
 }
 
-fn wrong(held: &State, asked: Algorithm) -> CommandError {
+fn wrong(held: &Value<'_>, asked: Algorithm) -> CommandError {
     CommandError::WrongAlgorithm { held: held.describe(), asked: asked.describe() }
 }
 
@@ -97,14 +98,14 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
         Algorithm::Fixed => {
             let stored = match key.load()? {
                 None => None,
-                Some(State::Fixed(s)) => Some(**s),
-                Some(other) => return Err(wrong(other, call.algorithm)),
+                Some(Value::Fixed(s)) => Some(*s),
+                Some(other) => return Err(wrong(&other, call.algorithm)),
             };
             let out = fixed_window::decide(p, stored.as_ref(), now_ns, n)?;
             if let (true, Some(w)) = (may_write, out.write) {
                 let expire = expire_at_ms(now_ns.saturating_add(out.decision.reset_after_ns));
                 match key.load()? {
-                    Some(State::Fixed(s)) => **s = w,
+                    Some(Value::Fixed(s)) => *s = w,
                     _ => key.set_value(State::Fixed(Box::new(w))),
                 }
                 key.set_expire_at(expire);
@@ -115,14 +116,14 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
         Algorithm::Sliding => {
             let stored = match key.load()? {
                 None => None,
-                Some(State::Sliding(s)) => Some(**s),
-                Some(other) => return Err(wrong(other, call.algorithm)),
+                Some(Value::Sliding(s)) => Some(*s),
+                Some(other) => return Err(wrong(&other, call.algorithm)),
             };
             let out = sliding_window::decide(p, stored.as_ref(), now_ns, n)?;
             if let (true, Some(w)) = (may_write, out.write) {
                 let expire = expire_at_ms(now_ns.saturating_add(out.decision.reset_after_ns));
                 match key.load()? {
-                    Some(State::Sliding(s)) => **s = w,
+                    Some(Value::Sliding(s)) => *s = w,
                     _ => key.set_value(State::Sliding(Box::new(w))),
                 }
                 key.set_expire_at(expire);
@@ -133,13 +134,13 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
         Algorithm::Log => {
             let out = match key.load()? {
                 None => sliding_log::decide(p, None, now_ns, n)?,
-                Some(State::Log(s)) => sliding_log::decide(p, Some(s), now_ns, n)?,
-                Some(other) => return Err(wrong(other, call.algorithm)),
+                Some(Value::Log(s)) => sliding_log::decide(p, Some(s), now_ns, n)?,
+                Some(other) => return Err(wrong(&other, call.algorithm)),
             };
             if let (true, Some(w)) = (may_write, out.write) {
                 let expire = expire_at_ms(now_ns.saturating_add(out.decision.reset_after_ns));
                 match key.load()? {
-                    Some(State::Log(s)) => s.apply(&w),
+                    Some(Value::Log(s)) => s.apply(&w),
                     _ => {
                         let mut state = LogState::new(p);
                         state.apply(&w);

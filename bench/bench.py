@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""`make bench`: speed and memory of redis-rl next to INCR, Lua limiters and PING.
+
+Starts its own redis-server with the release module (pinned to CPU 0 with taskset when there
+are at least two cores; redis-benchmark runs on CPU 1), then:
+
+* speed: redis-benchmark (50 clients) for every command, without pipelining and with -P 16,
+  on random keys (-r 100000) and on one hot key, in at least three rounds of shuffled order;
+  reports the median ops/s, the median per-round ratio to INCR under the same settings,
+  p50/p99 latency, and the server's own microseconds per call from INFO commandstats;
+* memory: bytes per key from used_memory over N keys (1,000,000; 100,000 with BENCH_QUICK)
+  for each limiter and the Lua baselines, and bytes per recorded request of a LOG key with
+  10,000 requests against a sorted set with the same.
+
+Writes BENCHMARKS.md and prints the same tables. Benchmarks are not tests: nothing here
+asserts. Only the Python standard library, redis-cli and redis-benchmark are used.
+"""
+
+import datetime
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULE = os.path.join(ROOT, "target", "release", "libredis_rl.so")
+LUA_DIR = os.path.join(ROOT, "bench", "lua")
+QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+ROUNDS = 3
+CLIENTS = 50
+KEYSPACE = 100_000
+N_PLAIN = 20_000 if QUICK else 100_000  # requests per run without pipelining
+N_PIPE = 50_000 if QUICK else 400_000  # requests per run with -P 16
+MEM_KEYS = 100_000 if QUICK else 1_000_000
+LOG_REQUESTS = 10_000
+TIMEOUT_S = 120  # any single child process
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(cpu, argv):
+    if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+        return ["taskset", "-c", str(cpu)] + argv
+    return argv
+
+
+class Server:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="redis-rl-bench-")
+        self.port = free_port()
+        argv = pinned(0, [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", self.dir,
+            "--logfile", os.path.join(self.dir, "redis.log"),
+            "--loadmodule", MODULE,
+        ])
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                if self.cli("PING") == "PONG":
+                    return
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        sys.exit("redis-server did not start; see " + self.dir)
+
+    def cli(self, *args, stdin=None):
+        out = subprocess.run(["redis-cli", "-p", str(self.port)] + list(args), input=stdin,
+                             capture_output=True, check=True, timeout=TIMEOUT_S)
+        return out.stdout.decode(errors="replace").strip()
+
+    def info(self, section):
+        fields = {}
+        for line in self.cli("INFO", section).splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                fields[k] = v.strip()
+        return fields
+
+    def stop(self):
+        try:
+            self.cli("SHUTDOWN", "NOSAVE")
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def load_scripts(server):
+    shas = {}
+    for name in ("fixed_window", "gcra", "sliding_log_zset", "sliding_window_two_keys"):
+        with open(os.path.join(LUA_DIR, name + ".lua")) as f:
+            shas[name] = server.cli("SCRIPT", "LOAD", f.read())
+    return shas
+
+
+def commands(shas):
+    """(label, argv with KEY placeholder, commandstats name)."""
+    return [
+        ("PING", ["PING"], "ping"),
+        ("INCR", ["INCR", "KEY"], "incr"),
+        ("SET key v PX 60000", ["SET", "KEY", "v", "PX", "60000"], "set"),
+        ("RL.GCRA (burst 100, 10/s)", ["RL.GCRA", "KEY", "100", "10", "1"], "rl.gcra"),
+        ("RL.WINDOW FIXED (100/60 s)", ["RL.WINDOW", "KEY", "100", "60", "FIXED"], "rl.window"),
+        ("RL.WINDOW SLIDING (100/60 s)", ["RL.WINDOW", "KEY", "100", "60", "SLIDING"], "rl.window"),
+        ("RL.WINDOW LOG (100/60 s)", ["RL.WINDOW", "KEY", "100", "60", "LOG"], "rl.window"),
+        ("Lua fixed window (INCR+EXPIRE)", ["EVALSHA", shas["fixed_window"], "1", "KEY", "100", "60"], "evalsha"),
+        ("Lua GCRA (TIME+GET+PSETEX)", ["EVALSHA", shas["gcra"], "1", "KEY", "100", "10", "1"], "evalsha"),
+        ("Lua sliding log (sorted set)", ["EVALSHA", shas["sliding_log_zset"], "1", "KEY", "100", "60"], "evalsha"),
+        ("Lua sliding window (two keys)", ["EVALSHA", shas["sliding_window_two_keys"], "1", "KEY", "100", "60"], "evalsha"),
+    ]
+
+
+def bench_one(server, label, argv, stat, pipeline, random_keys):
+    prefix = "b:" + label.split(" ")[0].replace(".", "") + ":" + str(abs(hash(label)) % 10000) + ":"
+    key = prefix + ("__rand_int__" if random_keys else "hot")
+    args = [key if a == "KEY" else a for a in argv]
+    n = N_PIPE if pipeline > 1 else N_PLAIN
+    cmd = pinned(1, ["redis-benchmark", "-p", str(server.port), "-c", str(CLIENTS), "-n", str(n),
+                     "-P", str(pipeline), "--csv"])
+    if random_keys:
+        cmd += ["-r", str(KEYSPACE)]
+    server.cli("CONFIG", "RESETSTAT")
+    out = subprocess.run(cmd + args, capture_output=True, check=True, timeout=TIMEOUT_S).stdout.decode()
+    row = None
+    for line in out.splitlines():
+        cells = [c.strip('"') for c in line.split(",")]
+        if cells and cells[0] not in ("test", ""):
+            row = cells
+    if row is None:
+        raise RuntimeError("no result from redis-benchmark for " + label + ":\n" + out)
+    rps, p50, p99 = float(row[1]), float(row[4]), float(row[6])
+    info = {k.lower(): v for k, v in server.info("commandstats").items()}
+    stats = info.get("cmdstat_" + stat, "")
+    usec = None
+    for part in stats.split(","):
+        if part.startswith("usec_per_call="):
+            usec = float(part.split("=", 1)[1])
+    return {"rps": rps, "p50": p50, "p99": p99, "usec": usec}
+
+
+def speed(server, shas):
+    cmds = commands(shas)
+    configs = [(p, r) for p in (1, 16) for r in (True, False)]
+    runs = {}  # (label, p, r) -> list of result dicts with "ratio"
+    for rnd in range(ROUNDS):
+        order = [(c, p, r) for c in cmds for (p, r) in configs]
+        random.shuffle(order)
+        results = {}
+        for (label, argv, stat), p, r in order:
+            results[(label, p, r)] = bench_one(server, label, argv, stat, p, r)
+            server.cli("FLUSHALL")
+        for (label, p, r), res in results.items():
+            res["ratio"] = res["rps"] / results[("INCR", p, r)]["rps"]
+            runs.setdefault((label, p, r), []).append(res)
+        print(f"round {rnd + 1}/{ROUNDS} done", file=sys.stderr)
+    summary = []
+    for label, _argv, _stat in cmds:
+        for p, r in configs:
+            rs = runs[(label, p, r)]
+            usecs = [x["usec"] for x in rs if x["usec"] is not None]
+            summary.append({
+                "label": label, "pipeline": p, "keys": "random" if r else "hot",
+                "rps": statistics.median(x["rps"] for x in rs),
+                "ratio": statistics.median(x["ratio"] for x in rs),
+                "p50": statistics.median(x["p50"] for x in rs),
+                "p99": statistics.median(x["p99"] for x in rs),
+                "usec": statistics.median(usecs) if usecs else None,
+            })
+    return summary
+
+
+def resp(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def pipe(server, payload):
+    subprocess.run(["redis-cli", "-p", str(server.port), "--pipe"], input=payload,
+                   capture_output=True, check=True, timeout=600)
+
+
+def bytes_per_key(server, make):
+    server.cli("FLUSHALL")
+    time.sleep(0.2)
+    before = int(server.info("memory")["used_memory"])
+    chunk = 100_000
+    for start in range(0, MEM_KEYS, chunk):
+        pipe(server, b"".join(make("m:%d" % i) for i in range(start, min(start + chunk, MEM_KEYS))))
+    keys = int(server.cli("DBSIZE"))
+    after = int(server.info("memory")["used_memory"])
+    server.cli("FLUSHALL")
+    return (after - before) / keys, keys
+
+
+def memory(server, shas):
+    rows = []
+    cases = [
+        ("RL.GCRA", lambda k: resp("RL.GCRA", k, 100, 10, 3600)),
+        ("RL.WINDOW FIXED", lambda k: resp("RL.WINDOW", k, 100, 3600, "FIXED")),
+        ("RL.WINDOW SLIDING", lambda k: resp("RL.WINDOW", k, 100, 3600, "SLIDING")),
+        ("RL.WINDOW LOG (1 request)", lambda k: resp("RL.WINDOW", k, 100, 3600, "LOG")),
+        ("Lua GCRA: integer string key + TTL", lambda k: resp("EVALSHA", shas["gcra"], 1, k, 100, 10, 3600)),
+        ("Lua fixed window: INCR + EXPIRE key", lambda k: resp("EVALSHA", shas["fixed_window"], 1, k, 100, 3600)),
+        ("SET key v PX (reference)", lambda k: resp("SET", k, "v", "PX", 3600000)),
+    ]
+    for label, make in cases:
+        per_key, keys = bytes_per_key(server, make)
+        rows.append((label, per_key, keys))
+        print(f"memory: {label}: {per_key:.1f} B/key over {keys} keys", file=sys.stderr)
+    return rows
+
+
+def per_request(server, shas):
+    """LOG key vs sorted set, 10,000 requests each, one round trip per request (so each
+    request has its own instant, as in real traffic)."""
+    server.cli("FLUSHALL")
+    lines = "\n".join(f"RL.WINDOW memlog {LOG_REQUESTS} 3600 LOG" for _ in range(LOG_REQUESTS))
+    server.cli(stdin=lines.encode())
+    log_total = int(server.cli("MEMORY", "USAGE", "memlog", "SAMPLES", "0"))
+    lines = "\n".join(f"EVALSHA {shas['sliding_log_zset']} 1 memzset {LOG_REQUESTS} 3600"
+                      for _ in range(LOG_REQUESTS))
+    server.cli(stdin=lines.encode())
+    zset_total = int(server.cli("MEMORY", "USAGE", "memzset", "SAMPLES", "0"))
+    zset_count = int(server.cli("ZCARD", "memzset"))
+    log_left = server.cli("RL.WINDOW", "memlog", str(LOG_REQUESTS), "3600", "LOG", "QUANTITY", "0").split()
+    log_count = LOG_REQUESTS - int(log_left[2])
+    server.cli("FLUSHALL")
+    return [("RL.WINDOW LOG", log_total, log_count), ("Lua sorted set (ZADD)", zset_total, zset_count)]
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
+
+
+def fmt_ms(v):
+    return f"{v:.3f}"
+
+
+def report(server_version, summary, mem_rows, req_rows, elapsed):
+    lines = []
+    w = lines.append
+    w("# Benchmarks")
+    w("")
+    w("Generated by `make bench` (`bench/bench.py`); do not edit by hand." + (" **Quick run (`BENCH_QUICK=1`): fewer requests and keys, indicative only.**" if QUICK else ""))
+    w("")
+    w(f"* Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+    w(f"* Machine: {machine()}")
+    w(f"* Server: redis-server {server_version}, pinned to CPU 0; redis-benchmark pinned to CPU 1"
+      if (os.cpu_count() or 1) >= 2 and shutil.which("taskset") else f"* Server: redis-server {server_version} (not pinned)")
+    w(f"* Load: redis-benchmark, {CLIENTS} clients, {N_PLAIN} requests per run without pipelining, "
+      f"{N_PIPE} with `-P 16`; random keys over {KEYSPACE} (`-r {KEYSPACE}`) or one hot key; "
+      f"{ROUNDS} rounds in shuffled order; medians over rounds")
+    w(f"* Reproduce: `make bench` (full) or `BENCH_QUICK=1 make bench`; this run took {elapsed:.0f} s")
+    w("")
+    w("`ratio` is ops/s divided by INCR's ops/s under the same settings in the same round "
+      "(median over rounds). `µs/call` is the server's own time per call from "
+      "`INFO commandstats` (for Lua, the whole EVALSHA). The machine is shared and noisy: "
+      "compare ratios, not absolute numbers.")
+    for p in (16, 1):
+        for keys in ("random", "hot"):
+            w("")
+            w(f"## {'Pipeline 16' if p == 16 else 'No pipelining'}, {keys} key{'s' if keys == 'random' else ''}")
+            w("")
+            w("| command | ops/s | ratio to INCR | p50 ms | p99 ms | server µs/call |")
+            w("|---|---:|---:|---:|---:|---:|")
+            for row in summary:
+                if row["pipeline"] == p and row["keys"] == keys:
+                    usec = f"{row['usec']:.2f}" if row["usec"] is not None else "–"
+                    w(f"| {row['label']} | {row['rps']:,.0f} | {row['ratio']:.2f} | {fmt_ms(row['p50'])} | {fmt_ms(row['p99'])} | {usec} |")
+    w("")
+    w(f"## Memory per key ({MEM_KEYS:,} keys, `used_memory` delta / keys)")
+    w("")
+    w("| key | bytes per key |")
+    w("|---|---:|")
+    for label, per_key, keys in mem_rows:
+        w(f"| {label} | {per_key:.1f} |")
+    w("")
+    w(f"## Memory per recorded request ({LOG_REQUESTS:,} requests on one key, one round trip each)")
+    w("")
+    w("| structure | requests held | `MEMORY USAGE` bytes | bytes per request |")
+    w("|---|---:|---:|---:|")
+    for label, total, count in req_rows:
+        w(f"| {label} | {count:,} | {total:,} | {total / max(count, 1):.1f} |")
+    w("")
+    return "\n".join(lines)
+
+
+def main():
+    if not os.path.exists(MODULE):
+        sys.exit("build the module first: cargo build --release")
+    started = time.time()
+    server = Server()
+    try:
+        version = server.info("server").get("redis_version", "?")
+        shas = load_scripts(server)
+        summary = speed(server, shas)
+        mem_rows = memory(server, shas)
+        req_rows = per_request(server, shas)
+    finally:
+        server.stop()
+    text = report(version, summary, mem_rows, req_rows, time.time() - started)
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
