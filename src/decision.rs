@@ -41,6 +41,36 @@ pub struct Decision {
     pub reset_after_ns: u64,
 }
 
+/// Combines the decisions of several limits on one request (SPEC.md, RL.ALL): allowed only
+/// if every limit allows; `limit` and `remaining` of the limit with the smallest `remaining`
+/// (the first such limit on ties); `Never` if any limit can never pass; otherwise, when
+/// denied, the longest `retry_after` among the denying limits; the longest `reset_after`.
+/// An empty slice combines to an allowed decision with limit 0.
+pub fn combine(decisions: &[Decision]) -> Decision {
+    let binding = decisions.iter().min_by_key(|d| d.remaining);
+    let verdict = if decisions.iter().all(|d| d.verdict.is_allowed()) {
+        Verdict::Allowed
+    } else if decisions.iter().any(|d| d.verdict == Verdict::Never) {
+        Verdict::Never
+    } else {
+        let retry_after_ns = decisions
+            .iter()
+            .filter_map(|d| match d.verdict {
+                Verdict::Denied { retry_after_ns } => Some(retry_after_ns),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1);
+        Verdict::Denied { retry_after_ns }
+    };
+    Decision {
+        verdict,
+        limit: binding.map_or(0, |d| d.limit),
+        remaining: binding.map_or(0, |d| d.remaining),
+        reset_after_ns: decisions.iter().map(|d| d.reset_after_ns).max().unwrap_or(0),
+    }
+}
+
 /// Outcome pairs a [`Decision`] with the state to store; `write` is `None` for every request
 /// that must not change the key (denied, `QUANTITY 0`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,3 +96,60 @@ impl std::fmt::Display for Overflow {
 }
 
 impl std::error::Error for Overflow {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::gcra::{self, GcraRequest};
+    use crate::algo::sliding_log::{self, LogState};
+    use crate::params::{GcraParams, WindowParams};
+    use proptest::prelude::*;
+
+    fn d(verdict: Verdict, limit: u64, remaining: u64, reset_after_ns: u64) -> Decision {
+        Decision { verdict, limit, remaining, reset_after_ns }
+    }
+
+    #[test]
+    fn combine_follows_the_binding_limit() {
+        let a = d(Verdict::Allowed, 10, 4, 100);
+        let b = d(Verdict::Denied { retry_after_ns: 50 }, 3, 0, 300);
+        let c = d(Verdict::Denied { retry_after_ns: 70 }, 5, 1, 200);
+        assert_eq!(combine(&[a, b, c]), d(Verdict::Denied { retry_after_ns: 70 }, 3, 0, 300));
+        assert_eq!(combine(&[a, a]), d(Verdict::Allowed, 10, 4, 100));
+        let never = d(Verdict::Never, 2, 2, 0);
+        assert_eq!(combine(&[a, b, never]).verdict, Verdict::Never);
+    }
+
+    proptest! {
+        /// Per-user GCRA and per-IP LOG together, all-or-nothing: a denial consumes from
+        /// neither, and each limit on its own never admits more than it allows.
+        #[test]
+        fn all_or_nothing_never_consumes_when_one_denies(
+            steps in prop::collection::vec((0u64..400_000_000, 1u64..4), 1..80),
+        ) {
+            let user = GcraParams::new(5, 2, 1_000_000_000).unwrap();
+            let ip = WindowParams::new(4, 1_000_000_000).unwrap();
+            let mut now = 1_000_000_000_000u64;
+            let mut user_state = None;
+            let mut ip_state: Option<LogState> = None;
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            for (gap, q) in steps {
+                now += gap;
+                let u = gcra::decide(&user, user_state.as_ref(), now, GcraRequest::of(q)).unwrap();
+                let i = sliding_log::decide(&ip, ip_state.as_ref(), now, q).unwrap();
+                let both = combine(&[u.decision, i.decision]);
+                prop_assert_eq!(both.verdict.is_allowed(), u.decision.verdict.is_allowed() && i.decision.verdict.is_allowed());
+                if both.verdict.is_allowed() {
+                    user_state = u.write;
+                    ip_state.get_or_insert_with(|| LogState::new(&ip)).apply(&i.write.unwrap());
+                    admitted.push((now, q));
+                }
+            }
+            // The LOG limit holds in every trailing window of admitted requests.
+            for &(end, _) in &admitted {
+                let n: u64 = admitted.iter().filter(|(t, _)| *t <= end && t + ip.window_ns > end).map(|x| x.1).sum();
+                prop_assert!(n <= ip.limit);
+            }
+        }
+    }
+}

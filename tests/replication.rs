@@ -45,6 +45,17 @@ fn replica_holds_identical_state_and_expiry() {
     let _: Vec<i64> = redis::cmd("EVAL")
         .arg("return redis.call('RL.GCRA', KEYS[1], 2, 1, 60)")
         .arg(1).arg("lua").query(&mut m).unwrap();
+    // RL.ALL and RL.REFUND replicate their effects too.
+    for i in 0..6 {
+        let _: redis::Value = redis::cmd("RL.ALL").arg(2).arg("{all}:a").arg("{all}:b")
+            .arg("GCRA").arg(5).arg(1).arg(60).arg("WINDOW").arg(4).arg(60).arg("LOG")
+            .query(&mut m).unwrap();
+        if i % 2 == 0 {
+            let _: Vec<i64> = q(&mut m, &["RL.REFUND", "{all}:b", "1"]);
+            let _: Vec<i64> = q(&mut m, &["RL.REFUND", "FIXED:1", "1"]);
+            let _: Vec<i64> = q(&mut m, &["RL.REFUND", "user:2", "1"]);
+        }
+    }
     let acked: i64 = q(&mut m, &["WAIT", "1", "5000"]);
     assert_eq!(acked, 1);
     let mut r = replica.conn();

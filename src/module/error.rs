@@ -32,6 +32,8 @@ pub enum CommandError {
     UnknownArgument(String),
     /// A keyword given twice.
     Duplicate(&'static str),
+    /// A syntax problem described in full.
+    Syntax(String),
     /// A keyword given without its value.
     MissingValue(&'static str),
     /// Wrong number of arguments (checked again here although Redis checks the arity).
@@ -75,6 +77,7 @@ impl CommandError {
             ),
             Self::UnknownArgument(arg) => format!("ERR syntax error: unknown argument '{arg}'"),
             Self::Duplicate(kw) => format!("ERR syntax error: {kw} given more than once"),
+            Self::Syntax(what) => format!("ERR syntax error: {what}"),
             Self::MissingValue(kw) => format!("ERR syntax error: {kw} needs a value"),
             Self::Arity(cmd) => format!("ERR wrong number of arguments for '{cmd}' command"),
             Self::InternalOnly(cmd) => format!(

@@ -35,11 +35,6 @@ impl LimiterKey {
         Self { ctx, name, key }
     }
 
-    /// The key's name.
-    pub fn name(&self) -> *mut raw::RedisModuleString {
-        self.name
-    }
-
     /// Returns the key's raw value pointer (null for a missing key).
     ///
     /// Errors: [`CommandError::WrongType`] when the key holds another Redis type.

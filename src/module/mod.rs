@@ -132,6 +132,17 @@ fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<()
     Ok(())
 }
 
+/// Where a command's keys are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// No key.
+    None,
+    /// Argument 1 is the only key.
+    First,
+    /// Argument 1 is `numkeys`, the keys follow.
+    NumKeys,
+}
+
 /// One command's registration data.
 struct CommandSpec {
     name: &'static CStr,
@@ -143,8 +154,8 @@ struct CommandSpec {
     flags: &'static CStr,
     /// Redis arity: positive = exact, negative = at least.
     arity: c_int,
-    /// Whether argument 1 is a key.
-    has_key: bool,
+    /// Where the keys are.
+    keys: Keys,
     summary: &'static CStr,
     complexity: &'static CStr,
 }
@@ -168,7 +179,7 @@ const COMMANDS: &[CommandSpec] = &[
         handler: handler!("RL.GCRA", commands::gcra::run),
         flags: c"write deny-oom fast",
         arity: -5,
-        has_key: true,
+        keys: Keys::First,
         summary: c"GCRA (token bucket) rate limit: admit or deny a request of QUANTITY",
         complexity: c"O(1)",
     },
@@ -177,16 +188,34 @@ const COMMANDS: &[CommandSpec] = &[
         handler: handler!("RL.WINDOW", commands::window::run),
         flags: c"write deny-oom fast",
         arity: -4,
-        has_key: true,
+        keys: Keys::First,
         summary: c"Window rate limit (FIXED, SLIDING counter or exact LOG): admit or deny a request",
         complexity: c"O(1); LOG: O(1) amortised, O(entries that left the window)",
+    },
+    CommandSpec {
+        name: c"RL.ALL",
+        handler: handler!("RL.ALL", commands::all::run),
+        flags: c"write deny-oom",
+        arity: -5,
+        keys: Keys::NumKeys,
+        summary: c"Several limits in one atomic decision: admit on all keys or on none",
+        complexity: c"O(N) for N keys (LOG: plus the entries that left the window)",
+    },
+    CommandSpec {
+        name: c"RL.REFUND",
+        handler: handler!("RL.REFUND", commands::refund::run),
+        flags: c"write deny-oom fast",
+        arity: 3,
+        keys: Keys::First,
+        summary: c"Gives back requests to a limiter key of any algorithm",
+        complexity: c"O(1); LOG: O(requests given back)",
     },
     CommandSpec {
         name: c"RL.APPLY",
         handler: handler!("RL.APPLY", commands::apply::run),
         flags: c"write deny-oom",
         arity: 3,
-        has_key: true,
+        keys: Keys::First,
         summary: c"Internal: stores a limiter state from the replication stream or AOF",
         complexity: c"O(1)",
     },
@@ -198,7 +227,7 @@ const PANIC_COMMAND: CommandSpec = CommandSpec {
     handler: handler!("RL.PANIC", commands::panic::run),
     flags: c"readonly",
     arity: 1,
-    has_key: false,
+    keys: Keys::None,
     summary: c"Debug builds only: panics on purpose",
     complexity: c"O(1)",
 };
@@ -206,7 +235,7 @@ const PANIC_COMMAND: CommandSpec = CommandSpec {
 fn register_command(ctx: *mut raw::RedisModuleCtx, spec: &CommandSpec) -> Result<(), String> {
     let name = spec.name.to_string_lossy();
     let create = unsafe { raw::RedisModule_CreateCommand }.ok_or("no CreateCommand API")?;
-    let key_pos = c_int::from(spec.has_key);
+    let key_pos = c_int::from(spec.keys == Keys::First);
     let status = unsafe {
         create(ctx, spec.name.as_ptr(), Some(spec.handler), spec.flags.as_ptr(), key_pos, key_pos, key_pos)
     };
@@ -232,15 +261,23 @@ fn register_command(ctx: *mut raw::RedisModuleCtx, spec: &CommandSpec) -> Result
     // plain C structs.
     let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] =
         unsafe { [MaybeUninit::zeroed().assume_init(), MaybeUninit::zeroed().assume_init()] };
-    if spec.has_key {
+    if spec.keys != Keys::None {
         let ks = &mut key_specs[0];
         ks.flags = u64::from(raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE);
         ks.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
         ks.bs.index.pos = 1;
-        ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-        ks.fk.range.lastkey = 0;
-        ks.fk.range.keystep = 1;
-        ks.fk.range.limit = 0;
+        if spec.keys == Keys::First {
+            ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+            ks.fk.range.lastkey = 0;
+            ks.fk.range.keystep = 1;
+            ks.fk.range.limit = 0;
+        } else {
+            // numkeys at the begin index (offset 0), the first key right after it.
+            ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+            ks.fk.keynum.keynumidx = 0;
+            ks.fk.keynum.firstkey = 1;
+            ks.fk.keynum.keystep = 1;
+        }
     }
     let mut info: raw::RedisModuleCommandInfo = unsafe { MaybeUninit::zeroed().assume_init() };
     info.version = &version;
@@ -248,7 +285,7 @@ fn register_command(ctx: *mut raw::RedisModuleCtx, spec: &CommandSpec) -> Result
     info.complexity = spec.complexity.as_ptr();
     info.since = c"0.1.0".as_ptr();
     info.arity = spec.arity;
-    info.key_specs = if spec.has_key { key_specs.as_mut_ptr() } else { std::ptr::null_mut() };
+    info.key_specs = if spec.keys != Keys::None { key_specs.as_mut_ptr() } else { std::ptr::null_mut() };
     if unsafe { set_info(command, &info) } != raw::Status::Ok as c_int {
         return Err(format!("cannot set command info of {name}"));
     }

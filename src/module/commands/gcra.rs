@@ -4,10 +4,9 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 
-use super::{expire_at_ms, five, once, unknown, Args, Options};
-use crate::algo::gcra::{self, GcraRequest, GcraState};
-use crate::codec;
-use crate::module::value::Value;
+use super::limit::{self, Spec};
+use super::{five, once, unknown, Args, Options};
+use crate::algo::gcra::GcraRequest;
 use crate::module::clock;
 use crate::module::error::CommandError;
 use crate::module::ffi;
@@ -57,20 +56,11 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     let now_ns = clock::now_ns();
     let may_write = !call.peek && call.request.quantity > 0;
     let mut key = LimiterKey::open(ctx, call.key, may_write);
-    let stored: Option<GcraState> = match key.load()? {
-        None => None,
-        Some(Value::Gcra(state)) => Some(state),
-        Some(other) => {
-            return Err(CommandError::WrongAlgorithm { held: other.describe(), asked: "GCRA limiter" })
-        }
-    };
-    let outcome = gcra::decide(&call.params, stored.as_ref(), now_ns, call.request)?;
-    if let (true, Some(write)) = (may_write, outcome.write) {
-        let expire_at_ms = expire_at_ms(write.tat_ns);
-        key.put_gcra(&write);
-        key.set_expire_at(expire_at_ms);
-        key.announce(|buf| codec::encode_gcra_into(&write, buf), expire_at_ms, c"rl.gcra");
+    let spec = Spec::Gcra { params: call.params, max_wait_ns: call.request.max_wait_ns };
+    let evaluated = limit::evaluate(&mut key, &spec, now_ns, call.request.quantity)?;
+    if let (true, Some(write)) = (may_write, &evaluated.write) {
+        limit::commit(&mut key, write, evaluated.expire_at_ms, c"rl.gcra");
     }
     drop(key);
-    Ok(ffi::reply_integers(ctx, &five(&outcome.decision)))
+    Ok(ffi::reply_integers(ctx, &five(&evaluated.decision)))
 }

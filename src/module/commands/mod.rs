@@ -1,7 +1,10 @@
 //! The command handlers: parse → now → load → decide → store/replicate/notify → reply.
 
 pub mod apply;
+pub mod all;
 pub mod gcra;
+pub mod limit;
+pub mod refund;
 pub mod window;
 #[cfg(debug_assertions)]
 pub mod panic;

@@ -1,0 +1,127 @@
+//! `RL.ALL numkeys key [key …] spec [spec …] [QUANTITY n] [PEEK]`: several limits, one atomic
+//! decision. Each spec is `GCRA burst rate period` or `WINDOW limit window [FIXED|SLIDING|LOG]`.
+
+use std::ffi::c_int;
+
+use redis_module::raw;
+
+use super::limit::{self, Algorithm, Spec};
+use super::window::check_log_limit;
+use super::{five, once, unknown, Args, Options};
+use crate::decision::{combine, Decision};
+use crate::module::clock;
+use crate::module::error::CommandError;
+use crate::module::ffi;
+use crate::module::keys::LimiterKey;
+use crate::params::{self, GcraParams, WindowParams};
+
+/// A fully validated RL.ALL call.
+struct AllCall<'a> {
+    keys: Args<'a>,
+    specs: Vec<Spec>,
+    quantity: u64,
+    peek: bool,
+}
+
+fn value<'a>(it: &mut std::slice::Iter<'a, *mut raw::RedisModuleString>, what: &'static str) -> Result<&'a [u8], CommandError> {
+    it.next().map(|&s| unsafe { ffi::bytes(s) }).ok_or(CommandError::MissingValue(what))
+}
+
+fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
+    let [_, numkeys, rest @ ..] = args else {
+        return Err(CommandError::Arity("rl.all"));
+    };
+    let n = params::positive(unsafe { ffi::bytes(*numkeys) }, "numkeys")?;
+    let n = usize::try_from(n).ok().filter(|&n| n <= rest.len()).ok_or(CommandError::Syntax(
+        "numkeys is larger than the number of arguments".into(),
+    ))?;
+    let (keys, rest) = rest.split_at(n);
+    for (i, &a) in keys.iter().enumerate() {
+        let a_bytes = unsafe { ffi::bytes(a) };
+        if keys[..i].iter().any(|&b| unsafe { ffi::bytes(b) } == a_bytes) {
+            let shown: String = String::from_utf8_lossy(a_bytes).chars().take(64).collect();
+            return Err(CommandError::Syntax(format!("key '{shown}' given more than once")));
+        }
+    }
+    let mut it = rest.iter();
+    let mut specs = Vec::with_capacity(n);
+    for i in 0..n {
+        let Some(&kind) = it.next() else {
+            return Err(CommandError::Syntax(format!("expected {n} specs (GCRA … or WINDOW …), got {i}")));
+        };
+        let kind = unsafe { ffi::bytes(kind) };
+        if kind.eq_ignore_ascii_case(b"GCRA") {
+            let burst = params::positive(value(&mut it, "GCRA")?, "burst")?;
+            let rate = params::positive(value(&mut it, "GCRA")?, "rate")?;
+            let period_ns = params::seconds(value(&mut it, "GCRA")?, "period")?;
+            specs.push(Spec::Gcra { params: GcraParams::new(burst, rate, period_ns)?, max_wait_ns: None });
+        } else if kind.eq_ignore_ascii_case(b"WINDOW") {
+            let limit = params::positive(value(&mut it, "WINDOW")?, "limit")?;
+            let window_ns = params::seconds(value(&mut it, "WINDOW")?, "window")?;
+            let params = WindowParams::new(limit, window_ns)?;
+            let algorithm = match it.as_slice().first().and_then(|&s| Algorithm::parse(unsafe { ffi::bytes(s) })) {
+                Some(a) => {
+                    it.next();
+                    a
+                }
+                None => Algorithm::Sliding,
+            };
+            check_log_limit(algorithm, limit)?;
+            specs.push(Spec::Window { params, algorithm });
+        } else {
+            let shown: String = String::from_utf8_lossy(kind).chars().take(64).collect();
+            return Err(CommandError::Syntax(format!(
+                "expected GCRA or WINDOW for key {} of {n}, got '{shown}'",
+                i + 1
+            )));
+        }
+    }
+    let (mut quantity, mut peek, mut seen_quantity) = (1, false, false);
+    let mut options = Options::new(it.as_slice());
+    while let Some(keyword) = options.next_keyword() {
+        if keyword.eq_ignore_ascii_case(b"QUANTITY") {
+            once(&mut seen_quantity, "QUANTITY")?;
+            quantity = params::non_negative(options.value("QUANTITY")?, "QUANTITY")?;
+        } else if keyword.eq_ignore_ascii_case(b"PEEK") {
+            once(&mut peek, "PEEK")?;
+        } else {
+            return Err(unknown(keyword));
+        }
+    }
+    Ok(AllCall { keys, specs, quantity, peek })
+}
+
+/// Runs RL.ALL. The reply is `[combined five, [per-key five, …]]`.
+pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, CommandError> {
+    let call = parse(args)?;
+    let now_ns = clock::now_ns();
+    let may_write = !call.peek && call.quantity > 0;
+    let mut keys: Vec<LimiterKey> =
+        call.keys.iter().map(|&k| LimiterKey::open(ctx, k, may_write)).collect();
+    let mut evaluated = Vec::with_capacity(keys.len());
+    for (key, spec) in keys.iter_mut().zip(&call.specs) {
+        evaluated.push(limit::evaluate(key, spec, now_ns, call.quantity)?);
+    }
+    let decisions: Vec<Decision> = evaluated.iter().map(|e| e.decision).collect();
+    let combined = five(&combine(&decisions));
+    if may_write && combined[0] == 1 {
+        for (key, e) in keys.iter_mut().zip(&evaluated) {
+            if let Some(write) = &e.write {
+                limit::commit(key, write, e.expire_at_ms, c"rl.all");
+            }
+        }
+    }
+    drop(keys);
+    let Some(array) = (unsafe { raw::RedisModule_ReplyWithArray }) else {
+        return Ok(raw::Status::Err as c_int);
+    };
+    unsafe {
+        array(ctx, 2);
+        ffi::reply_integers(ctx, &combined);
+        array(ctx, decisions.len() as std::ffi::c_long);
+    }
+    for d in &decisions {
+        ffi::reply_integers(ctx, &five(d));
+    }
+    Ok(raw::Status::Ok as c_int)
+}

@@ -1,0 +1,150 @@
+//! RL.ALL (several limits, one atomic decision), RL.REFUND and RL.GCRA … MAXWAIT over the wire.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::{assert_ms, err_s, q, rl, snapshot, Server};
+
+fn all(c: &mut redis::Connection, args: &[&str]) -> ([i64; 5], Vec<[i64; 5]>) {
+    let mut cmd = redis::cmd("RL.ALL");
+    for a in args {
+        cmd.arg(*a);
+    }
+    let (combined, per_key): (Vec<i64>, Vec<Vec<i64>>) = cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    (combined.try_into().unwrap(), per_key.into_iter().map(|v| v.try_into().unwrap()).collect())
+}
+
+const USER_AND_IP: &[&str] = &["2", "{u42}:key", "{u42}:ip", "GCRA", "3", "1", "60", "WINDOW", "2", "60", "LOG"];
+
+#[test]
+fn all_admits_only_when_every_limit_admits() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let (combined, per_key) = all(&mut c, USER_AND_IP);
+    assert_eq!(&combined[..4], &[1, 2, 1, -1]);
+    assert_eq!(&per_key[0][..4], &[1, 3, 2, -1]);
+    assert_eq!(&per_key[1][..4], &[1, 2, 1, -1]);
+    let (combined, _) = all(&mut c, USER_AND_IP);
+    assert_eq!(&combined[..3], &[1, 2, 0]);
+    // The IP limit (2) denies the third request: nothing is consumed anywhere.
+    let user_before = snapshot(&mut c, "{u42}:key");
+    let ip_before = snapshot(&mut c, "{u42}:ip");
+    let (combined, per_key) = all(&mut c, USER_AND_IP);
+    assert_eq!(&combined[..3], &[0, 3, 0]);
+    assert_ms(combined[3], 60_000, 100);
+    assert_eq!(&per_key[0][..4], &[1, 3, 0, -1], "the user limit alone would admit");
+    assert_eq!(&per_key[1][..3], &[0, 2, 0]);
+    assert_eq!(snapshot(&mut c, "{u42}:key"), user_before);
+    assert_eq!(snapshot(&mut c, "{u42}:ip"), ip_before);
+    // The user limit still has its third request.
+    assert_eq!(rl(&mut c, &["RL.GCRA", "{u42}:key", "3", "1", "60"])[0], 1);
+}
+
+#[test]
+fn all_with_quantity_peek_and_never() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut args = USER_AND_IP.to_vec();
+    args.extend(["PEEK", "QUANTITY", "2"]);
+    let (combined, _) = all(&mut c, &args);
+    assert_eq!(&combined[..3], &[1, 2, 0]);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "{u42}:key", "{u42}:ip"]), 0);
+    let mut args = USER_AND_IP.to_vec();
+    args.extend(["QUANTITY", "3"]);
+    let (combined, per_key) = all(&mut c, &args);
+    assert_eq!(&combined[..4], &[0, 3, 0, -1], "3 > the IP limit of 2: never (limit/remaining from the smallest remaining)");
+    assert_eq!(&per_key[0][..4], &[1, 3, 0, -1]);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "{u42}:key", "{u42}:ip"]), 0);
+    let mut args = USER_AND_IP.to_vec();
+    args.extend(["QUANTITY", "0"]);
+    assert_eq!(all(&mut c, &args).0, [1, 2, 2, -1, 0]);
+}
+
+#[test]
+fn all_rejects_bad_input_before_touching_anything() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let cases: &[(&[&str], &str)] = &[
+        (&["0", "k", "GCRA", "1", "1", "1"], "ERR numkeys must be a positive integer"),
+        (&["2", "a", "a", "GCRA", "1", "1", "1", "GCRA", "1", "1", "1"], "ERR syntax error: key 'a' given more than once"),
+        (&["2", "a", "b", "GCRA", "1", "1", "1"], "ERR syntax error: expected 2 specs (GCRA … or WINDOW …), got 1"),
+        (&["1", "a", "GCRA", "1", "1"], "ERR syntax error: GCRA needs a value"),
+        (&["1", "a", "GCRA", "0", "1", "1"], "ERR burst must be a positive integer"),
+        (&["1", "a", "WINDOW", "1", "0"], "ERR window must be seconds as a plain decimal"),
+        (&["1", "a", "TOKEN", "1", "1"], "ERR syntax error: expected GCRA or WINDOW for key 1 of 1, got 'TOKEN'"),
+        (&["1", "a", "WINDOW", "5", "1", "LOG", "LOG"], "ERR syntax error: unknown argument 'LOG'"),
+        (&["1", "a", "WINDOW", "200000", "1", "LOG"], "ERR limit 200000 is above rl.log-max-limit"),
+        (&["9", "a", "WINDOW", "1", "1"], "ERR syntax error: numkeys is larger than the number of arguments"),
+        (&["1", "a", "GCRA", "1", "1", "1", "MAXWAIT", "5"], "ERR syntax error: unknown argument 'MAXWAIT'"),
+    ];
+    for (args, prefix) in cases {
+        let mut full = vec!["RL.ALL"];
+        full.extend_from_slice(args);
+        let e = err_s(&mut c, &full);
+        assert!(e.starts_with(prefix), "{full:?}: {e}");
+    }
+    // A wrong algorithm on the second key fails the whole call, and the first is untouched.
+    rl(&mut c, &["RL.WINDOW", "b", "5", "60", "FIXED"]);
+    let e = err_s(&mut c, &["RL.ALL", "2", "a", "b", "GCRA", "5", "1", "60", "WINDOW", "5", "60"]);
+    assert!(e.starts_with("ERR key holds a FIXED window, not a SLIDING window"), "{e}");
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "a"]), 0);
+    let keys: Vec<String> = q(&mut c, &["COMMAND", "GETKEYS", "RL.ALL", "2", "x", "y", "GCRA", "1", "1", "1", "WINDOW", "1", "1"]);
+    assert_eq!(keys, vec!["x", "y"]);
+}
+
+#[test]
+fn refund_gives_back_for_every_algorithm() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(q::<Vec<i64>>(&mut c, &["RL.REFUND", "missing", "3"]), vec![0, 0, 0]);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "missing"]), 0);
+    rl(&mut c, &["RL.GCRA", "g", "5", "1", "60", "QUANTITY", "3"]);
+    let r: Vec<i64> = q(&mut c, &["RL.REFUND", "g", "1"]);
+    assert_eq!(&r[..2], &[1, 3]);
+    assert_ms(r[2], 120_000, 100);
+    let pttl: i64 = q(&mut c, &["PTTL", "g"]);
+    assert_ms(pttl, r[2], 100);
+    for algo in ["FIXED", "SLIDING", "LOG"] {
+        let key = format!("w:{algo}");
+        rl(&mut c, &["RL.WINDOW", &key, "5", "600", algo, "QUANTITY", "4"]);
+        let r: Vec<i64> = q(&mut c, &["RL.REFUND", &key, "3"]);
+        assert_eq!(&r[..2], &[3, 4], "{algo}");
+        assert_eq!(rl(&mut c, &["RL.WINDOW", &key, "5", "600", algo, "QUANTITY", "0"])[2], 4, "{algo}");
+        // Refunding more than was used gives back what there is, and the idle key goes.
+        let r: Vec<i64> = q(&mut c, &["RL.REFUND", &key, "10"]);
+        assert_eq!(r, vec![1, 5, 0], "{algo}");
+        assert_eq!(q::<i64>(&mut c, &["EXISTS", &key]), 0, "{algo}");
+    }
+    let r: Vec<i64> = q(&mut c, &["RL.REFUND", "g", "99"]);
+    assert_eq!(r, vec![2, 5, 0]);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "g"]), 0);
+    assert!(err_s(&mut c, &["RL.REFUND", "g", "0"]).starts_with("ERR quantity must be a positive integer"));
+    assert!(err_s(&mut c, &["RL.REFUND", "g"]).starts_with("ERR wrong number of arguments"));
+    q::<()>(&mut c, &["SET", "str", "x"]);
+    assert!(err_s(&mut c, &["RL.REFUND", "str", "1"]).starts_with("WRONGTYPE"));
+}
+
+#[test]
+fn maxwait_reserves_a_slot() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // One request every 100 ms, burst 1.
+    assert_eq!(rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "1000"]), [1, 1, 0, 0, 100]);
+    let r = rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "1000"]);
+    assert_eq!(&r[..3], &[1, 1, 0]);
+    assert_ms(r[3], 100, 20);
+    assert_ms(r[4], 200, 20);
+    // A wait beyond MAXWAIT is denied and writes nothing.
+    let before = snapshot(&mut c, "r");
+    let r = rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "150"]);
+    assert_eq!(&r[..3], &[0, 1, 0]);
+    assert_ms(r[3], 200, 20);
+    assert_eq!(snapshot(&mut c, "r"), before);
+    // Without MAXWAIT the reservations count: denied until they pass.
+    let r = rl(&mut c, &["RL.GCRA", "r", "1", "10", "1"]);
+    assert_eq!(r[0], 0);
+    sleep(Duration::from_millis(r[3] as u64));
+    assert_eq!(rl(&mut c, &["RL.GCRA", "r", "1", "10", "1"])[0], 1);
+}
