@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run test demo bench clean
+.PHONY: help deps build run test test-compat demo bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -18,6 +18,9 @@ run: build ## Start redis-server on 127.0.0.1:$(PORT) in the foreground with the
 
 test: deps ## Run every test: pure core, then the real-server suites; ends with "N passed, N failed"
 	@scripts/test.sh
+
+test-compat: deps ## Run the integration suites on Redis 7.0, Valkey 8.1 and Valkey 9.1 (same module file)
+	@scripts/test-compat.sh
 
 demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in another shell)
 	@PORT=$(PORT) scripts/demo.sh

