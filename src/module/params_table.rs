@@ -62,7 +62,6 @@ pub fn id_for(emission_interval_ns: u64, burst: u64) -> Option<u16> {
 }
 
 /// Number of assigned ids (for INFO).
-#[allow(dead_code)]
 pub fn len() -> usize {
     LEN.load(Ordering::Acquire)
 }

@@ -16,6 +16,7 @@
 use std::ffi::c_void;
 
 use super::params_table;
+use super::stats::{self, Kind};
 use crate::algo::fixed_window::FixedState;
 use crate::algo::gcra::GcraState;
 use crate::algo::sliding_log::LogState;
@@ -97,7 +98,20 @@ fn untag<T>(raw: *mut c_void) -> *mut T {
     (raw as usize & !TAG_MASK) as *mut T
 }
 
+fn kind_of(tag: usize) -> Option<Kind> {
+    match tag {
+        TAG_GCRA_COMPACT | TAG_GCRA_WIDE => Some(Kind::Gcra),
+        TAG_FIXED => Some(Kind::Fixed),
+        TAG_SLIDING => Some(Kind::Sliding),
+        TAG_LOG => Some(Kind::Log),
+        _ => None,
+    }
+}
+
 fn tagged<T>(b: Box<T>, tag: usize) -> *mut c_void {
+    if let Some(kind) = kind_of(tag) {
+        stats::key_created(kind);
+    }
     let p = Box::into_raw(b) as usize;
     debug_assert_eq!(p & TAG_MASK, 0);
     (p | tag) as *mut c_void
@@ -169,6 +183,9 @@ pub fn into_raw(state: State) -> *mut c_void {
 pub unsafe fn free(raw: *mut c_void) {
     if raw.is_null() {
         return;
+    }
+    if let Some(kind) = kind_of(tag(raw)) {
+        stats::key_freed(kind);
     }
     match tag(raw) {
         TAG_GCRA_COMPACT => drop(Box::from_raw(untag::<CompactGcra>(raw))),

@@ -92,7 +92,7 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
 }
 
 /// Runs RL.ALL. The reply is `[combined five, [per-key five, …]]`.
-pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, CommandError> {
+pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
     let call = parse(args)?;
     let now_ns = clock::now_ns();
     let may_write = !call.peek && call.quantity > 0;
@@ -113,7 +113,7 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     }
     drop(keys);
     let Some(array) = (unsafe { raw::RedisModule_ReplyWithArray }) else {
-        return Ok(raw::Status::Err as c_int);
+        return Ok((raw::Status::Err as c_int, false));
     };
     unsafe {
         array(ctx, 2);
@@ -123,5 +123,5 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     for d in &decisions {
         ffi::reply_integers(ctx, &five(d));
     }
-    Ok(raw::Status::Ok as c_int)
+    Ok((raw::Status::Ok as c_int, combined[0] == 1))
 }

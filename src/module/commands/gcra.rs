@@ -51,7 +51,7 @@ fn parse(args: Args<'_>) -> Result<GcraCall, CommandError> {
 }
 
 /// Runs RL.GCRA (see SPEC.md). The reply is the five-integer array.
-pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, CommandError> {
+pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
     let call = parse(args)?;
     let now_ns = clock::now_ns();
     let may_write = !call.peek && call.request.quantity > 0;
@@ -62,5 +62,6 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
         limit::commit(&mut key, write, evaluated.expire_at_ms, c"rl.gcra");
     }
     drop(key);
-    Ok(ffi::reply_integers(ctx, &five(&evaluated.decision)))
+    let status = ffi::reply_integers(ctx, &five(&evaluated.decision));
+    Ok((status, evaluated.decision.verdict.is_allowed()))
 }

@@ -5,6 +5,7 @@ pub mod all;
 pub mod gcra;
 pub mod limit;
 pub mod refund;
+pub mod throttle;
 pub mod window;
 #[cfg(debug_assertions)]
 pub mod panic;

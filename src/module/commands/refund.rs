@@ -47,7 +47,7 @@ fn status(state: &State, now_ns: u64) -> Option<Decision> {
 }
 
 /// Runs RL.REFUND (see SPEC.md).
-pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, CommandError> {
+pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
     let [_, key, quantity] = args else {
         return Err(CommandError::Arity("rl.refund"));
     };
@@ -56,25 +56,25 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     let mut key = LimiterKey::open(ctx, *key, true);
     // LOG refunds in place; the others compute a new state.
     let (refunded, new_state) = match key.load()? {
-        None => return Ok(reply(ctx, 0, None)),
+        None => return Ok((reply(ctx, 0, None), false)),
         Some(Value::Log(log)) => {
             let refunded = log.refund(now_ns, quantity);
             if refunded == 0 {
                 let state = State::Log(Box::new(log.clone()));
-                return Ok(reply(ctx, 0, status(&state, now_ns)));
+                return Ok((reply(ctx, 0, status(&state, now_ns)), false));
             }
             if log.log.total() == 0 {
                 let limit = log.limit;
                 key.delete();
                 key.announce_delete(EVENT);
-                return Ok(reply_idle(ctx, refunded, limit));
+                return Ok((reply_idle(ctx, refunded, limit), true));
             }
             let p = WindowParams { limit: log.limit, window_ns: log.window_ns };
             let reset = sliding_log::decide(&p, Some(log), now_ns, 0)?.decision;
             let expire = expire_at_ms(now_ns.saturating_add(reset.reset_after_ns));
             key.set_expire_at(expire);
             key.announce(|buf| codec::encode_log_refund_into(now_ns, quantity, buf), expire, EVENT);
-            return Ok(reply(ctx, refunded, Some(reset)));
+            return Ok((reply(ctx, refunded, Some(reset)), true));
         }
         Some(Value::Gcra(g)) => {
             let (after, n) = gcra::refund(&g, now_ns, quantity);
@@ -91,14 +91,14 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
     };
     let (before, after) = new_state;
     if refunded == 0 {
-        return Ok(reply(ctx, 0, status(&before, now_ns)));
+        return Ok((reply(ctx, 0, status(&before, now_ns)), false));
     }
     match after {
         None => {
             // Back to idle: the key goes, exactly as if it had expired.
             key.delete();
             key.announce_delete(EVENT);
-            Ok(reply_idle(ctx, refunded, limit_of(&before)))
+            Ok((reply_idle(ctx, refunded, limit_of(&before)), true))
         }
         Some(state) => {
             let report = status(&state, now_ns);
@@ -107,7 +107,7 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
             key.set_value(state.clone());
             key.set_expire_at(expire);
             key.announce(|buf| codec::encode_into(&state, buf), expire, EVENT);
-            Ok(reply(ctx, refunded, report))
+            Ok((reply(ctx, refunded, report), true))
         }
     }
 }
