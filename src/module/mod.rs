@@ -196,6 +196,21 @@ macro_rules! handler {
     }};
 }
 
+/// RL.ALL's entry point: key-position requests (cluster routing on Redis 7.0) are answered
+/// before anything else and are not counted as calls.
+unsafe extern "C" fn rl_all(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let counted = handler!("RL.ALL", commands::all::run, stats::Command::All);
+    let positions = guard::callback("RL.ALL keys", false, || commands::all::report_key_positions(ctx, args(argv, argc)));
+    if positions {
+        return raw::Status::Ok as c_int;
+    }
+    counted(ctx, argv, argc)
+}
+
 const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: c"RL.GCRA",
@@ -221,8 +236,8 @@ const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: c"RL.ALL",
-        handler: handler!("RL.ALL", commands::all::run, stats::Command::All),
-        flags: c"write deny-oom",
+        handler: rl_all,
+        flags: c"write deny-oom getkeys-api",
         arity: -5,
         keys: Keys::NumKeys,
         summary: c"Several limits in one atomic decision: admit on all keys or on none",

@@ -316,3 +316,180 @@ pub fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> Op
     info.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_owned()))
 }
+
+/// A Redis Cluster of `n` masters on loopback, each with the module, joined with
+/// `redis-cli --cluster create`; every node is killed on drop.
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    pub fn start(n: usize) -> Cluster {
+        let nodes: Vec<Server> = (0..n)
+            .map(|_| {
+                Server::builder()
+                    .arg("cluster-enabled", "yes")
+                    .arg("cluster-config-file", "nodes.conf")
+                    .arg("cluster-node-timeout", "5000")
+                    .start()
+            })
+            .collect();
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let out = Command::new("redis-cli").args(&args).output().expect("run redis-cli --cluster create");
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        let cluster = Cluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and agrees on the slots.
+    pub fn wait_ok(&self) {
+        for node in &self.nodes {
+            let mut c = node.conn();
+            wait_until("cluster_state:ok", Duration::from_secs(30), || {
+                let info: String = q(&mut c, &["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_assigned:16384")
+            });
+        }
+    }
+
+    /// A cluster-aware client connection (follows MOVED/ASK).
+    pub fn conn(&self) -> redis::cluster::ClusterConnection {
+        let urls: Vec<String> = self.nodes.iter().map(|s| format!("redis://127.0.0.1:{}/", s.port)).collect();
+        redis::cluster::ClusterClient::new(urls).unwrap().get_connection().unwrap()
+    }
+
+    /// The node serving `key`'s slot.
+    pub fn owner(&self, key: &str) -> &Server {
+        let mut c = self.nodes[0].conn();
+        let slot: i64 = q(&mut c, &["CLUSTER", "KEYSLOT", key]);
+        let slots: Vec<redis::Value> = q(&mut c, &["CLUSTER", "SLOTS"]);
+        for range in slots {
+            let redis::Value::Array(parts) = range else { continue };
+            let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi)), Some(redis::Value::Array(master))) =
+                (parts.first(), parts.get(1), parts.get(2))
+            else {
+                continue;
+            };
+            if (*lo..=*hi).contains(&slot) {
+                let Some(redis::Value::Int(port)) = master.get(1) else { continue };
+                return self.nodes.iter().find(|s| i64::from(s.port) == *port).expect("node of the slot");
+            }
+        }
+        panic!("no owner for slot {slot}");
+    }
+
+    /// The cluster node id of `node`.
+    pub fn node_id(node: &Server) -> String {
+        let mut c = node.conn();
+        q(&mut c, &["CLUSTER", "MYID"])
+    }
+}
+
+/// Redis Cluster's key slot (CRC16/XMODEM of the key or its hash tag, mod 16384).
+pub fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = match bytes.iter().position(|&b| b == b'{') {
+        Some(open) => match bytes[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &bytes[open + 1..open + 1 + len],
+            _ => bytes,
+        },
+        None => bytes,
+    };
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
+}
+
+/// Redis's CRC64 (Jones polynomial, reflected), as DUMP payloads carry it.
+pub fn crc64(data: &[u8]) -> u64 {
+    let mut crc: u64 = 0;
+    for &b in data {
+        crc ^= u64::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x95AC_9329_AC4B_C9B5 } else { crc >> 1 };
+        }
+    }
+    crc
+}
+
+/// The frame of a DUMP payload of a `ratelimit` value, to wrap other codec bytes in (for
+/// forged-state tests). Redis may LZF-compress the value's string; a forged payload uses the
+/// plain form, which RESTORE reads as well.
+pub struct Dump {
+    /// Type byte (7, module), 64-bit module id, string opcode (5).
+    pub head: Vec<u8>,
+    /// EOF opcode (0) and the 2-byte RDB version.
+    pub tail: Vec<u8>,
+}
+
+impl Dump {
+    /// Takes the frame of a DUMP payload written by this module.
+    pub fn parse(payload: &[u8]) -> Dump {
+        assert_eq!(payload[0], 7, "module value type");
+        assert_eq!(payload[1], 0x81, "64-bit module id");
+        assert_eq!(payload[10], 5, "string opcode");
+        let n = payload.len();
+        let mut tail = vec![0u8];
+        tail.extend_from_slice(&payload[n - 10..n - 8]);
+        Dump { head: payload[..11].to_vec(), tail }
+    }
+
+    /// A payload holding `state` as the value's codec bytes, with a valid CRC64.
+    pub fn with_state(&self, state: &[u8]) -> Vec<u8> {
+        let mut out = self.head.clone();
+        if state.len() < 64 {
+            out.push(state.len() as u8);
+        } else {
+            assert!(state.len() < 16384);
+            out.push(0x40 | (state.len() >> 8) as u8);
+            out.push(state.len() as u8);
+        }
+        out.extend_from_slice(state);
+        out.extend_from_slice(&self.tail);
+        let crc = crc64(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+}
+
+/// Codec bytes (encoding version 2) of a GCRA state.
+pub fn gcra_state(tat_ns: u64, interval_ns: u64, burst: u64, updated_ns: u64) -> Vec<u8> {
+    let mut v = vec![2u8, 1];
+    for f in [tat_ns, interval_ns, burst, updated_ns] {
+        v.extend_from_slice(&f.to_le_bytes());
+    }
+    v
+}
+
+/// Codec bytes (encoding version 2) of a LOG state holding `count` requests at one instant.
+pub fn log_state(window_ns: u64, limit: u64, at_ns: u64, count: u8) -> Vec<u8> {
+    let mut v = vec![2u8, 4];
+    for f in [window_ns, limit, at_ns, at_ns, u64::from(count), 1] {
+        v.extend_from_slice(&f.to_le_bytes());
+    }
+    v.push(count);
+    v
+}
+
+/// Nanoseconds since the epoch by this machine's clock (the test servers run here too).
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// Reads the little-endian u64 at `offset`.
+pub fn le_u64(bytes: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap())
+}
+
+/// Writes the little-endian u64 at `offset`.
+pub fn set_le_u64(bytes: &mut [u8], offset: usize, value: u64) {
+    bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+}

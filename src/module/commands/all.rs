@@ -91,6 +91,32 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
     Ok(AllCall { keys, specs, quantity, peek })
 }
 
+/// Answers a key-position request (`getkeys-api`: Redis Cluster routing and `COMMAND
+/// GETKEYS` on servers that do not use key-specs for movable keys, such as Redis 7.0): the
+/// keys are arguments `2 ..= numkeys + 1`. Returns false when this call is a normal one.
+pub fn report_key_positions(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> bool {
+    let (Some(is_request), Some(key_at)) =
+        (unsafe { raw::RedisModule_IsKeysPositionRequest }, unsafe { raw::RedisModule_KeyAtPos })
+    else {
+        return false;
+    };
+    if unsafe { is_request(ctx) } == 0 {
+        return false;
+    }
+    let n = args
+        .get(1)
+        .and_then(|&a| crate::time::parse_count(unsafe { ffi::bytes(a) }))
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    let last = n.saturating_add(1).min(args.len().saturating_sub(1));
+    for pos in 2..=last {
+        if let Ok(pos) = c_int::try_from(pos) {
+            unsafe { key_at(ctx, pos) };
+        }
+    }
+    true
+}
+
 /// Runs RL.ALL. The reply is `[combined five, [per-key five, …]]`.
 pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
     let call = parse(args)?;
