@@ -311,6 +311,11 @@ def report(server_version, summary, mem_rows, req_rows, elapsed):
     for label, total, count in req_rows:
         w(f"| {label} | {count:,} | {total:,} | {total / max(count, 1):.1f} |")
     w("")
+    analysis = os.path.join(ROOT, "bench", "ANALYSIS.md")
+    if os.path.exists(analysis):
+        with open(analysis) as f:
+            w(f.read().rstrip())
+        w("")
     return "\n".join(lines)
 
 

