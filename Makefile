@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run test test-compat demo bench clean
+.PHONY: help deps build run test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -21,6 +21,20 @@ test: deps ## Run every test: pure core, then the real-server suites; ends with 
 
 test-compat: deps ## Run the integration suites on Redis 7.0, Valkey 8.1 and Valkey 9.1 (same module file)
 	@scripts/test-compat.sh
+
+test-examples: build ## Run the client examples and the HTTP example's end-to-end test
+	@scripts/test-clients.sh
+
+fuzz-commands: build ## Command fuzzer: 1,000,000 random RL.* commands against a real server (FUZZ_SEED=, FUZZ_COMMANDS=)
+	cargo build
+	RL_MODULE=$(MODULE) FUZZ_COMMANDS=$${FUZZ_COMMANDS:-1000000} FUZZ_SECONDS=$${FUZZ_SECONDS:-1800} \
+		cargo test --test fuzz_commands -- --nocapture
+
+fuzz: ## Coverage-guided fuzzing of the decoders and parsers (cargo-fuzz; FUZZ_TIME= seconds per target)
+	@scripts/fuzz.sh
+
+valgrind: deps ## Memcheck the module under 50,000+ mixed commands; reports bytes lost in module frames
+	@scripts/valgrind.sh
 
 demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in another shell)
 	@PORT=$(PORT) scripts/demo.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the README's Python (redis-py) and Node (node-redis) examples against a real
-# redis-server with the module. Needs the virtualenv made by test-compat.sh (or makes it)
+# Runs the README's Python (redis-py) and Node (node-redis) examples, and the HTTP service
+# example's end-to-end test (examples/http/test_http.py), against real redis-servers with the
+# module. Needs the virtualenv made by test-compat.sh (or makes it)
 # and npm. Prints one "test … ok/FAILED" line per example; exit status 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +26,7 @@ if (cd examples/clients/node && REDIS_URL="redis://127.0.0.1:$port" timeout 60 n
 else
     echo "test node_example ... FAILED"; cat "$dir/node.out"; status=1
 fi
+# The HTTP example: two service instances, fleet-wide limit, 429 headers, fail-open/closed.
+http_out="$(RL_MODULE="$PWD/target/release/libredis_rl.so" timeout 300 "$VENV/bin/python" examples/http/test_http.py 2>&1)" || status=1
+grep '^test ' <<<"$http_out"
 exit "$status"
