@@ -320,7 +320,9 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             let (window_ns, limit, first_ns, last_ns, total, len) =
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             window_params(window_ns, limit)?;
-            if total == 0 || total > limit {
+            // An empty log is idle (the key would be deleted), but harmless: accept it, so a
+            // file can never be refused for it.
+            if total > limit {
                 return Err(DecodeError::OutOfRange("total"));
             }
             let bytes = r.bytes(len)?;

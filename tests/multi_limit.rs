@@ -148,3 +148,20 @@ fn maxwait_reserves_a_slot() {
     sleep(Duration::from_millis(r[3] as u64));
     assert_eq!(rl(&mut c, &["RL.GCRA", "r", "1", "10", "1"])[0], 1);
 }
+
+#[test]
+fn regression_refund_of_an_expired_log_touches_nothing() {
+    // A refund on a LOG whose requests had all left the window used to empty the log in
+    // place and keep the key: an RDB holding that empty log then refused to load.
+    let s = Server::start();
+    let mut c = s.conn();
+    rl(&mut c, &["RL.WINDOW", "short", "5", "0.05", "LOG", "QUANTITY", "3"]);
+    q::<i64>(&mut c, &["PEXPIRE", "short", "60000"]); // keep the key past its window
+    sleep(Duration::from_millis(80));
+    let before = snapshot(&mut c, "short");
+    let r: Vec<i64> = q(&mut c, &["RL.REFUND", "short", "2"]);
+    assert_eq!(r, vec![0, 5, 0]);
+    assert_eq!(snapshot(&mut c, "short"), before);
+    q::<()>(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(snapshot(&mut c, "short"), before);
+}

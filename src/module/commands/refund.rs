@@ -58,11 +58,13 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
     let (refunded, new_state) = match key.load()? {
         None => return Ok((reply(ctx, 0, None), false)),
         Some(Value::Log(log)) => {
-            let refunded = log.refund(now_ns, quantity);
-            if refunded == 0 {
+            // Nothing in the window: nothing to give back, and nothing is touched (so master
+            // and replicas keep identical logs).
+            if log.log.count_after(now_ns.checked_sub(log.window_ns)) == 0 {
                 let state = State::Log(Box::new(log.clone()));
                 return Ok((reply(ctx, 0, status(&state, now_ns)), false));
             }
+            let refunded = log.refund(now_ns, quantity);
             if log.log.total() == 0 {
                 let limit = log.limit;
                 key.delete();
