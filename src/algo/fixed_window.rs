@@ -99,6 +99,7 @@ pub fn refund(state: &FixedState, now_ns: u64, quantity: u64) -> (Option<FixedSt
 mod tests {
     use super::*;
     use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
+    use crate::algo::testing::{check_retry_honest, replay, timeline};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -197,25 +198,11 @@ mod tests {
     proptest! {
         #[test]
         fn retry_after_is_honest(limit in 1u64..20, window_ms in 1u64..5000,
-                                 steps in prop::collection::vec((0u64..3_000_000_000, 0u64..6), 1..40),
-                                 qty in 1u64..6) {
+                                 steps in timeline(3_000_000_000, 6, 40), qty in 1u64..6) {
             let p = WindowParams::new(limit, window_ms * MS).unwrap();
-            let mut now = BASE;
-            let mut stored = None;
-            for (gap, q) in steps {
-                now += gap;
-                let out = decide(&p, stored.as_ref(), now, q).unwrap();
-                prop_assert!(out.decision.remaining <= limit);
-                if out.write.is_some() { stored = out.write; }
-            }
+            let (stored, now) = replay(&steps, BASE, limit, |s, t, q| decide(&p, s, t, q).unwrap())?;
             let out = decide(&p, stored.as_ref(), now, qty).unwrap();
-            if let Verdict::Denied { retry_after_ns } = out.decision.verdict {
-                prop_assert!(retry_after_ns > 0);
-                let later = decide(&p, stored.as_ref(), now + retry_after_ns, qty).unwrap();
-                prop_assert!(later.decision.verdict.is_allowed());
-                let early = decide(&p, stored.as_ref(), now + retry_after_ns - 1, qty).unwrap();
-                prop_assert!(!early.decision.verdict.is_allowed());
-            }
+            check_retry_honest(out.decision.verdict, now, |t| decide(&p, stored.as_ref(), t, qty).unwrap().decision.verdict)?;
         }
 
         #[test]

@@ -162,6 +162,7 @@ pub fn refund(state: &GcraState, now_ns: u64, quantity: u64) -> (Option<GcraStat
 mod tests {
     use super::*;
     use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
+    use crate::algo::testing::check_retry_honest;
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -396,18 +397,14 @@ mod tests {
             let mut stored = None;
             for (gap, q) in steps {
                 now += gap;
-                if let Ok(out) = decide(&p, stored.as_ref(), now, GcraRequest::of(q)) {
-                    if out.write.is_some() { stored = out.write; }
+                if let Some(w) = decide(&p, stored.as_ref(), now, GcraRequest::of(q)).unwrap().write {
+                    stored = Some(w);
                 }
             }
             let out = decide(&p, stored.as_ref(), now, GcraRequest::of(qty)).unwrap();
-            if let Verdict::Denied { retry_after_ns } = out.decision.verdict {
-                prop_assert!(retry_after_ns > 0);
-                let later = decide(&p, stored.as_ref(), now + retry_after_ns, GcraRequest::of(qty)).unwrap();
-                prop_assert!(later.decision.verdict.is_allowed());
-                let early = decide(&p, stored.as_ref(), now + retry_after_ns - 1, GcraRequest::of(qty)).unwrap();
-                prop_assert!(!early.decision.verdict.is_allowed());
-            }
+            check_retry_honest(out.decision.verdict, now, |t| {
+                decide(&p, stored.as_ref(), t, GcraRequest::of(qty)).unwrap().decision.verdict
+            })?;
         }
 
         #[test]

@@ -426,6 +426,7 @@ pub fn decide(
 mod tests {
     use super::*;
     use crate::time::{NANOS_PER_MILLI, NANOS_PER_SEC};
+    use crate::algo::testing::{check_retry_honest, timeline};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -551,8 +552,7 @@ mod tests {
 
         #[test]
         fn retry_after_is_honest(limit in 1u64..12, window_ms in 1u64..3000,
-                                 steps in prop::collection::vec((0u64..1_000_000_000, 0u64..5), 1..60),
-                                 qty in 1u64..5) {
+                                 steps in timeline(1_000_000_000, 5, 60), qty in 1u64..5) {
             let p = WindowParams::new(limit, window_ms * MS).unwrap();
             let mut s = None;
             let mut now = BASE;
@@ -561,12 +561,7 @@ mod tests {
                 run_log(&p, &mut s, now, q);
             }
             let out = decide(&p, s.as_ref(), now, qty).unwrap();
-            if let Verdict::Denied { retry_after_ns } = out.decision.verdict {
-                let later = decide(&p, s.as_ref(), now + retry_after_ns, qty).unwrap();
-                prop_assert!(later.decision.verdict.is_allowed());
-                let early = decide(&p, s.as_ref(), now + retry_after_ns - 1, qty).unwrap();
-                prop_assert!(!early.decision.verdict.is_allowed());
-            }
+            check_retry_honest(out.decision.verdict, now, |t| decide(&p, s.as_ref(), t, qty).unwrap().decision.verdict)?;
         }
 
         #[test]

@@ -7,7 +7,7 @@ use redis_module::raw;
 
 use super::limit::{self, Algorithm, Spec};
 use super::window::check_log_limit;
-use super::{five, once, unknown, Args, Options};
+use super::{five, unknown, Args, Options, RequestOptions};
 use crate::decision::{combine, Decision};
 use crate::module::clock;
 use crate::module::error::CommandError;
@@ -19,8 +19,7 @@ use crate::params::{self, GcraParams, WindowParams};
 struct AllCall<'a> {
     keys: Args<'a>,
     specs: Vec<Spec>,
-    quantity: u64,
-    peek: bool,
+    request: RequestOptions,
 }
 
 fn value<'a>(it: &mut std::slice::Iter<'a, *mut raw::RedisModuleString>, what: &'static str) -> Result<&'a [u8], CommandError> {
@@ -76,19 +75,14 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
             )));
         }
     }
-    let (mut quantity, mut peek, mut seen_quantity) = (1, false, false);
+    let mut request = RequestOptions::default();
     let mut options = Options::new(it.as_slice());
     while let Some(keyword) = options.next_keyword() {
-        if keyword.eq_ignore_ascii_case(b"QUANTITY") {
-            once(&mut seen_quantity, "QUANTITY")?;
-            quantity = params::non_negative(options.value("QUANTITY")?, "QUANTITY")?;
-        } else if keyword.eq_ignore_ascii_case(b"PEEK") {
-            once(&mut peek, "PEEK")?;
-        } else {
+        if !request.take(keyword, &mut options)? {
             return Err(unknown(keyword));
         }
     }
-    Ok(AllCall { keys, specs, quantity, peek })
+    Ok(AllCall { keys, specs, request })
 }
 
 /// Answers a key-position request (`getkeys-api`: Redis Cluster routing and `COMMAND
@@ -121,12 +115,12 @@ pub fn report_key_positions(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> bo
 pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
     let call = parse(args)?;
     let now_ns = clock::now_ns();
-    let may_write = !call.peek && call.quantity > 0;
+    let may_write = call.request.may_write();
     let mut keys: Vec<LimiterKey> =
         call.keys.iter().map(|&k| LimiterKey::open(ctx, k, may_write)).collect();
     let mut evaluated = Vec::with_capacity(keys.len());
     for (key, spec) in keys.iter_mut().zip(&call.specs) {
-        evaluated.push(limit::evaluate(key, spec, now_ns, call.quantity)?);
+        evaluated.push(limit::evaluate(key, spec, now_ns, call.request.quantity)?);
     }
     let decisions: Vec<Decision> = evaluated.iter().map(|e| e.decision).collect();
     let combined = five(&combine(&decisions));

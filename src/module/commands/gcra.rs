@@ -5,7 +5,7 @@ use std::ffi::c_int;
 use redis_module::raw;
 
 use super::limit::{self, Spec};
-use super::{five, once, unknown, Args, Options};
+use super::{five, once, unknown, Args, Options, RequestOptions};
 use crate::algo::gcra::GcraRequest;
 use crate::module::clock;
 use crate::module::error::CommandError;
@@ -30,15 +30,12 @@ fn parse(args: Args<'_>) -> Result<GcraCall, CommandError> {
     let rate = params::positive(unsafe { ffi::bytes(*rate) }, "rate")?;
     let period_ns = params::seconds(unsafe { ffi::bytes(*period) }, "period")?;
     let params = GcraParams::new(burst, rate, period_ns)?;
-    let (mut quantity, mut peek, mut max_wait_ns) = (1, false, None);
-    let (mut seen_quantity, mut seen_max_wait) = (false, false);
+    let (mut max_wait_ns, mut seen_max_wait) = (None, false);
+    let mut request = RequestOptions::default();
     let mut options = Options::new(rest);
     while let Some(keyword) = options.next_keyword() {
-        if keyword.eq_ignore_ascii_case(b"QUANTITY") {
-            once(&mut seen_quantity, "QUANTITY")?;
-            quantity = params::non_negative(options.value("QUANTITY")?, "QUANTITY")?;
-        } else if keyword.eq_ignore_ascii_case(b"PEEK") {
-            once(&mut peek, "PEEK")?;
+        if request.take(keyword, &mut options)? {
+            continue;
         } else if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
             once(&mut seen_max_wait, "MAXWAIT")?;
             let ms = params::non_negative(options.value("MAXWAIT")?, "MAXWAIT")?;
@@ -47,7 +44,8 @@ fn parse(args: Args<'_>) -> Result<GcraCall, CommandError> {
             return Err(unknown(keyword));
         }
     }
-    Ok(GcraCall { key: *key, params, request: GcraRequest { quantity, max_wait_ns }, peek })
+    let gcra_request = GcraRequest { quantity: request.quantity, max_wait_ns };
+    Ok(GcraCall { key: *key, params, request: gcra_request, peek: request.peek })
 }
 
 /// Runs RL.GCRA (see SPEC.md). The reply is the five-integer array.

@@ -46,6 +46,43 @@ impl<'a> Options<'a> {
     }
 }
 
+/// The options every limiting command shares: `QUANTITY n` and `PEEK`.
+pub struct RequestOptions {
+    /// Requests at once (default 1).
+    pub quantity: u64,
+    /// Evaluate without writing.
+    pub peek: bool,
+    seen_quantity: bool,
+}
+
+impl Default for RequestOptions {
+    fn default() -> Self {
+        Self { quantity: 1, peek: false, seen_quantity: false }
+    }
+}
+
+impl RequestOptions {
+    /// Takes `keyword` (and its value from `options`) if it is QUANTITY or PEEK; returns
+    /// false for any other keyword.
+    pub fn take(&mut self, keyword: &[u8], options: &mut Options<'_>) -> Result<bool, CommandError> {
+        if keyword.eq_ignore_ascii_case(b"QUANTITY") {
+            once(&mut self.seen_quantity, "QUANTITY")?;
+            self.quantity = crate::params::non_negative(options.value("QUANTITY")?, "QUANTITY")?;
+            Ok(true)
+        } else if keyword.eq_ignore_ascii_case(b"PEEK") {
+            once(&mut self.peek, "PEEK")?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Whether the request may write (not a PEEK, not QUANTITY 0).
+    pub fn may_write(&self) -> bool {
+        !self.peek && self.quantity > 0
+    }
+}
+
 /// Marks a keyword as seen, failing if it was already.
 pub fn once(seen: &mut bool, keyword: &'static str) -> Result<(), CommandError> {
     if std::mem::replace(seen, true) {

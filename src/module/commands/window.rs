@@ -5,7 +5,7 @@ use std::ffi::c_int;
 use redis_module::raw;
 
 use super::limit::{self, Algorithm, Spec};
-use super::{five, once, unknown, Args, Options};
+use super::{five, once, unknown, Args, Options, RequestOptions};
 use crate::module::clock;
 use crate::module::config;
 use crate::module::error::CommandError;
@@ -26,8 +26,7 @@ pub fn check_log_limit(algorithm: Algorithm, limit: u64) -> Result<(), CommandEr
 struct WindowCall {
     key: *mut raw::RedisModuleString,
     spec: Spec,
-    quantity: u64,
-    peek: bool,
+    request: RequestOptions,
 }
 
 fn parse(args: Args<'_>) -> Result<WindowCall, CommandError> {
@@ -37,34 +36,29 @@ fn parse(args: Args<'_>) -> Result<WindowCall, CommandError> {
     let limit = params::positive(unsafe { ffi::bytes(*limit) }, "limit")?;
     let window_ns = params::seconds(unsafe { ffi::bytes(*window) }, "window")?;
     let params = WindowParams::new(limit, window_ns)?;
-    let (mut algorithm, mut quantity, mut peek) = (None, 1, false);
-    let (mut seen_algorithm, mut seen_quantity) = (false, false);
+    let (mut algorithm, mut seen_algorithm) = (None, false);
+    let mut request = RequestOptions::default();
     let mut options = Options::new(rest);
     while let Some(keyword) = options.next_keyword() {
         if let Some(a) = Algorithm::parse(keyword) {
             once(&mut seen_algorithm, "the algorithm (FIXED | SLIDING | LOG)")?;
             algorithm = Some(a);
-        } else if keyword.eq_ignore_ascii_case(b"QUANTITY") {
-            once(&mut seen_quantity, "QUANTITY")?;
-            quantity = params::non_negative(options.value("QUANTITY")?, "QUANTITY")?;
-        } else if keyword.eq_ignore_ascii_case(b"PEEK") {
-            once(&mut peek, "PEEK")?;
-        } else {
+        } else if !request.take(keyword, &mut options)? {
             return Err(unknown(keyword));
         }
     }
     let algorithm = algorithm.unwrap_or(Algorithm::Sliding);
     check_log_limit(algorithm, limit)?;
-    Ok(WindowCall { key: *key, spec: Spec::Window { params, algorithm }, quantity, peek })
+    Ok(WindowCall { key: *key, spec: Spec::Window { params, algorithm }, request })
 }
 
 /// Runs RL.WINDOW (see SPEC.md). The reply is the five-integer array.
 pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
     let call = parse(args)?;
     let now_ns = clock::now_ns();
-    let may_write = !call.peek && call.quantity > 0;
+    let may_write = call.request.may_write();
     let mut key = LimiterKey::open(ctx, call.key, may_write);
-    let evaluated = limit::evaluate(&mut key, &call.spec, now_ns, call.quantity)?;
+    let evaluated = limit::evaluate(&mut key, &call.spec, now_ns, call.request.quantity)?;
     if let (true, Some(write)) = (may_write, &evaluated.write) {
         limit::commit(&mut key, write, evaluated.expire_at_ms, c"rl.window");
     }
