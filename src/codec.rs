@@ -325,6 +325,9 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             if total > limit {
                 return Err(DecodeError::OutOfRange("total"));
             }
+            if total == 0 && (first_ns != 0 || last_ns != 0) {
+                return Err(DecodeError::OutOfRange("first_ns"));
+            }
             let bytes = r.bytes(len)?;
             let log = RequestLog::from_parts(first_ns, last_ns, total, bytes)
                 .ok_or(DecodeError::OutOfRange("log"))?;
@@ -468,6 +471,19 @@ mod tests {
         assert_eq!(decode_applied(&applied), Ok((Effect::LogRefund { at_ns: 1, quantity: 1 }, Some(1234))));
         assert_eq!(decode_applied(&effect), Ok((Effect::LogRefund { at_ns: 1, quantity: 1 }, None)));
         assert_eq!(decode_applied(&applied[..12]), Err(DecodeError::Truncated));
+    }
+
+    #[test]
+    fn regression_empty_log_has_one_encoding() {
+        // Found by cargo-fuzz: an empty log with stray instants decoded, then re-encoded to
+        // other bytes. The only encoding of an empty log has zero instants.
+        let mut bytes = vec![2u8, 4];
+        for f in [60_000_000_000u64, 5, 0x0583_0000_000d_f8, 0, 0, 0] {
+            bytes.extend_from_slice(&f.to_le_bytes());
+        }
+        assert_eq!(decode(&bytes), Err(DecodeError::OutOfRange("first_ns")));
+        let empty = State::Log(Box::new(LogState { window_ns: 60_000_000_000, limit: 5, log: RequestLog::default() }));
+        assert_eq!(decode(&encode(&empty)), Ok(empty.clone()));
     }
 
     fn arb_state() -> impl Strategy<Value = State> {
