@@ -145,33 +145,58 @@ fn put(out: &mut Vec<u8>, fields: &[u64]) {
 /// Appends the encoding of a GCRA state (newest version) to `out`.
 pub fn encode_gcra_into(g: &GcraState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_GCRA]);
-    put(out, &[g.tat_ns, g.emission_interval_ns, g.burst, g.updated_ns]);
+    put(
+        out,
+        &[g.tat_ns, g.emission_interval_ns, g.burst, g.updated_ns],
+    );
 }
 
 /// Appends the encoding of a FIXED state (newest version) to `out`.
 pub fn encode_fixed_into(s: &FixedState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_FIXED]);
-    put(out, &[s.window_ns, s.limit, s.window_start_ns, s.count, s.updated_ns]);
+    put(
+        out,
+        &[
+            s.window_ns,
+            s.limit,
+            s.window_start_ns,
+            s.count,
+            s.updated_ns,
+        ],
+    );
 }
 
 /// Appends the encoding of a SLIDING state (newest version) to `out`.
 pub fn encode_sliding_into(s: &SlidingState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_SLIDING]);
-    put(out, &[s.window_ns, s.limit, s.window_start_ns, s.prev, s.curr, s.updated_ns]);
+    put(
+        out,
+        &[
+            s.window_ns,
+            s.limit,
+            s.window_start_ns,
+            s.prev,
+            s.curr,
+            s.updated_ns,
+        ],
+    );
 }
 
 /// Appends the encoding of a LOG state (newest version) to `out`.
 pub fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG]);
     let bytes = s.log.bytes();
-    put(out, &[
-        s.window_ns,
-        s.limit,
-        s.log.first_ns().unwrap_or(0),
-        s.log.last_ns().unwrap_or(0),
-        s.log.total(),
-        bytes.len() as u64,
-    ]);
+    put(
+        out,
+        &[
+            s.window_ns,
+            s.limit,
+            s.log.first_ns().unwrap_or(0),
+            s.log.last_ns().unwrap_or(0),
+            s.log.total(),
+            bytes.len() as u64,
+        ],
+    );
     out.extend_from_slice(bytes);
 }
 
@@ -227,7 +252,10 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, DecodeError> {
-        let (head, tail) = self.rest.split_first_chunk::<8>().ok_or(DecodeError::Truncated)?;
+        let (head, tail) = self
+            .rest
+            .split_first_chunk::<8>()
+            .ok_or(DecodeError::Truncated)?;
         self.rest = tail;
         Ok(u64::from_le_bytes(*head))
     }
@@ -289,7 +317,12 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             if updated_ns > tat_ns {
                 return Err(DecodeError::OutOfRange("updated_ns"));
             }
-            Ok(State::Gcra(GcraState { tat_ns, emission_interval_ns, burst, updated_ns }))
+            Ok(State::Gcra(GcraState {
+                tat_ns,
+                emission_interval_ns,
+                burst,
+                updated_ns,
+            }))
         }
         (2.., TAG_FIXED) => {
             let (window_ns, limit, window_start_ns, count, updated_ns) =
@@ -299,7 +332,13 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             if count == 0 || count > limit {
                 return Err(DecodeError::OutOfRange("count"));
             }
-            Ok(State::Fixed(Box::new(FixedState { window_ns, limit, window_start_ns, count, updated_ns })))
+            Ok(State::Fixed(Box::new(FixedState {
+                window_ns,
+                limit,
+                window_start_ns,
+                count,
+                updated_ns,
+            })))
         }
         (2.., TAG_SLIDING) => {
             let (window_ns, limit, window_start_ns, prev, curr, updated_ns) =
@@ -313,7 +352,12 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 return Err(DecodeError::OutOfRange("prev"));
             }
             Ok(State::Sliding(Box::new(SlidingState {
-                window_ns, limit, window_start_ns, prev, curr, updated_ns,
+                window_ns,
+                limit,
+                window_start_ns,
+                prev,
+                curr,
+                updated_ns,
             })))
         }
         (2.., TAG_LOG) => {
@@ -331,14 +375,20 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             let bytes = r.bytes(len)?;
             let log = RequestLog::from_parts(first_ns, last_ns, total, bytes)
                 .ok_or(DecodeError::OutOfRange("log"))?;
-            Ok(State::Log(Box::new(LogState { window_ns, limit, log })))
+            Ok(State::Log(Box::new(LogState {
+                window_ns,
+                limit,
+                log,
+            })))
         }
         (_, other) => Err(DecodeError::UnknownAlgorithm(other)),
     }
 }
 
 fn header(bytes: &[u8]) -> Result<(u8, u8, Reader<'_>), DecodeError> {
-    let [version, tag, rest @ ..] = bytes else { return Err(DecodeError::Truncated) };
+    let [version, tag, rest @ ..] = bytes else {
+        return Err(DecodeError::Truncated);
+    };
     if *version == 0 || *version > ENCODING_VERSION {
         return Err(DecodeError::UnknownVersion(*version));
     }
@@ -383,7 +433,12 @@ pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
             if quantity == 0 || quantity > limit {
                 return Err(DecodeError::OutOfRange("quantity"));
             }
-            Effect::LogAppend(LogWrite { window_ns, limit, at_ns, quantity })
+            Effect::LogAppend(LogWrite {
+                window_ns,
+                limit,
+                at_ns,
+                quantity,
+            })
         }
         (2.., TAG_LOG_REFUND) => {
             let (at_ns, quantity) = (r.u64()?, r.u64()?);
@@ -401,7 +456,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn gcra(tat_ns: u64, emission_interval_ns: u64, burst: u64) -> State {
-        State::Gcra(GcraState { tat_ns, emission_interval_ns, burst, updated_ns: tat_ns / 2 })
+        State::Gcra(GcraState {
+            tat_ns,
+            emission_interval_ns,
+            burst,
+            updated_ns: tat_ns / 2,
+        })
     }
 
     #[test]
@@ -417,15 +477,27 @@ mod tests {
         let mut v1 = encode(&gcra(50, 7, 3));
         v1[0] = 1;
         v1.truncate(26);
-        let expected = State::Gcra(GcraState { tat_ns: 50, emission_interval_ns: 7, burst: 3, updated_ns: 29 });
+        let expected = State::Gcra(GcraState {
+            tat_ns: 50,
+            emission_interval_ns: 7,
+            burst: 3,
+            updated_ns: 29,
+        });
         assert_eq!(decode(&v1), Ok(expected));
         // Version 1 knew no windows.
         let mut fixed = encode(&State::Fixed(Box::new(FixedState {
-            window_ns: 10, limit: 5, window_start_ns: 100, count: 1, updated_ns: 105,
+            window_ns: 10,
+            limit: 5,
+            window_start_ns: 100,
+            count: 1,
+            updated_ns: 105,
         })));
         assert!(decode(&fixed).is_ok());
         fixed[0] = 1;
-        assert_eq!(decode(&fixed), Err(DecodeError::UnknownAlgorithm(TAG_FIXED)));
+        assert_eq!(
+            decode(&fixed),
+            Err(DecodeError::UnknownAlgorithm(TAG_FIXED))
+        );
     }
 
     #[test]
@@ -438,38 +510,103 @@ mod tests {
         assert_eq!(decode(&long), Err(DecodeError::TrailingBytes));
         let mut future = good.clone();
         future[0] = ENCODING_VERSION + 1;
-        assert_eq!(decode(&future), Err(DecodeError::UnknownVersion(ENCODING_VERSION + 1)));
+        assert_eq!(
+            decode(&future),
+            Err(DecodeError::UnknownVersion(ENCODING_VERSION + 1))
+        );
         let mut tag = good.clone();
         tag[1] = 200;
         assert_eq!(decode(&tag), Err(DecodeError::UnknownAlgorithm(200)));
-        assert_eq!(decode(&encode(&gcra(5, 0, 3))), Err(DecodeError::OutOfRange("emission_interval_ns")));
-        assert_eq!(decode(&encode(&gcra(5, 7, 0))), Err(DecodeError::OutOfRange("burst")));
+        assert_eq!(
+            decode(&encode(&gcra(5, 0, 3))),
+            Err(DecodeError::OutOfRange("emission_interval_ns"))
+        );
+        assert_eq!(
+            decode(&encode(&gcra(5, 7, 0))),
+            Err(DecodeError::OutOfRange("burst"))
+        );
         let fixed = |count, start, updated| {
             encode(&State::Fixed(Box::new(FixedState {
-                window_ns: 10, limit: 5, window_start_ns: start, count, updated_ns: updated,
+                window_ns: 10,
+                limit: 5,
+                window_start_ns: start,
+                count,
+                updated_ns: updated,
             })))
         };
-        assert_eq!(decode(&fixed(6, 100, 105)), Err(DecodeError::OutOfRange("count")));
-        assert_eq!(decode(&fixed(0, 100, 105)), Err(DecodeError::OutOfRange("count")));
-        assert_eq!(decode(&fixed(1, 101, 105)), Err(DecodeError::OutOfRange("window_start_ns")));
-        assert_eq!(decode(&fixed(1, 100, 110)), Err(DecodeError::OutOfRange("updated_ns")));
+        assert_eq!(
+            decode(&fixed(6, 100, 105)),
+            Err(DecodeError::OutOfRange("count"))
+        );
+        assert_eq!(
+            decode(&fixed(0, 100, 105)),
+            Err(DecodeError::OutOfRange("count"))
+        );
+        assert_eq!(
+            decode(&fixed(1, 101, 105)),
+            Err(DecodeError::OutOfRange("window_start_ns"))
+        );
+        assert_eq!(
+            decode(&fixed(1, 100, 110)),
+            Err(DecodeError::OutOfRange("updated_ns"))
+        );
         // A log longer than its limit.
-        let mut log = LogState { window_ns: 1000, limit: 2, log: RequestLog::default() };
+        let mut log = LogState {
+            window_ns: 1000,
+            limit: 2,
+            log: RequestLog::default(),
+        };
         log.log.push(10, 2);
         let ok = encode(&State::Log(Box::new(log.clone())));
         assert!(decode(&ok).is_ok());
         log.limit = 1;
-        assert_eq!(decode(&encode(&State::Log(Box::new(log)))), Err(DecodeError::OutOfRange("total")));
+        assert_eq!(
+            decode(&encode(&State::Log(Box::new(log)))),
+            Err(DecodeError::OutOfRange("total"))
+        );
         // Effects are not states.
         let mut effect = Vec::new();
-        encode_effect_into(&Effect::LogRefund { at_ns: 1, quantity: 1 }, &mut effect);
-        assert_eq!(decode(&effect), Err(DecodeError::UnknownAlgorithm(TAG_LOG_REFUND)));
-        assert_eq!(decode_effect(&effect), Ok(Effect::LogRefund { at_ns: 1, quantity: 1 }));
+        encode_effect_into(
+            &Effect::LogRefund {
+                at_ns: 1,
+                quantity: 1,
+            },
+            &mut effect,
+        );
+        assert_eq!(
+            decode(&effect),
+            Err(DecodeError::UnknownAlgorithm(TAG_LOG_REFUND))
+        );
+        assert_eq!(
+            decode_effect(&effect),
+            Ok(Effect::LogRefund {
+                at_ns: 1,
+                quantity: 1
+            })
+        );
         let mut applied = Vec::new();
         encode_expiry_prefix_into(1234, &mut applied);
         applied.extend_from_slice(&effect);
-        assert_eq!(decode_applied(&applied), Ok((Effect::LogRefund { at_ns: 1, quantity: 1 }, Some(1234))));
-        assert_eq!(decode_applied(&effect), Ok((Effect::LogRefund { at_ns: 1, quantity: 1 }, None)));
+        assert_eq!(
+            decode_applied(&applied),
+            Ok((
+                Effect::LogRefund {
+                    at_ns: 1,
+                    quantity: 1
+                },
+                Some(1234)
+            ))
+        );
+        assert_eq!(
+            decode_applied(&effect),
+            Ok((
+                Effect::LogRefund {
+                    at_ns: 1,
+                    quantity: 1
+                },
+                None
+            ))
+        );
         assert_eq!(decode_applied(&applied[..12]), Err(DecodeError::Truncated));
     }
 
@@ -482,32 +619,61 @@ mod tests {
             bytes.extend_from_slice(&f.to_le_bytes());
         }
         assert_eq!(decode(&bytes), Err(DecodeError::OutOfRange("first_ns")));
-        let empty = State::Log(Box::new(LogState { window_ns: 60_000_000_000, limit: 5, log: RequestLog::default() }));
+        let empty = State::Log(Box::new(LogState {
+            window_ns: 60_000_000_000,
+            limit: 5,
+            log: RequestLog::default(),
+        }));
         assert_eq!(decode(&encode(&empty)), Ok(empty.clone()));
     }
 
     fn arb_state() -> impl Strategy<Value = State> {
         let w = 1u64..1_000_000_000_000;
         prop_oneof![
-            (any::<u64>(), 1u64..1_000_000_000_000, 1u64..1_000_000).prop_map(|(t, i, b)| gcra(t, i, b)),
+            (any::<u64>(), 1u64..1_000_000_000_000, 1u64..1_000_000)
+                .prop_map(|(t, i, b)| gcra(t, i, b)),
             (w.clone(), 1u64..1000, 0u64..1 << 20, 0u64..1000).prop_map(|(w, l, k, o)| {
                 State::Fixed(Box::new(FixedState {
-                    window_ns: w, limit: l, window_start_ns: k * w, count: 1 + o % l, updated_ns: k * w + o % w,
+                    window_ns: w,
+                    limit: l,
+                    window_start_ns: k * w,
+                    count: 1 + o % l,
+                    updated_ns: k * w + o % w,
                 }))
             }),
-            (w.clone(), 1u64..1000, 0u64..1 << 20, any::<u16>(), 0u64..1000).prop_map(|(w, l, k, p, c)| {
-                State::Sliding(Box::new(SlidingState {
-                    window_ns: w, limit: l, window_start_ns: k * w, prev: u64::from(p) + 1, curr: c % (l + 1),
-                    updated_ns: k * w + c % w,
-                }))
-            }),
-            (w, prop::collection::vec((1u64..1_000_000, 1u64..4), 1..30)).prop_map(|(w, pushes)| {
-                let mut log = RequestLog::default();
-                let mut t = 1u64 << 50;
-                for (gap, c) in &pushes { t += gap; log.push(t, *c); }
-                let limit = log.total();
-                State::Log(Box::new(LogState { window_ns: w, limit, log }))
-            }),
+            (
+                w.clone(),
+                1u64..1000,
+                0u64..1 << 20,
+                any::<u16>(),
+                0u64..1000
+            )
+                .prop_map(|(w, l, k, p, c)| {
+                    State::Sliding(Box::new(SlidingState {
+                        window_ns: w,
+                        limit: l,
+                        window_start_ns: k * w,
+                        prev: u64::from(p) + 1,
+                        curr: c % (l + 1),
+                        updated_ns: k * w + c % w,
+                    }))
+                }),
+            (w, prop::collection::vec((1u64..1_000_000, 1u64..4), 1..30)).prop_map(
+                |(w, pushes)| {
+                    let mut log = RequestLog::default();
+                    let mut t = 1u64 << 50;
+                    for (gap, c) in &pushes {
+                        t += gap;
+                        log.push(t, *c);
+                    }
+                    let limit = log.total();
+                    State::Log(Box::new(LogState {
+                        window_ns: w,
+                        limit,
+                        log,
+                    }))
+                }
+            ),
         ]
     }
 

@@ -67,7 +67,11 @@ pub fn combine(decisions: &[Decision]) -> Decision {
         verdict,
         limit: binding.map_or(0, |d| d.limit),
         remaining: binding.map_or(0, |d| d.remaining),
-        reset_after_ns: decisions.iter().map(|d| d.reset_after_ns).max().unwrap_or(0),
+        reset_after_ns: decisions
+            .iter()
+            .map(|d| d.reset_after_ns)
+            .max()
+            .unwrap_or(0),
     }
 }
 
@@ -106,7 +110,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn d(verdict: Verdict, limit: u64, remaining: u64, reset_after_ns: u64) -> Decision {
-        Decision { verdict, limit, remaining, reset_after_ns }
+        Decision {
+            verdict,
+            limit,
+            remaining,
+            reset_after_ns,
+        }
     }
 
     #[test]
@@ -114,7 +123,10 @@ mod tests {
         let a = d(Verdict::Allowed, 10, 4, 100);
         let b = d(Verdict::Denied { retry_after_ns: 50 }, 3, 0, 300);
         let c = d(Verdict::Denied { retry_after_ns: 70 }, 5, 1, 200);
-        assert_eq!(combine(&[a, b, c]), d(Verdict::Denied { retry_after_ns: 70 }, 3, 0, 300));
+        assert_eq!(
+            combine(&[a, b, c]),
+            d(Verdict::Denied { retry_after_ns: 70 }, 3, 0, 300)
+        );
         assert_eq!(combine(&[a, a]), d(Verdict::Allowed, 10, 4, 100));
         let never = d(Verdict::Never, 2, 2, 0);
         assert_eq!(combine(&[a, b, never]).verdict, Verdict::Never);

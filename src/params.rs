@@ -117,9 +117,14 @@ impl GcraParams {
         if emission_interval_ns > crate::time::MAX_PERIOD_NS {
             return Err(ParamError::NotSeconds("period"));
         }
-        let tolerance_ns =
-            burst.checked_mul(emission_interval_ns).ok_or(ParamError::BurstTooLarge)?;
-        Ok(Self { burst, emission_interval_ns, tolerance_ns })
+        let tolerance_ns = burst
+            .checked_mul(emission_interval_ns)
+            .ok_or(ParamError::BurstTooLarge)?;
+        Ok(Self {
+            burst,
+            emission_interval_ns,
+            tolerance_ns,
+        })
     }
 }
 
@@ -141,7 +146,10 @@ mod tests {
     #[test]
     fn rate_above_one_per_ns_is_rejected() {
         assert_eq!(GcraParams::new(1, 3, 1), Err(ParamError::RateTooHigh));
-        assert_eq!(GcraParams::new(1, u64::MAX, NANOS_PER_SEC), Err(ParamError::RateTooHigh));
+        assert_eq!(
+            GcraParams::new(1, u64::MAX, NANOS_PER_SEC),
+            Err(ParamError::RateTooHigh)
+        );
         assert!(GcraParams::new(1, 1_000_000_000, NANOS_PER_SEC).is_ok());
     }
 
@@ -164,7 +172,10 @@ mod tests {
             non_negative(b"-1", "QUANTITY").unwrap_err().to_string(),
             "QUANTITY must be a non-negative integer"
         );
-        assert!(seconds(b"1e3", "period").unwrap_err().to_string().starts_with("period "));
+        assert!(seconds(b"1e3", "period")
+            .unwrap_err()
+            .to_string()
+            .starts_with("period "));
     }
 }
 

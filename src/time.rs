@@ -29,7 +29,9 @@ pub fn parse_seconds_ns(text: &[u8]) -> Option<u64> {
     }
     let mut seconds: u64 = 0;
     for &digit in int_part {
-        seconds = seconds.checked_mul(10)?.checked_add(u64::from(digit - b'0'))?;
+        seconds = seconds
+            .checked_mul(10)?
+            .checked_add(u64::from(digit - b'0'))?;
     }
     let mut frac_ns: u64 = 0;
     if let Some(frac) = frac_part {
@@ -101,9 +103,29 @@ mod tests {
     #[test]
     fn seconds_rejects_everything_else() {
         let table = [
-            "", "1e3", "-1", "+1", "0x10", "inf", "nan", "1,5", ".5", "5.", "0", "0.0",
-            "0.0000000001", "1.0000000000", " 1", "1 ", "315360000.000000001", "315360001",
-            "99999999999999999999999", "1..5", "1.5.", "١", "1_000",
+            "",
+            "1e3",
+            "-1",
+            "+1",
+            "0x10",
+            "inf",
+            "nan",
+            "1,5",
+            ".5",
+            "5.",
+            "0",
+            "0.0",
+            "0.0000000001",
+            "1.0000000000",
+            " 1",
+            "1 ",
+            "315360000.000000001",
+            "315360001",
+            "99999999999999999999999",
+            "1..5",
+            "1.5.",
+            "١",
+            "1_000",
         ];
         for text in table {
             assert_eq!(parse_seconds_ns(text.as_bytes()), None, "{text:?}");
@@ -114,7 +136,17 @@ mod tests {
     fn counts_are_digits_only() {
         assert_eq!(parse_count(b"0"), Some(0));
         assert_eq!(parse_count(b"18446744073709551615"), Some(u64::MAX));
-        for text in ["", "-1", "+1", "1e3", " 1", "1 ", "18446744073709551616", "1.0", "0x1"] {
+        for text in [
+            "",
+            "-1",
+            "+1",
+            "1e3",
+            " 1",
+            "1 ",
+            "18446744073709551616",
+            "1.0",
+            "0x1",
+        ] {
             assert_eq!(parse_count(text.as_bytes()), None, "{text:?}");
         }
     }

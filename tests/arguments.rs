@@ -46,18 +46,42 @@ fn bad_inputs_are_errors_naming_the_argument() {
         (&["k", "1", "1", "0.0000000001"], PERIOD_ERR),
         (&["k", "1", "1", "315360001"], PERIOD_ERR),
         (&["k", "1", "1", "0.0"], PERIOD_ERR),
-        (&["k", "1", "2000000001", "1"], "ERR rate is too high for period: the emission interval period/rate is below 1 ns"),
-        (&["k", "18446744073709551615", "1", "1"], "ERR burst is too large: burst * period / rate overflows 64-bit nanoseconds"),
-        (&["k", "1", "1", "1", "QUANTITY"], "ERR syntax error: QUANTITY needs a value"),
+        (
+            &["k", "1", "2000000001", "1"],
+            "ERR rate is too high for period: the emission interval period/rate is below 1 ns",
+        ),
+        (
+            &["k", "18446744073709551615", "1", "1"],
+            "ERR burst is too large: burst * period / rate overflows 64-bit nanoseconds",
+        ),
+        (
+            &["k", "1", "1", "1", "QUANTITY"],
+            "ERR syntax error: QUANTITY needs a value",
+        ),
         (&["k", "1", "1", "1", "QUANTITY", "-1"], quantity),
         (&["k", "1", "1", "1", "QUANTITY", "1.5"], quantity),
         (&["k", "1", "1", "1", "QUANTITY", "x"], quantity),
-        (&["k", "1", "1", "1", "QUANTITY", "1", "QUANTITY", "1"], "ERR syntax error: QUANTITY given more than once"),
-        (&["k", "1", "1", "1", "PEEK", "peek"], "ERR syntax error: PEEK given more than once"),
+        (
+            &["k", "1", "1", "1", "QUANTITY", "1", "QUANTITY", "1"],
+            "ERR syntax error: QUANTITY given more than once",
+        ),
+        (
+            &["k", "1", "1", "1", "PEEK", "peek"],
+            "ERR syntax error: PEEK given more than once",
+        ),
         (&["k", "1", "1", "1", "MAXWAIT", "-1"], maxwait),
-        (&["k", "1", "1", "1", "MAXWAIT"], "ERR syntax error: MAXWAIT needs a value"),
-        (&["k", "1", "1", "1", "FOO"], "ERR syntax error: unknown argument 'FOO'"),
-        (&["k", "1", "1", "1", "QUANTITYX", "1"], "ERR syntax error: unknown argument 'QUANTITYX'"),
+        (
+            &["k", "1", "1", "1", "MAXWAIT"],
+            "ERR syntax error: MAXWAIT needs a value",
+        ),
+        (
+            &["k", "1", "1", "1", "FOO"],
+            "ERR syntax error: unknown argument 'FOO'",
+        ),
+        (
+            &["k", "1", "1", "1", "QUANTITYX", "1"],
+            "ERR syntax error: unknown argument 'QUANTITYX'",
+        ),
     ];
     for (args, expected) in table {
         let mut full = vec!["RL.GCRA"];
@@ -85,14 +109,20 @@ fn extreme_but_valid_values_never_crash() {
     let mut c = s.conn();
     let max = "18446744073709551615";
     // Largest period, rate 1: T = 10 years; a huge quantity is simply "never".
-    let r = rl(&mut c, &["RL.GCRA", "x", "1", "1", "315360000", "QUANTITY", max]);
+    let r = rl(
+        &mut c,
+        &["RL.GCRA", "x", "1", "1", "315360000", "QUANTITY", max],
+    );
     assert_eq!(&r[..4], &[0, 1, 1, -1]);
     // One request per ns, the largest burst that fits: tolerance close to 2^64 ns.
     let r = rl(&mut c, &["RL.GCRA", "y", max, "1000000000", "1"]);
     assert_eq!(r[0], 1);
     assert_eq!(r[1], i64::MAX, "limit saturates at i64::MAX in the reply");
     // The whole burst in one go pushes the TAT past 2^64 ns: an overflow error, not a panic.
-    let e = err_s(&mut c, &["RL.GCRA", "y2", max, "1000000000", "1", "QUANTITY", max]);
+    let e = err_s(
+        &mut c,
+        &["RL.GCRA", "y2", max, "1000000000", "1", "QUANTITY", max],
+    );
     assert!(e.starts_with("ERR arithmetic overflow"), "{e}");
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "y2"]), 0);
     let r = rl(&mut c, &["RL.GCRA", "z", "1", "1", "0.000000001"]);

@@ -22,17 +22,63 @@ const BATCH: usize = 200;
 const CONNECTIONS: usize = 4;
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 const NUMBERS: &[&str] = &[
-    "0", "1", "2", "3", "10", "100", "1000", "100000", "100001", "2147483647", "2147483648",
-    "2147483649", "4294967296", "9007199254740992", "9007199254740993", "9223372036854775807",
-    "9223372036854775808", "18446744073709551615", "18446744073709551616",
-    "99999999999999999999999", "315360000", "315360001", "-1", "-0", "+1", "1.5", "0.5",
-    "0.000000001", "0.0000000001", "1.0000000000", "1e3", "1E3", " 1", "1 ", "", "inf", "-inf",
-    "nan", "0x10", "1,5", ".5", "5.", "007", "1..2", "١", "0.25", "86400", "1000000000",
-    "2000000000", "2000000001",
+    "0",
+    "1",
+    "2",
+    "3",
+    "10",
+    "100",
+    "1000",
+    "100000",
+    "100001",
+    "2147483647",
+    "2147483648",
+    "2147483649",
+    "4294967296",
+    "9007199254740992",
+    "9007199254740993",
+    "9223372036854775807",
+    "9223372036854775808",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999999",
+    "315360000",
+    "315360001",
+    "-1",
+    "-0",
+    "+1",
+    "1.5",
+    "0.5",
+    "0.000000001",
+    "0.0000000001",
+    "1.0000000000",
+    "1e3",
+    "1E3",
+    " 1",
+    "1 ",
+    "",
+    "inf",
+    "-inf",
+    "nan",
+    "0x10",
+    "1,5",
+    ".5",
+    "5.",
+    "007",
+    "1..2",
+    "١",
+    "0.25",
+    "86400",
+    "1000000000",
+    "2000000000",
+    "2000000001",
 ];
 
 const KEYWORDS: &[&str] = &[
@@ -40,7 +86,14 @@ const KEYWORDS: &[&str] = &[
     "WINDOW", "PXAT", "BOGUS",
 ];
 
-const COMMANDS: &[&str] = &["RL.GCRA", "RL.WINDOW", "RL.ALL", "RL.REFUND", "CL.THROTTLE", "RL.APPLY"];
+const COMMANDS: &[&str] = &[
+    "RL.GCRA",
+    "RL.WINDOW",
+    "RL.ALL",
+    "RL.REFUND",
+    "CL.THROTTLE",
+    "RL.APPLY",
+];
 
 /// Keys: a few limiter keys (so state builds up), keys of other types, binary and huge ones.
 fn key(rng: &mut StdRng) -> Vec<u8> {
@@ -60,7 +113,9 @@ fn key(rng: &mut StdRng) -> Vec<u8> {
 fn arg(rng: &mut StdRng) -> Vec<u8> {
     match rng.gen_range(0..10) {
         0..=4 => NUMBERS[rng.gen_range(0..NUMBERS.len())].as_bytes().to_vec(),
-        5..=6 => KEYWORDS[rng.gen_range(0..KEYWORDS.len())].as_bytes().to_vec(),
+        5..=6 => KEYWORDS[rng.gen_range(0..KEYWORDS.len())]
+            .as_bytes()
+            .to_vec(),
         7 => rng.gen_range(0u64..5000).to_string().into_bytes(),
         8 => (0..rng.gen_range(0..24)).map(|_| rng.gen()).collect(),
         _ => key(rng),
@@ -72,7 +127,11 @@ fn command(rng: &mut StdRng) -> Vec<Vec<u8>> {
     let name = COMMANDS[rng.gen_range(0..COMMANDS.len())];
     let mut c: Vec<Vec<u8>> = vec![name.as_bytes().to_vec()];
     let small = |rng: &mut StdRng| rng.gen_range(1u64..20).to_string().into_bytes();
-    let period = |rng: &mut StdRng| ["1", "10", "60", "0.5", "3600", "0.001"][rng.gen_range(0..6)].as_bytes().to_vec();
+    let period = |rng: &mut StdRng| {
+        ["1", "10", "60", "0.5", "3600", "0.001"][rng.gen_range(0..6)]
+            .as_bytes()
+            .to_vec()
+    };
     match name {
         "RL.GCRA" => {
             c.extend([key(rng), small(rng), small(rng), period(rng)]);
@@ -80,7 +139,11 @@ fn command(rng: &mut StdRng) -> Vec<Vec<u8>> {
         "RL.WINDOW" => {
             c.extend([key(rng), small(rng), period(rng)]);
             if rng.gen_bool(0.7) {
-                c.push(["FIXED", "SLIDING", "LOG"][rng.gen_range(0..3)].as_bytes().to_vec());
+                c.push(
+                    ["FIXED", "SLIDING", "LOG"][rng.gen_range(0..3)]
+                        .as_bytes()
+                        .to_vec(),
+                );
             }
         }
         "RL.ALL" => {
@@ -123,7 +186,8 @@ fn well_formed(name: &[u8], v: &Value) -> bool {
         b"RL.REFUND" => ints(v, 3),
         b"RL.ALL" => match v {
             Value::Array(a) if a.len() == 2 => {
-                ints(&a[0], 5) && matches!(&a[1], Value::Array(per) if per.iter().all(|p| ints(p, 5)))
+                ints(&a[0], 5)
+                    && matches!(&a[1], Value::Array(per) if per.iter().all(|p| ints(p, 5)))
             }
             _ => false,
         },
@@ -145,7 +209,10 @@ fn run_one(c: &mut redis::Connection, cmd: &[Vec<u8>], rng: &mut StdRng) -> Resu
             Err(_) => Ok(()),
             Ok(Value::ServerError(_)) => Ok(()),
             Ok(v) if well_formed(&cmd[0], &v) => Ok(()),
-            Ok(v) => Err(format!("malformed reply to {:?}: {v:?}", String::from_utf8_lossy(&cmd[0]))),
+            Ok(v) => Err(format!(
+                "malformed reply to {:?}: {v:?}",
+                String::from_utf8_lossy(&cmd[0])
+            )),
         }
     };
     match rng.gen_range(0..20) {
@@ -177,12 +244,24 @@ fn run_one(c: &mut redis::Connection, cmd: &[Vec<u8>], rng: &mut StdRng) -> Resu
 fn every_limiter_key_has_a_ttl(c: &mut redis::Connection) -> Result<(), String> {
     let mut cursor: u64 = 0;
     loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(1000)
-            .arg("TYPE").arg("ratelimit").query(c).map_err(|e| e.to_string())?;
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .arg("TYPE")
+            .arg("ratelimit")
+            .query(c)
+            .map_err(|e| e.to_string())?;
         for k in keys {
-            let pttl: i64 = redis::cmd("PTTL").arg(&k).query(c).map_err(|e| e.to_string())?;
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&k)
+                .query(c)
+                .map_err(|e| e.to_string())?;
             if pttl == -1 {
-                return Err(format!("limiter key {:?} has no TTL", String::from_utf8_lossy(&k)));
+                return Err(format!(
+                    "limiter key {:?} has no TTL",
+                    String::from_utf8_lossy(&k)
+                ));
             }
         }
         if next == 0 {
@@ -211,7 +290,8 @@ fn fuzz_commands() {
             .map(|t| {
                 let mut c = s.conn();
                 scope.spawn(move || {
-                    let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(t as u64));
+                    let mut rng =
+                        StdRng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(t as u64));
                     let mut sent = 0;
                     while sent < per_connection && Instant::now() < deadline {
                         for _ in 0..BATCH.min(per_connection - sent) {
@@ -231,11 +311,21 @@ fn fuzz_commands() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("fuzz connection")).sum()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("fuzz connection"))
+            .sum()
     });
     every_limiter_key_has_a_ttl(&mut admin).unwrap();
     assert_eq!(q::<String>(&mut admin, &["PING"]), "PONG");
-    assert!(!s.log().contains("panic"), "a panic was caught and logged:\n{}", s.log());
-    assert!(sent >= total || Instant::now() >= deadline, "sent only {sent} of {total}");
+    assert!(
+        !s.log().contains("panic"),
+        "a panic was caught and logged:\n{}",
+        s.log()
+    );
+    assert!(
+        sent >= total || Instant::now() >= deadline,
+        "sent only {sent} of {total}"
+    );
     println!("fuzz_commands: seed {seed}, {sent} commands over {CONNECTIONS} connections, server healthy");
 }

@@ -32,7 +32,10 @@ fn waiting_retry_after_admits_the_same_request() {
     let s = Server::start();
     let mut c = s.conn();
     // burst 2, 10 per second: T = 100 ms.
-    assert_eq!(rl(&mut c, &["RL.GCRA", "w", "2", "10", "1", "QUANTITY", "2"])[0], 1);
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "w", "2", "10", "1", "QUANTITY", "2"])[0],
+        1
+    );
     let denied = rl(&mut c, &["RL.GCRA", "w", "2", "10", "1"]);
     assert_eq!(denied[0], 0);
     assert!(denied[3] >= 1 && denied[3] <= 100, "{denied:?}");
@@ -79,7 +82,10 @@ fn key_expires_exactly_when_idle_again() {
 fn quantity_zero_reports_and_never_creates_a_key() {
     let s = Server::start();
     let mut c = s.conn();
-    assert_eq!(rl(&mut c, &["RL.GCRA", "z", "5", "1", "10", "QUANTITY", "0"]), [1, 5, 5, -1, 0]);
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "z", "5", "1", "10", "QUANTITY", "0"]),
+        [1, 5, 5, -1, 0]
+    );
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "z"]), 0);
     rl(&mut c, &["RL.GCRA", "z", "5", "1", "10", "QUANTITY", "2"]);
     let r = rl(&mut c, &["RL.GCRA", "z", "5", "1", "10", "quantity", "0"]);
@@ -114,7 +120,10 @@ fn quantity_above_burst_is_denied_with_minus_one() {
     assert_eq!(&r[..4], &[0, 5, 4, -1]);
     assert_ms(r[4], 10_000, 50);
     // The whole burst at once is fine from an idle key.
-    assert_eq!(rl(&mut c, &["RL.GCRA", "q2", "5", "1", "10", "QUANTITY", "5"])[..3], [1, 5, 0]);
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "q2", "5", "1", "10", "QUANTITY", "5"])[..3],
+        [1, 5, 0]
+    );
 }
 
 #[test]
@@ -153,17 +162,41 @@ fn multi_exec_and_eval_run_the_command() {
     let mut c = s.conn();
     let replies: Vec<Vec<i64>> = redis::pipe()
         .atomic()
-        .cmd("RL.GCRA").arg("m").arg(2).arg(1).arg(100)
-        .cmd("RL.GCRA").arg("m").arg(2).arg(1).arg(100)
-        .cmd("RL.GCRA").arg("m").arg(2).arg(1).arg(100)
+        .cmd("RL.GCRA")
+        .arg("m")
+        .arg(2)
+        .arg(1)
+        .arg(100)
+        .cmd("RL.GCRA")
+        .arg("m")
+        .arg(2)
+        .arg(1)
+        .arg(100)
+        .cmd("RL.GCRA")
+        .arg("m")
+        .arg(2)
+        .arg(1)
+        .arg(100)
         .query(&mut c)
         .unwrap();
     let allowed: Vec<i64> = replies.iter().map(|r| r[0]).collect();
     assert_eq!(allowed, vec![1, 1, 0]);
     let script = "return redis.call('RL.GCRA', KEYS[1], ARGV[1], 1, 100)";
-    let r: Vec<i64> = redis::cmd("EVAL").arg(script).arg(1).arg("ev").arg(1).query(&mut c).unwrap();
+    let r: Vec<i64> = redis::cmd("EVAL")
+        .arg(script)
+        .arg(1)
+        .arg("ev")
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(&r[..3], &[1, 1, 0]);
-    let r: Vec<i64> = redis::cmd("EVAL").arg(script).arg(1).arg("ev").arg(1).query(&mut c).unwrap();
+    let r: Vec<i64> = redis::cmd("EVAL")
+        .arg(script)
+        .arg(1)
+        .arg("ev")
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(&r[..3], &[0, 1, 0]);
 }
 
@@ -177,7 +210,10 @@ fn watch_is_aborted_by_an_allowed_write_only() {
     q::<()>(&mut watcher, &["WATCH", "wk"]);
     rl(&mut other, &["RL.GCRA", "wk", "1", "1", "100"]);
     rl(&mut other, &["RL.GCRA", "wk", "1", "1", "100", "PEEK"]);
-    rl(&mut other, &["RL.GCRA", "wk", "1", "1", "100", "QUANTITY", "0"]);
+    rl(
+        &mut other,
+        &["RL.GCRA", "wk", "1", "1", "100", "QUANTITY", "0"],
+    );
     q::<()>(&mut watcher, &["MULTI"]);
     q::<()>(&mut watcher, &["PING"]);
     let exec: Option<Vec<String>> = q(&mut watcher, &["EXEC"]);
@@ -199,7 +235,9 @@ fn keyspace_events_name_the_command_and_only_for_writes() {
     let mut sub_con = s.conn();
     let mut pubsub = sub_con.as_pubsub();
     pubsub.psubscribe("__keyspace@0__:*").unwrap();
-    pubsub.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
     rl(&mut c, &["RL.GCRA", "n", "1", "1", "100"]); // allowed: event
     rl(&mut c, &["RL.GCRA", "n", "1", "1", "100"]); // denied: none
     rl(&mut c, &["RL.GCRA", "n", "1", "1", "100", "PEEK"]); // none
@@ -226,7 +264,10 @@ fn keyspace_events_name_the_command_and_only_for_writes() {
 fn command_info_and_getkeys_declare_the_key() {
     let s = Server::start();
     let mut c = s.conn();
-    let keys: Vec<String> = q(&mut c, &["COMMAND", "GETKEYS", "RL.GCRA", "user:42", "5", "1", "1"]);
+    let keys: Vec<String> = q(
+        &mut c,
+        &["COMMAND", "GETKEYS", "RL.GCRA", "user:42", "5", "1", "1"],
+    );
     assert_eq!(keys, vec!["user:42"]);
     let info: redis::Value = q(&mut c, &["COMMAND", "INFO", "RL.GCRA"]);
     let text = format!("{info:?}");
@@ -248,14 +289,22 @@ fn module_reports_the_crate_version() {
         .iter()
         .find(|e| e.windows(2).any(|w| matches!((&w[0], &w[1]), (redis::Value::BulkString(k), redis::Value::BulkString(v)) if k == b"name" && v == b"rl")))
         .expect("module rl in MODULE LIST");
-    let version = entry.iter().position(|v| matches!(v, redis::Value::BulkString(b) if b == b"ver"))
+    let version = entry
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"ver"))
         .and_then(|i| entry.get(i + 1))
         .cloned();
     let (major, minor, patch): (i64, i64, i64) = {
-        let v: Vec<i64> = env!("CARGO_PKG_VERSION").split('.').map(|p| p.parse().unwrap()).collect();
+        let v: Vec<i64> = env!("CARGO_PKG_VERSION")
+            .split('.')
+            .map(|p| p.parse().unwrap())
+            .collect();
         (v[0], v[1], v[2])
     };
-    assert_eq!(version, Some(redis::Value::Int(major * 10000 + minor * 100 + patch)));
+    assert_eq!(
+        version,
+        Some(redis::Value::Int(major * 10000 + minor * 100 + patch))
+    );
 }
 
 #[test]
@@ -267,7 +316,8 @@ fn apply_is_refused_from_normal_clients() {
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "k"]), 0);
     let e: String = redis::cmd("EVAL")
         .arg("return redis.pcall('RL.APPLY', KEYS[1], 'x')['err']")
-        .arg(1).arg("k")
+        .arg(1)
+        .arg("k")
         .query(&mut c)
         .unwrap();
     assert!(e.contains("RL.APPLY is internal"), "{e}");
@@ -278,9 +328,21 @@ fn binary_keys_work() {
     let s = Server::start();
     let mut c = s.conn();
     let key: &[u8] = b"bin\x00key\xff\r\n";
-    let r: Vec<i64> = redis::cmd("RL.GCRA").arg(key).arg(1).arg(1).arg(100).query(&mut c).unwrap();
+    let r: Vec<i64> = redis::cmd("RL.GCRA")
+        .arg(key)
+        .arg(1)
+        .arg(1)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(&r[..3], &[1, 1, 0]);
-    let r: Vec<i64> = redis::cmd("RL.GCRA").arg(key).arg(1).arg(1).arg(100).query(&mut c).unwrap();
+    let r: Vec<i64> = redis::cmd("RL.GCRA")
+        .arg(key)
+        .arg(1)
+        .arg(1)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(r[0], 0);
 }
 

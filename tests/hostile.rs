@@ -6,7 +6,10 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{err_s, free_port, gcra_state, log_state, module_path, now_ns, q, rl, server_binary, Dump, Server};
+use common::{
+    err_s, free_port, gcra_state, log_state, module_path, now_ns, q, rl, server_binary, Dump,
+    Server,
+};
 
 const MAX_PERIOD_NS: u64 = 315_360_000_000_000_000;
 
@@ -31,22 +34,49 @@ fn forged_restore_payloads_are_refused() {
     let mut cases: Vec<(&str, Vec<u8>)> = vec![
         ("gcra burst 0", gcra_state(now + s1, s1, 0, now)),
         ("gcra interval 0", gcra_state(now + s1, 0, 3, now)),
-        ("gcra interval above ten years", gcra_state(now + s1, MAX_PERIOD_NS + 1, 1, now)),
-        ("gcra burst x interval overflows", gcra_state(now + s1, 1 << 40, u64::MAX / 1000, now)),
-        ("gcra written after its TAT", gcra_state(now, s1, 3, now + s1)),
+        (
+            "gcra interval above ten years",
+            gcra_state(now + s1, MAX_PERIOD_NS + 1, 1, now),
+        ),
+        (
+            "gcra burst x interval overflows",
+            gcra_state(now + s1, 1 << 40, u64::MAX / 1000, now),
+        ),
+        (
+            "gcra written after its TAT",
+            gcra_state(now, s1, 3, now + s1),
+        ),
         ("truncated", good_gcra[..33].to_vec()),
         ("trailing bytes", [good_gcra.clone(), vec![0]].concat()),
-        ("future encoding version", [vec![3], good_gcra[1..].to_vec()].concat()),
+        (
+            "future encoding version",
+            [vec![3], good_gcra[1..].to_vec()].concat(),
+        ),
         ("version 0", [vec![0], good_gcra[1..].to_vec()].concat()),
-        ("unknown algorithm", [vec![2, 9], good_gcra[2..].to_vec()].concat()),
+        (
+            "unknown algorithm",
+            [vec![2, 9], good_gcra[2..].to_vec()].concat(),
+        ),
         ("empty", vec![]),
         ("one byte", vec![2]),
         ("fixed count 0", fields(2, 2, &[10 * s1, 5, 0, 0, 1])),
-        ("fixed count above limit", fields(2, 2, &[10 * s1, 5, 0, 6, 1])),
+        (
+            "fixed count above limit",
+            fields(2, 2, &[10 * s1, 5, 0, 6, 1]),
+        ),
         ("fixed window 0", fields(2, 2, &[0, 5, 0, 1, 0])),
-        ("fixed start not aligned", fields(2, 2, &[10 * s1, 5, 3, 1, 4])),
-        ("fixed written outside its window", fields(2, 2, &[10 * s1, 5, 0, 1, 10 * s1])),
-        ("sliding current above limit", fields(2, 3, &[10 * s1, 5, 0, 0, 6, 1])),
+        (
+            "fixed start not aligned",
+            fields(2, 2, &[10 * s1, 5, 3, 1, 4]),
+        ),
+        (
+            "fixed written outside its window",
+            fields(2, 2, &[10 * s1, 5, 0, 1, 10 * s1]),
+        ),
+        (
+            "sliding current above limit",
+            fields(2, 3, &[10 * s1, 5, 0, 0, 6, 1]),
+        ),
         ("sliding empty", fields(2, 3, &[10 * s1, 5, 0, 0, 0, 1])),
         ("sliding limit 0", fields(2, 3, &[10 * s1, 0, 0, 1, 0, 1])),
         ("log longer than its limit", log_state(60 * s1, 1, now, 2)),
@@ -70,30 +100,64 @@ fn forged_restore_payloads_are_refused() {
             v.extend_from_slice(&[0x82, 0x00]);
             v
         }),
-        ("log last instant disagrees", fields(2, 4, &[60 * s1, 5, now, now + 1, 2, 1]).into_iter().chain([2]).collect()),
-        ("replication effect is not a state", fields(2, 0x81, &[60 * s1, 5, now, 1])),
-        ("expiry prefix is not a state", fields(2, 0x90, &[now / 1_000_000])),
+        (
+            "log last instant disagrees",
+            fields(2, 4, &[60 * s1, 5, now, now + 1, 2, 1])
+                .into_iter()
+                .chain([2])
+                .collect(),
+        ),
+        (
+            "replication effect is not a state",
+            fields(2, 0x81, &[60 * s1, 5, now, 1]),
+        ),
+        (
+            "expiry prefix is not a state",
+            fields(2, 0x90, &[now / 1_000_000]),
+        ),
     ];
     for (label, state) in cases.drain(..) {
-        let e = redis::cmd("RESTORE").arg("forged").arg(0).arg(frame.with_state(&state)).query::<()>(&mut c);
+        let e = redis::cmd("RESTORE")
+            .arg("forged")
+            .arg(0)
+            .arg(frame.with_state(&state))
+            .query::<()>(&mut c);
         let e = e.err().unwrap_or_else(|| panic!("{label}: accepted"));
         assert!(e.to_string().contains("Bad data format"), "{label}: {e}");
         assert_eq!(q::<i64>(&mut c, &["EXISTS", "forged"]), 0, "{label}");
     }
     // The same frame with valid states loads (the forging itself is sound).
     for (key, state) in [("ok:gcra", good_gcra), ("ok:log", good_log)] {
-        redis::cmd("RESTORE").arg(key).arg(60_000).arg(frame.with_state(&state)).query::<()>(&mut c).unwrap();
+        redis::cmd("RESTORE")
+            .arg(key)
+            .arg(60_000)
+            .arg(frame.with_state(&state))
+            .query::<()>(&mut c)
+            .unwrap();
     }
-    assert_eq!(rl(&mut c, &["RL.WINDOW", "ok:log", "5", "60", "LOG", "QUANTITY", "0"])[2], 3);
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.WINDOW", "ok:log", "5", "60", "LOG", "QUANTITY", "0"]
+        )[2],
+        3
+    );
     assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
-    assert!(s.log().contains("refusing to load a corrupt limiter value"), "{}", s.log());
+    assert!(
+        s.log().contains("refusing to load a corrupt limiter value"),
+        "{}",
+        s.log()
+    );
 }
 
 #[test]
 fn corrupt_rdb_file_stops_startup_with_a_clear_log_line() {
     // Write an RDB without compression or checksum, so the state bytes can be found and
     // changed on disk: burst 7777 becomes 0.
-    let mut s = Server::builder().arg("rdbcompression", "no").arg("rdbchecksum", "no").start();
+    let mut s = Server::builder()
+        .arg("rdbcompression", "no")
+        .arg("rdbchecksum", "no")
+        .start();
     let mut c = s.conn();
     rl(&mut c, &["RL.GCRA", "victim", "7777", "1", "3600"]);
     q::<()>(&mut c, &["SAVE"]);
@@ -101,12 +165,23 @@ fn corrupt_rdb_file_stops_startup_with_a_clear_log_line() {
     let path = s.dir().join("dump.rdb");
     let mut rdb = std::fs::read(&path).unwrap();
     let needle = 7777u64.to_le_bytes();
-    let at = rdb.windows(8).position(|w| w == needle).expect("burst in the RDB");
+    let at = rdb
+        .windows(8)
+        .position(|w| w == needle)
+        .expect("burst in the RDB");
     rdb[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
     std::fs::write(&path, &rdb).unwrap();
     let log = s.dir().join("restart.log");
     let mut child = Command::new(server_binary())
-        .args(["--port", &free_port().to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
+        .args([
+            "--port",
+            &free_port().to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+        ])
         .arg(s.dir())
         .arg("--logfile")
         .arg(&log)
@@ -128,9 +203,16 @@ fn corrupt_rdb_file_stops_startup_with_a_clear_log_line() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(text.contains("refusing to load a corrupt limiter value: field burst out of range"), "{text}");
+    assert!(
+        text.contains("refusing to load a corrupt limiter value: field burst out of range"),
+        "{text}"
+    );
     // Redis stops loading and exits instead of serving a partial data set.
-    assert!(text.contains("Internal error in RDB reading") && !text.contains("Ready to accept connections"), "{status}: {text}");
+    assert!(
+        text.contains("Internal error in RDB reading")
+            && !text.contains("Ready to accept connections"),
+        "{status}: {text}"
+    );
 }
 
 /// Runs a command and returns how long the server took to answer.
@@ -140,7 +222,9 @@ fn timed(c: &mut redis::Connection, args: &[&str]) -> (redis::Value, Duration) {
         cmd.arg(*a);
     }
     let started = Instant::now();
-    let v = cmd.query::<redis::Value>(c).unwrap_or_else(|e| redis::Value::SimpleString(e.to_string()));
+    let v = cmd
+        .query::<redis::Value>(c)
+        .unwrap_or_else(|e| redis::Value::SimpleString(e.to_string()));
     (v, started.elapsed())
 }
 
@@ -152,21 +236,50 @@ fn one_call_is_bounded_whatever_its_numbers() {
     // A LOG at the configured maximum with one entry per request: 100 000 entries.
     let mut pipe = redis::pipe();
     for _ in 0..100_000 {
-        pipe.cmd("RL.WINDOW").arg("big").arg(100_000).arg(3600).arg("LOG").ignore();
+        pipe.cmd("RL.WINDOW")
+            .arg("big")
+            .arg(100_000)
+            .arg(3600)
+            .arg("LOG")
+            .ignore();
     }
     pipe.query::<()>(&mut c).unwrap();
     let bytes: i64 = q(&mut c, &["MEMORY", "USAGE", "big"]);
     assert!(bytes < 1_000_000, "a 100 000-request log in {bytes} bytes");
     let slow = Duration::from_millis(250);
     for args in [
-        vec!["RL.WINDOW", "big", "100000", "3600", "LOG", "QUANTITY", "100000"],
+        vec![
+            "RL.WINDOW",
+            "big",
+            "100000",
+            "3600",
+            "LOG",
+            "QUANTITY",
+            "100000",
+        ],
         vec!["RL.WINDOW", "big", "100000", "3600", "LOG", "QUANTITY", max],
-        vec!["RL.WINDOW", "big", "100000", "0.000000001", "LOG", "QUANTITY", "100000"],
+        vec![
+            "RL.WINDOW",
+            "big",
+            "100000",
+            "0.000000001",
+            "LOG",
+            "QUANTITY",
+            "100000",
+        ],
         vec!["RL.REFUND", "big", max],
         vec!["RL.GCRA", "g", max, "1000000000", "1", "QUANTITY", "1000"],
         vec!["RL.GCRA", "g2", "1", "1", "315360000", "QUANTITY", max],
         vec!["RL.WINDOW", "f", max, "315360000", "FIXED", "QUANTITY", max],
-        vec!["RL.WINDOW", "sl", max, "315360000", "SLIDING", "QUANTITY", max],
+        vec![
+            "RL.WINDOW",
+            "sl",
+            max,
+            "315360000",
+            "SLIDING",
+            "QUANTITY",
+            max,
+        ],
         vec!["CL.THROTTLE", "t", "18446744073709551614", "1", "1", max],
     ] {
         let (v, took) = timed(&mut c, &args);
@@ -176,4 +289,68 @@ fn one_call_is_bounded_whatever_its_numbers() {
     let e = err_s(&mut c, &["RL.WINDOW", "huge", "100001", "1", "LOG"]);
     assert!(e.contains("rl.log-max-limit"), "{e}");
     assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
+}
+
+#[test]
+fn regression_rl_all_with_many_keys_is_linear() {
+    // Found by attack testing: the duplicate-key check compared every pair of keys, so one
+    // RL.ALL with 40 000 keys stalled the server for seconds.
+    let s = Server::start();
+    let mut c = s.conn();
+    let n = 40_000;
+    let mut cmd = redis::cmd("RL.ALL");
+    cmd.arg(n);
+    for i in 0..n {
+        cmd.arg(format!("{{b}}:{i:08}"));
+    }
+    for _ in 0..n - 1 {
+        cmd.arg("GCRA").arg(1).arg(1).arg(1);
+    }
+    cmd.arg("BOGUS"); // the last spec is invalid: rejected after the keys are checked
+    let started = Instant::now();
+    let e = cmd.query::<redis::Value>(&mut c).unwrap_err();
+    assert!(e.to_string().contains("expected GCRA or WINDOW"), "{e}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "RL.ALL with {n} keys took {took:?}");
+}
+
+#[test]
+fn regression_reads_of_a_log_do_not_rescan_expired_entries() {
+    // Found by attack testing: PEEK, QUANTITY 0 and denials re-read every entry that had left
+    // the window on every call (only writes drop them).
+    let s = Server::start();
+    let mut c = s.conn();
+    // Batches of 100, so that most requests get an instant (an entry) of their own.
+    for _ in 0..600 {
+        let mut pipe = redis::pipe();
+        for _ in 0..100 {
+            pipe.cmd("RL.WINDOW").arg("scan").arg(100_000).arg(1).arg("LOG").ignore();
+        }
+        pipe.query::<()>(&mut c).unwrap();
+    }
+    let bytes: i64 = q(&mut c, &["MEMORY", "USAGE", "scan"]);
+    assert!(bytes > 100_000, "the log should hold tens of thousands of entries: {bytes} bytes");
+    q::<i64>(&mut c, &["PEXPIRE", "scan", "60000"]);
+    std::thread::sleep(Duration::from_millis(1100)); // every entry has left the 1 s window
+    q::<()>(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    q::<()>(&mut c, &["CONFIG", "SET", "slowlog-max-len", "1000"]);
+    q::<()>(&mut c, &["SLOWLOG", "RESET"]);
+    for _ in 0..200 {
+        rl(&mut c, &["RL.WINDOW", "scan", "100000", "1", "LOG", "PEEK"]);
+    }
+    // The first read walks the expired entries once; the others resume where it stopped.
+    let entries: Vec<Vec<redis::Value>> = q(&mut c, &["SLOWLOG", "GET", "300"]);
+    let mut micros: Vec<i64> = entries
+        .iter()
+        .filter(|e| format!("{:?}", e.get(3)).contains("PEEK"))
+        .filter_map(|e| match e.get(2) {
+            Some(redis::Value::Int(us)) => Some(*us),
+            _ => None,
+        })
+        .collect();
+    micros.sort_unstable();
+    assert!(micros.len() >= 190, "{} PEEKs in the slow log", micros.len());
+    let median = micros[micros.len() / 2];
+    // A full scan of the expired entries takes hundreds of µs here; a resumed one a few.
+    assert!(median < 40, "median PEEK on a log of 60 000 expired entries: {median} µs");
 }

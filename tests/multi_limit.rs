@@ -12,11 +12,27 @@ fn all(c: &mut redis::Connection, args: &[&str]) -> ([i64; 5], Vec<[i64; 5]>) {
     for a in args {
         cmd.arg(*a);
     }
-    let (combined, per_key): (Vec<i64>, Vec<Vec<i64>>) = cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    (combined.try_into().unwrap(), per_key.into_iter().map(|v| v.try_into().unwrap()).collect())
+    let (combined, per_key): (Vec<i64>, Vec<Vec<i64>>) =
+        cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    (
+        combined.try_into().unwrap(),
+        per_key.into_iter().map(|v| v.try_into().unwrap()).collect(),
+    )
 }
 
-const USER_AND_IP: &[&str] = &["2", "{u42}:key", "{u42}:ip", "GCRA", "3", "1", "60", "WINDOW", "2", "60", "LOG"];
+const USER_AND_IP: &[&str] = &[
+    "2",
+    "{u42}:key",
+    "{u42}:ip",
+    "GCRA",
+    "3",
+    "1",
+    "60",
+    "WINDOW",
+    "2",
+    "60",
+    "LOG",
+];
 
 #[test]
 fn all_admits_only_when_every_limit_admits() {
@@ -34,7 +50,11 @@ fn all_admits_only_when_every_limit_admits() {
     let (combined, per_key) = all(&mut c, USER_AND_IP);
     assert_eq!(&combined[..3], &[0, 3, 0]);
     assert_ms(combined[3], 60_000, 100);
-    assert_eq!(&per_key[0][..4], &[1, 3, 0, -1], "the user limit alone would admit");
+    assert_eq!(
+        &per_key[0][..4],
+        &[1, 3, 0, -1],
+        "the user limit alone would admit"
+    );
     assert_eq!(&per_key[1][..3], &[0, 2, 0]);
     assert_eq!(snapshot(&mut c, "{u42}:key"), user_before);
     assert_eq!(snapshot(&mut c, "{u42}:ip"), ip_before);
@@ -54,7 +74,11 @@ fn all_with_quantity_peek_and_never() {
     let mut args = USER_AND_IP.to_vec();
     args.extend(["QUANTITY", "3"]);
     let (combined, per_key) = all(&mut c, &args);
-    assert_eq!(&combined[..4], &[0, 3, 0, -1], "3 > the IP limit of 2: never (limit/remaining from the smallest remaining)");
+    assert_eq!(
+        &combined[..4],
+        &[0, 3, 0, -1],
+        "3 > the IP limit of 2: never (limit/remaining from the smallest remaining)"
+    );
     assert_eq!(&per_key[0][..4], &[1, 3, 0, -1]);
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "{u42}:key", "{u42}:ip"]), 0);
     let mut args = USER_AND_IP.to_vec();
@@ -67,17 +91,50 @@ fn all_rejects_bad_input_before_touching_anything() {
     let s = Server::start();
     let mut c = s.conn();
     let cases: &[(&[&str], &str)] = &[
-        (&["0", "k", "GCRA", "1", "1", "1"], "ERR numkeys must be a positive integer"),
-        (&["2", "a", "a", "GCRA", "1", "1", "1", "GCRA", "1", "1", "1"], "ERR syntax error: key 'a' given more than once"),
-        (&["2", "a", "b", "GCRA", "1", "1", "1"], "ERR syntax error: expected 2 specs (GCRA … or WINDOW …), got 1"),
-        (&["1", "a", "GCRA", "1", "1"], "ERR syntax error: GCRA needs a value"),
-        (&["1", "a", "GCRA", "0", "1", "1"], "ERR burst must be a positive integer"),
-        (&["1", "a", "WINDOW", "1", "0"], "ERR window must be seconds as a plain decimal"),
-        (&["1", "a", "TOKEN", "1", "1"], "ERR syntax error: expected GCRA or WINDOW for key 1 of 1, got 'TOKEN'"),
-        (&["1", "a", "WINDOW", "5", "1", "LOG", "LOG"], "ERR syntax error: unknown argument 'LOG'"),
-        (&["1", "a", "WINDOW", "200000", "1", "LOG"], "ERR limit 200000 is above rl.log-max-limit"),
-        (&["9", "a", "WINDOW", "1", "1"], "ERR syntax error: numkeys is larger than the number of arguments"),
-        (&["1", "a", "GCRA", "1", "1", "1", "MAXWAIT", "5"], "ERR syntax error: unknown argument 'MAXWAIT'"),
+        (
+            &["0", "k", "GCRA", "1", "1", "1"],
+            "ERR numkeys must be a positive integer",
+        ),
+        (
+            &["2", "a", "a", "GCRA", "1", "1", "1", "GCRA", "1", "1", "1"],
+            "ERR syntax error: key 'a' given more than once",
+        ),
+        (
+            &["2", "a", "b", "GCRA", "1", "1", "1"],
+            "ERR syntax error: expected 2 specs (GCRA … or WINDOW …), got 1",
+        ),
+        (
+            &["1", "a", "GCRA", "1", "1"],
+            "ERR syntax error: spec is missing its GCRA period",
+        ),
+        (
+            &["1", "a", "GCRA", "0", "1", "1"],
+            "ERR burst must be a positive integer",
+        ),
+        (
+            &["1", "a", "WINDOW", "1", "0"],
+            "ERR window must be seconds as a plain decimal",
+        ),
+        (
+            &["1", "a", "TOKEN", "1", "1"],
+            "ERR syntax error: expected GCRA or WINDOW for key 1 of 1, got 'TOKEN'",
+        ),
+        (
+            &["1", "a", "WINDOW", "5", "1", "LOG", "LOG"],
+            "ERR syntax error: unknown argument 'LOG'",
+        ),
+        (
+            &["1", "a", "WINDOW", "200000", "1", "LOG"],
+            "ERR limit 200000 is above rl.log-max-limit",
+        ),
+        (
+            &["9", "a", "WINDOW", "1", "1"],
+            "ERR syntax error: numkeys is larger than the number of arguments",
+        ),
+        (
+            &["1", "a", "GCRA", "1", "1", "1", "MAXWAIT", "5"],
+            "ERR syntax error: unknown argument 'MAXWAIT'",
+        ),
     ];
     for (args, prefix) in cases {
         let mut full = vec!["RL.ALL"];
@@ -87,10 +144,24 @@ fn all_rejects_bad_input_before_touching_anything() {
     }
     // A wrong algorithm on the second key fails the whole call, and the first is untouched.
     rl(&mut c, &["RL.WINDOW", "b", "5", "60", "FIXED"]);
-    let e = err_s(&mut c, &["RL.ALL", "2", "a", "b", "GCRA", "5", "1", "60", "WINDOW", "5", "60"]);
-    assert!(e.starts_with("ERR key holds a FIXED window, not a SLIDING window"), "{e}");
+    let e = err_s(
+        &mut c,
+        &[
+            "RL.ALL", "2", "a", "b", "GCRA", "5", "1", "60", "WINDOW", "5", "60",
+        ],
+    );
+    assert!(
+        e.starts_with("ERR key 'b' holds a FIXED window, not a SLIDING window"),
+        "{e}"
+    );
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "a"]), 0);
-    let keys: Vec<String> = q(&mut c, &["COMMAND", "GETKEYS", "RL.ALL", "2", "x", "y", "GCRA", "1", "1", "1", "WINDOW", "1", "1"]);
+    let keys: Vec<String> = q(
+        &mut c,
+        &[
+            "COMMAND", "GETKEYS", "RL.ALL", "2", "x", "y", "GCRA", "1", "1", "1", "WINDOW", "1",
+            "1",
+        ],
+    );
     assert_eq!(keys, vec!["x", "y"]);
 }
 
@@ -98,7 +169,10 @@ fn all_rejects_bad_input_before_touching_anything() {
 fn refund_gives_back_for_every_algorithm() {
     let s = Server::start();
     let mut c = s.conn();
-    assert_eq!(q::<Vec<i64>>(&mut c, &["RL.REFUND", "missing", "3"]), vec![0, 0, 0]);
+    assert_eq!(
+        q::<Vec<i64>>(&mut c, &["RL.REFUND", "missing", "3"]),
+        vec![0, 0, 0]
+    );
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "missing"]), 0);
     rl(&mut c, &["RL.GCRA", "g", "5", "1", "60", "QUANTITY", "3"]);
     let r: Vec<i64> = q(&mut c, &["RL.REFUND", "g", "1"]);
@@ -108,10 +182,20 @@ fn refund_gives_back_for_every_algorithm() {
     assert_ms(pttl, r[2], 100);
     for algo in ["FIXED", "SLIDING", "LOG"] {
         let key = format!("w:{algo}");
-        rl(&mut c, &["RL.WINDOW", &key, "5", "600", algo, "QUANTITY", "4"]);
+        rl(
+            &mut c,
+            &["RL.WINDOW", &key, "5", "600", algo, "QUANTITY", "4"],
+        );
         let r: Vec<i64> = q(&mut c, &["RL.REFUND", &key, "3"]);
         assert_eq!(&r[..2], &[3, 4], "{algo}");
-        assert_eq!(rl(&mut c, &["RL.WINDOW", &key, "5", "600", algo, "QUANTITY", "0"])[2], 4, "{algo}");
+        assert_eq!(
+            rl(
+                &mut c,
+                &["RL.WINDOW", &key, "5", "600", algo, "QUANTITY", "0"]
+            )[2],
+            4,
+            "{algo}"
+        );
         // Refunding more than was used gives back what there is, and the idle key goes.
         let r: Vec<i64> = q(&mut c, &["RL.REFUND", &key, "10"]);
         assert_eq!(r, vec![1, 5, 0], "{algo}");
@@ -120,7 +204,8 @@ fn refund_gives_back_for_every_algorithm() {
     let r: Vec<i64> = q(&mut c, &["RL.REFUND", "g", "99"]);
     assert_eq!(r, vec![2, 5, 0]);
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "g"]), 0);
-    assert!(err_s(&mut c, &["RL.REFUND", "g", "0"]).starts_with("ERR quantity must be a positive integer"));
+    assert!(err_s(&mut c, &["RL.REFUND", "g", "0"])
+        .starts_with("ERR quantity must be a positive integer"));
     assert!(err_s(&mut c, &["RL.REFUND", "g"]).starts_with("ERR wrong number of arguments"));
     q::<()>(&mut c, &["SET", "str", "x"]);
     assert!(err_s(&mut c, &["RL.REFUND", "str", "1"]).starts_with("WRONGTYPE"));
@@ -131,7 +216,10 @@ fn maxwait_reserves_a_slot() {
     let s = Server::start();
     let mut c = s.conn();
     // One request every 100 ms, burst 1.
-    assert_eq!(rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "1000"]), [1, 1, 0, 0, 100]);
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "1000"]),
+        [1, 1, 0, 0, 100]
+    );
     let r = rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "1000"]);
     assert_eq!(&r[..3], &[1, 1, 0]);
     assert_ms(r[3], 100, 20);
@@ -155,7 +243,10 @@ fn regression_refund_of_an_expired_log_touches_nothing() {
     // place and keep the key: an RDB holding that empty log then refused to load.
     let s = Server::start();
     let mut c = s.conn();
-    rl(&mut c, &["RL.WINDOW", "short", "5", "0.05", "LOG", "QUANTITY", "3"]);
+    rl(
+        &mut c,
+        &["RL.WINDOW", "short", "5", "0.05", "LOG", "QUANTITY", "3"],
+    );
     q::<i64>(&mut c, &["PEXPIRE", "short", "60000"]); // keep the key past its window
     sleep(Duration::from_millis(80));
     let before = snapshot(&mut c, "short");

@@ -15,9 +15,16 @@ fn a_panic_is_an_error_reply_and_the_server_survives() {
         assert!(e.starts_with("ERR internal error in redis-rl"), "{e}");
     }
     assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
-    assert_eq!(rl(&mut c, &["RL.GCRA", "k", "2", "1", "100"])[..3], [1, 2, 0]);
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "k", "2", "1", "100"])[..3],
+        [1, 2, 0]
+    );
     assert!(s.is_alive());
-    assert!(s.log().contains("redis-rl: panic in RL.PANIC"), "log:\n{}", s.log());
+    assert!(
+        s.log().contains("redis-rl: panic in RL.PANIC"),
+        "log:\n{}",
+        s.log()
+    );
 }
 
 #[test]

@@ -30,26 +30,56 @@ fn replica_holds_identical_state_and_expiry() {
         let key = format!("user:{}", i % 7);
         let burst = (3 + i % 4).to_string();
         let qty = (i % 3).to_string();
-        rl(&mut m, &["RL.GCRA", &key, &burst, "1", "60", "QUANTITY", &qty]);
+        rl(
+            &mut m,
+            &["RL.GCRA", &key, &burst, "1", "60", "QUANTITY", &qty],
+        );
         rl(&mut m, &["RL.GCRA", &key, &burst, "1", "60", "PEEK"]);
         for algo in ["FIXED", "SLIDING", "LOG"] {
             let wkey = format!("{algo}:{}", i % 5);
-            rl(&mut m, &["RL.WINDOW", &wkey, &burst, "60", algo, "QUANTITY", &qty]);
+            rl(
+                &mut m,
+                &["RL.WINDOW", &wkey, &burst, "60", algo, "QUANTITY", &qty],
+            );
         }
     }
     // Writes from MULTI/EXEC and from a script replicate as effects too.
-    let _: Vec<Vec<i64>> = redis::pipe().atomic()
-        .cmd("RL.GCRA").arg("tx").arg(2).arg(1).arg(60)
-        .cmd("RL.GCRA").arg("tx").arg(2).arg(1).arg(60)
-        .query(&mut m).unwrap();
+    let _: Vec<Vec<i64>> = redis::pipe()
+        .atomic()
+        .cmd("RL.GCRA")
+        .arg("tx")
+        .arg(2)
+        .arg(1)
+        .arg(60)
+        .cmd("RL.GCRA")
+        .arg("tx")
+        .arg(2)
+        .arg(1)
+        .arg(60)
+        .query(&mut m)
+        .unwrap();
     let _: Vec<i64> = redis::cmd("EVAL")
         .arg("return redis.call('RL.GCRA', KEYS[1], 2, 1, 60)")
-        .arg(1).arg("lua").query(&mut m).unwrap();
+        .arg(1)
+        .arg("lua")
+        .query(&mut m)
+        .unwrap();
     // RL.ALL and RL.REFUND replicate their effects too.
     for i in 0..6 {
-        let _: redis::Value = redis::cmd("RL.ALL").arg(2).arg("{all}:a").arg("{all}:b")
-            .arg("GCRA").arg(5).arg(1).arg(60).arg("WINDOW").arg(4).arg(60).arg("LOG")
-            .query(&mut m).unwrap();
+        let _: redis::Value = redis::cmd("RL.ALL")
+            .arg(2)
+            .arg("{all}:a")
+            .arg("{all}:b")
+            .arg("GCRA")
+            .arg(5)
+            .arg(1)
+            .arg(60)
+            .arg("WINDOW")
+            .arg(4)
+            .arg(60)
+            .arg("LOG")
+            .query(&mut m)
+            .unwrap();
         if i % 2 == 0 {
             let _: Vec<i64> = q(&mut m, &["RL.REFUND", "{all}:b", "1"]);
             let _: Vec<i64> = q(&mut m, &["RL.REFUND", "FIXED:1", "1"]);
@@ -77,7 +107,10 @@ fn replica_holds_identical_state_and_expiry() {
 fn full_resync_transfers_state_through_rdb() {
     let master = Server::start();
     let mut m = master.conn();
-    rl(&mut m, &["RL.GCRA", "pre", "2", "1", "600", "QUANTITY", "2"]);
+    rl(
+        &mut m,
+        &["RL.GCRA", "pre", "2", "1", "600", "QUANTITY", "2"],
+    );
     let before = snapshot(&mut m, "pre");
     // The replica joins afterwards: the state travels in the RDB of the full sync.
     let replica = Server::builder().replica_of(&master).start();
@@ -96,13 +129,22 @@ fn promoted_replica_keeps_denying() {
         assert_eq!(rl(&mut m, &["RL.GCRA", "over", "3", "1", "600"])[0], 1);
     }
     assert_eq!(rl(&mut m, &["RL.GCRA", "over", "3", "1", "600"])[0], 0);
-    rl(&mut m, &["RL.GCRA", "half", "4", "1", "600", "QUANTITY", "2"]);
+    rl(
+        &mut m,
+        &["RL.GCRA", "half", "4", "1", "600", "QUANTITY", "2"],
+    );
     assert_eq!(q::<i64>(&mut m, &["WAIT", "1", "5000"]), 1);
     let mut r = replica.conn();
     q::<()>(&mut r, &["REPLICAOF", "NO", "ONE"]);
     assert_eq!(rl(&mut r, &["RL.GCRA", "over", "3", "1", "600"])[0], 0);
     // Exactly what the master would have admitted: 2 more of 4, then no more.
-    assert_eq!(rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[..3], [1, 4, 1]);
-    assert_eq!(rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[..3], [1, 4, 0]);
+    assert_eq!(
+        rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[..3],
+        [1, 4, 1]
+    );
+    assert_eq!(
+        rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[..3],
+        [1, 4, 0]
+    );
     assert_eq!(rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[0], 0);
 }

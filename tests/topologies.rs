@@ -8,7 +8,10 @@ use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
-use common::{err_s, gcra_state, info_field, key_slot, log_state, now_ns, q, rl, snapshot, wait_until, Cluster, Dump, Server};
+use common::{
+    err_s, gcra_state, info_field, key_slot, log_state, now_ns, q, rl, snapshot, wait_until,
+    Cluster, Dump, Server,
+};
 
 /// Runs one limiter command and returns its five-integer reply.
 type Run<'a> = dyn FnMut(&[&str]) -> [i64; 5] + 'a;
@@ -20,23 +23,47 @@ fn behaviour_suite(run: &mut Run<'_>, prefix: &str, n: usize) -> Vec<String> {
     for i in 0..n {
         // GCRA: exactly the burst, then denied; QUANTITY 0 and PEEK write nothing.
         let key = format!("{prefix}:gcra:{i}");
-        assert_eq!(run(&["RL.GCRA", &key, "3", "1", "600", "QUANTITY", "0"]), [1, 3, 3, -1, 0]);
-        assert_eq!(run(&["RL.GCRA", &key, "3", "1", "600", "PEEK"])[..3], [1, 3, 2]);
+        assert_eq!(
+            run(&["RL.GCRA", &key, "3", "1", "600", "QUANTITY", "0"]),
+            [1, 3, 3, -1, 0]
+        );
+        assert_eq!(
+            run(&["RL.GCRA", &key, "3", "1", "600", "PEEK"])[..3],
+            [1, 3, 2]
+        );
         for remaining in [2, 1, 0] {
-            assert_eq!(run(&["RL.GCRA", &key, "3", "1", "600"])[..3], [1, 3, remaining], "{key}");
+            assert_eq!(
+                run(&["RL.GCRA", &key, "3", "1", "600"])[..3],
+                [1, 3, remaining],
+                "{key}"
+            );
         }
         let denied = run(&["RL.GCRA", &key, "3", "1", "600"]);
         assert_eq!(denied[..3], [0, 3, 0]);
         assert!(denied[3] > 599_000 && denied[3] <= 600_000, "{denied:?}");
-        assert_eq!(run(&["RL.GCRA", &key, "3", "1", "600", "QUANTITY", "4"])[..4], [0, 3, 0, -1]);
+        assert_eq!(
+            run(&["RL.GCRA", &key, "3", "1", "600", "QUANTITY", "4"])[..4],
+            [0, 3, 0, -1]
+        );
         written.push(key);
         // Each window algorithm: the limit, then denied; oversize never passes.
         for algo in ["FIXED", "SLIDING", "LOG"] {
             let key = format!("{prefix}:{algo}:{i}");
-            assert_eq!(run(&["RL.WINDOW", &key, "4", "3600", algo, "QUANTITY", "3"])[..3], [1, 4, 1], "{key}");
-            assert_eq!(run(&["RL.WINDOW", &key, "4", "3600", algo])[..3], [1, 4, 0], "{key}");
+            assert_eq!(
+                run(&["RL.WINDOW", &key, "4", "3600", algo, "QUANTITY", "3"])[..3],
+                [1, 4, 1],
+                "{key}"
+            );
+            assert_eq!(
+                run(&["RL.WINDOW", &key, "4", "3600", algo])[..3],
+                [1, 4, 0],
+                "{key}"
+            );
             assert_eq!(run(&["RL.WINDOW", &key, "4", "3600", algo])[0], 0, "{key}");
-            assert_eq!(run(&["RL.WINDOW", &key, "4", "3600", algo, "QUANTITY", "5"])[..4], [0, 4, 0, -1]);
+            assert_eq!(
+                run(&["RL.WINDOW", &key, "4", "3600", algo, "QUANTITY", "5"])[..4],
+                [0, 4, 0, -1]
+            );
             written.push(key);
         }
     }
@@ -49,7 +76,10 @@ fn still_over_limit(run: &mut Run<'_>, keys: &[String]) {
         let r = if key.contains(":gcra:") {
             run(&["RL.GCRA", key, "3", "1", "600"])
         } else {
-            let algo = ["FIXED", "SLIDING", "LOG"].into_iter().find(|a| key.contains(a)).unwrap();
+            let algo = ["FIXED", "SLIDING", "LOG"]
+                .into_iter()
+                .find(|a| key.contains(a))
+                .unwrap();
             run(&["RL.WINDOW", key, "4", "3600", algo])
         };
         assert_eq!(r[0], 0, "{key} admitted after the topology change: {r:?}");
@@ -92,7 +122,10 @@ fn behind_a_replica() {
 
 #[test]
 fn aof_always_across_sigkill() {
-    let mut s = Server::builder().arg("appendonly", "yes").arg("appendfsync", "always").start();
+    let mut s = Server::builder()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
     let mut c = s.conn();
     let keys = behaviour_suite(&mut plain_runner(&mut c), "aof", 2);
     let before: Vec<_> = keys.iter().map(|k| snapshot(&mut c, k)).collect();
@@ -119,7 +152,8 @@ fn redis_cluster() {
     let mut c = cluster.conn();
     let keys = behaviour_suite(&mut |args: &[&str]| cluster_rl(&mut c, args), "cl", 8);
     // The keys are spread over all three masters.
-    let owners: std::collections::HashSet<u16> = keys.iter().map(|k| cluster.owner(k).port).collect();
+    let owners: std::collections::HashSet<u16> =
+        keys.iter().map(|k| cluster.owner(k).port).collect();
     assert_eq!(owners.len(), 3, "keys on {owners:?}");
     // Every command declares its keys, and a node that does not own the slot answers MOVED.
     let key = &keys[0];
@@ -137,17 +171,37 @@ fn redis_cluster() {
         assert!(e.starts_with("MOVED"), "{cmd:?}: {e}");
         let mut getkeys = vec!["COMMAND", "GETKEYS"];
         getkeys.extend(&cmd);
-        assert_eq!(q::<Vec<String>>(&mut wrong, &getkeys), vec![key.clone()], "{cmd:?}");
+        assert_eq!(
+            q::<Vec<String>>(&mut wrong, &getkeys),
+            vec![key.clone()],
+            "{cmd:?}"
+        );
     }
     // Hash tags keep one user's limits together, so RL.ALL works; different slots: CROSSSLOT.
     let (a, b) = ("{user42}:api", "{user42}:ip");
     assert_eq!(key_slot(a), key_slot(b));
     let mut owner_conn = cluster.owner(a).conn();
-    let combined: (Vec<i64>, Vec<Vec<i64>>) = redis::cmd("RL.ALL").arg(2).arg(a).arg(b)
-        .arg("GCRA").arg(5).arg(1).arg(60).arg("WINDOW").arg(3).arg(60).arg("LOG")
-        .query(&mut owner_conn).unwrap();
+    let combined: (Vec<i64>, Vec<Vec<i64>>) = redis::cmd("RL.ALL")
+        .arg(2)
+        .arg(a)
+        .arg(b)
+        .arg("GCRA")
+        .arg(5)
+        .arg(1)
+        .arg(60)
+        .arg("WINDOW")
+        .arg(3)
+        .arg(60)
+        .arg("LOG")
+        .query(&mut owner_conn)
+        .unwrap();
     assert_eq!(combined.0[..3], [1, 3, 2]);
-    let e = err_s(&mut owner_conn, &["RL.ALL", "2", "{a}x", "{b}y", "GCRA", "1", "1", "1", "GCRA", "1", "1", "1"]);
+    let e = err_s(
+        &mut owner_conn,
+        &[
+            "RL.ALL", "2", "{a}x", "{b}y", "GCRA", "1", "1", "1", "GCRA", "1", "1", "1",
+        ],
+    );
     assert!(e.starts_with("CROSSSLOT"), "{e}");
 }
 
@@ -167,20 +221,51 @@ fn resharding_keeps_state_ttl_and_limits() {
         },
         _ => None,
     }).min().expect("source owns slots");
-    let tag = (0..200_000).map(|i| format!("t{i}")).find(|t| key_slot(t) == lowest).expect("a tag in the slot");
-    let keys: Vec<String> = ["gcra", "FIXED", "SLIDING", "LOG"].iter().map(|k| format!("{{{tag}}}:{k}")).collect();
-    assert_eq!(rl(&mut sc, &["RL.GCRA", &keys[0], "2", "1", "600", "QUANTITY", "2"])[0], 1);
+    let tag = (0..200_000)
+        .map(|i| format!("t{i}"))
+        .find(|t| key_slot(t) == lowest)
+        .expect("a tag in the slot");
+    let keys: Vec<String> = ["gcra", "FIXED", "SLIDING", "LOG"]
+        .iter()
+        .map(|k| format!("{{{tag}}}:{k}"))
+        .collect();
+    assert_eq!(
+        rl(
+            &mut sc,
+            &["RL.GCRA", &keys[0], "2", "1", "600", "QUANTITY", "2"]
+        )[0],
+        1
+    );
     for (key, algo) in keys[1..].iter().zip(["FIXED", "SLIDING", "LOG"]) {
-        assert_eq!(rl(&mut sc, &["RL.WINDOW", key, "2", "3600", algo, "QUANTITY", "2"])[0], 1);
+        assert_eq!(
+            rl(
+                &mut sc,
+                &["RL.WINDOW", key, "2", "3600", algo, "QUANTITY", "2"]
+            )[0],
+            1
+        );
     }
     let before: Vec<(Option<Vec<u8>>, i64)> = keys.iter().map(|k| snapshot(&mut sc, k)).collect();
     let out = Command::new("redis-cli")
-        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", source.port)])
-        .args(["--cluster-from", &Cluster::node_id(source), "--cluster-to", &Cluster::node_id(target)])
+        .args([
+            "--cluster",
+            "reshard",
+            &format!("127.0.0.1:{}", source.port),
+        ])
+        .args([
+            "--cluster-from",
+            &Cluster::node_id(source),
+            "--cluster-to",
+            &Cluster::node_id(target),
+        ])
         .args(["--cluster-slots", "1", "--cluster-yes"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "reshard: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "reshard: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     cluster.wait_ok();
     assert_eq!(cluster.owner(&keys[0]).port, target.port, "the slot moved");
     let mut tc = target.conn();
@@ -188,12 +273,19 @@ fn resharding_keeps_state_ttl_and_limits() {
         let (dump_after, expire_after) = snapshot(&mut tc, key);
         assert_eq!(&dump_after, dump, "{key}: state moved byte for byte");
         // MIGRATE carries a relative TTL: the expiry may move by the transfer time.
-        assert!((expire_after - expire_at).abs() < 1000, "{key}: {expire_at} → {expire_after}");
+        assert!(
+            (expire_after - expire_at).abs() < 1000,
+            "{key}: {expire_at} → {expire_after}"
+        );
     }
     // The client over its limit stays over it on the new owner.
     assert_eq!(rl(&mut tc, &["RL.GCRA", &keys[0], "2", "1", "600"])[0], 0);
     for (key, algo) in keys[1..].iter().zip(["FIXED", "SLIDING", "LOG"]) {
-        assert_eq!(rl(&mut tc, &["RL.WINDOW", key, "2", "3600", algo])[0], 0, "{key}");
+        assert_eq!(
+            rl(&mut tc, &["RL.WINDOW", key, "2", "3600", algo])[0],
+            0,
+            "{key}"
+        );
     }
 }
 
@@ -201,9 +293,15 @@ fn resharding_keeps_state_ttl_and_limits() {
 fn eight_connections_on_one_key_admit_exactly_the_limit() {
     let s = Server::start();
     for (label, args) in [
-        ("FIXED", vec!["RL.WINDOW", "conc:fixed", "100", "3600", "FIXED"]),
+        (
+            "FIXED",
+            vec!["RL.WINDOW", "conc:fixed", "100", "3600", "FIXED"],
+        ),
         ("LOG", vec!["RL.WINDOW", "conc:log", "100", "3600", "LOG"]),
-        ("SLIDING", vec!["RL.WINDOW", "conc:sliding", "100", "3600", "SLIDING"]),
+        (
+            "SLIDING",
+            vec!["RL.WINDOW", "conc:sliding", "100", "3600", "SLIDING"],
+        ),
         ("GCRA", vec!["RL.GCRA", "conc:gcra", "100", "1", "3600"]),
     ] {
         let admitted: i64 = thread::scope(|scope| {
@@ -223,18 +321,33 @@ fn eight_connections_on_one_key_admit_exactly_the_limit() {
 #[test]
 fn eviction_treats_limiter_keys_like_any_key() {
     for policy in ["volatile-ttl", "allkeys-lru"] {
-        let s = Server::builder().arg("maxmemory", "4mb").arg("maxmemory-policy", policy).start();
+        let s = Server::builder()
+            .arg("maxmemory", "4mb")
+            .arg("maxmemory-policy", policy)
+            .start();
         let mut c = s.conn();
         let mut pipe = redis::pipe();
         for i in 0..60_000 {
-            pipe.cmd("RL.GCRA").arg(format!("evict:{i}")).arg(10).arg(1).arg(3600).ignore();
+            pipe.cmd("RL.GCRA")
+                .arg(format!("evict:{i}"))
+                .arg(10)
+                .arg(1)
+                .arg(3600)
+                .ignore();
         }
         // Some writes may meet OOM before eviction catches up: that is the server's answer.
         let _ = pipe.query::<()>(&mut c);
-        let evicted: i64 = info_field(&mut c, "stats", "evicted_keys").unwrap().parse().unwrap();
+        let evicted: i64 = info_field(&mut c, "stats", "evicted_keys")
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(evicted > 0, "{policy}: nothing evicted");
         assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
-        assert_eq!(rl(&mut c, &["RL.GCRA", "evict:after", "10", "1", "3600"])[0], 1, "{policy}");
+        assert_eq!(
+            rl(&mut c, &["RL.GCRA", "evict:after", "10", "1", "3600"])[0],
+            1,
+            "{policy}"
+        );
         let dbsize: i64 = q(&mut c, &["DBSIZE"]);
         assert!(dbsize > 0 && dbsize < 60_000, "{policy}: {dbsize} keys");
     }
@@ -257,21 +370,40 @@ fn clock_steps_never_admit_beyond_the_limit() {
     let cases = [
         ("future_gcra", gcra_state(now + 4 * t, t, 3, now + HOUR_NS)),
         ("future_log", log_state(3 * HOUR_NS, 3, now + HOUR_NS, 3)),
-        ("past_gcra", gcra_state(now - HOUR_NS, t, 3, now - 4 * HOUR_NS)),
+        (
+            "past_gcra",
+            gcra_state(now - HOUR_NS, t, 3, now - 4 * HOUR_NS),
+        ),
         ("past_log", log_state(HOUR_NS, 3, now - 2 * HOUR_NS, 3)),
     ];
     for (key, state) in &cases {
-        redis::cmd("RESTORE").arg(*key).arg(36_000_000).arg(frame.with_state(state))
-            .query::<()>(&mut c).unwrap_or_else(|e| panic!("RESTORE {key}: {e}"));
+        redis::cmd("RESTORE")
+            .arg(*key)
+            .arg(36_000_000)
+            .arg(frame.with_state(state))
+            .query::<()>(&mut c)
+            .unwrap_or_else(|e| panic!("RESTORE {key}: {e}"));
     }
     let r = rl(&mut c, &["RL.GCRA", "future_gcra", "3", "1", "10800"]);
     assert_eq!(r[..3], [0, 3, 0], "future-dated GCRA");
     assert!(r[3] >= 3_600_000, "retry covers the time ahead: {r:?}");
-    assert_eq!(rl(&mut c, &["RL.GCRA", "future_gcra", "3", "1", "10800", "QUANTITY", "0"])[2], 0);
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.GCRA", "future_gcra", "3", "1", "10800", "QUANTITY", "0"]
+        )[2],
+        0
+    );
     let r = rl(&mut c, &["RL.WINDOW", "future_log", "3", "10800", "LOG"]);
     assert_eq!(r[..3], [0, 3, 0], "future-dated LOG");
     assert!(r[3] >= 3 * 3_600_000, "{r:?}");
-    assert_eq!(rl(&mut c, &["RL.GCRA", "past_gcra", "3", "1", "10800"])[..3], [1, 3, 2]);
-    assert_eq!(rl(&mut c, &["RL.WINDOW", "past_log", "3", "3600", "LOG"])[..3], [1, 3, 2]);
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "past_gcra", "3", "1", "10800"])[..3],
+        [1, 3, 2]
+    );
+    assert_eq!(
+        rl(&mut c, &["RL.WINDOW", "past_log", "3", "3600", "LOG"])[..3],
+        [1, 3, 2]
+    );
     assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
 }

@@ -9,7 +9,10 @@ use redis_rl::time::{parse_count, parse_seconds_ns, MAX_PERIOD_NS, NANOS_PER_SEC
 fuzz_target!(|data: &[u8]| {
     if let Some(n) = parse_count(data) {
         assert!(!data.is_empty() && data.iter().all(u8::is_ascii_digit));
-        assert_eq!(n.to_string().trim_start_matches('0'), String::from_utf8_lossy(data).trim_start_matches('0'));
+        assert_eq!(
+            n.to_string().trim_start_matches('0'),
+            String::from_utf8_lossy(data).trim_start_matches('0')
+        );
     }
     if let Some(ns) = parse_seconds_ns(data) {
         assert!(ns > 0 && ns <= MAX_PERIOD_NS);

@@ -71,7 +71,10 @@ local held = redis.call('TYPE', key)['ok']
 local held_algo = nil
 if held == 'hash' then held_algo = redis.call('HGET', key, 'a') elseif held == 'zset' then held_algo = 'LOG' end
 if held ~= 'none' and held_algo ~= algo then
-  if held_algo then return err('key holds a ' .. held_algo .. ' window, not a ' .. algo .. ' window: use the same algorithm for a key, or another key') end
+  if held_algo then
+    local shown = string.sub(key, 1, 64)
+    return err("key '" .. shown .. "' holds a " .. held_algo .. ' window, not a ' .. algo .. ' window: use the same algorithm for a key, or another key')
+  end
   return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
 end
 

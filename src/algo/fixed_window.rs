@@ -52,7 +52,9 @@ pub fn decide(
     quantity: u64,
 ) -> Result<Outcome<FixedState>, Overflow> {
     let window_start_ns = now_ns - now_ns % params.window_ns;
-    let window_end_ns = window_start_ns.checked_add(params.window_ns).ok_or(Overflow)?;
+    let window_end_ns = window_start_ns
+        .checked_add(params.window_ns)
+        .ok_or(Overflow)?;
     let to_end_ns = window_end_ns - now_ns;
     let count = current_count(stored, window_start_ns);
     let report = |verdict: Verdict, count_after: u64| Decision {
@@ -62,16 +64,28 @@ pub fn decide(
         reset_after_ns: if count_after > 0 { to_end_ns } else { 0 },
     };
     if quantity == 0 {
-        return Ok(Outcome { decision: report(Verdict::Allowed, count), write: None });
+        return Ok(Outcome {
+            decision: report(Verdict::Allowed, count),
+            write: None,
+        });
     }
     if quantity > params.limit {
-        return Ok(Outcome { decision: report(Verdict::Never, count), write: None });
+        return Ok(Outcome {
+            decision: report(Verdict::Never, count),
+            write: None,
+        });
     }
-    let count_after = count.checked_add(quantity).ok_or(Overflow)?;
-    if count_after > params.limit {
-        let verdict = Verdict::Denied { retry_after_ns: to_end_ns };
-        return Ok(Outcome { decision: report(verdict, count), write: None });
+    // quantity ≤ limit here; compare without adding, so a count near 2^64 is a denial.
+    if count > params.limit - quantity {
+        let verdict = Verdict::Denied {
+            retry_after_ns: to_end_ns,
+        };
+        return Ok(Outcome {
+            decision: report(verdict, count),
+            write: None,
+        });
     }
+    let count_after = count + quantity;
     let write = FixedState {
         window_ns: params.window_ns,
         limit: params.limit,
@@ -79,7 +93,10 @@ pub fn decide(
         count: count_after,
         updated_ns: now_ns,
     };
-    Ok(Outcome { decision: report(Verdict::Allowed, count_after), write: Some(write) })
+    Ok(Outcome {
+        decision: report(Verdict::Allowed, count_after),
+        write: Some(write),
+    })
 }
 
 /// Gives back up to `quantity` requests to the current window at `now_ns`; returns the new
@@ -92,14 +109,20 @@ pub fn refund(state: &FixedState, now_ns: u64, quantity: u64) -> (Option<FixedSt
     if left == 0 {
         return (None, refunded);
     }
-    (Some(FixedState { count: left, ..*state }), refunded)
+    (
+        Some(FixedState {
+            count: left,
+            ..*state
+        }),
+        refunded,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
     use crate::algo::testing::{check_retry_honest, replay, timeline};
+    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -116,8 +139,22 @@ mod tests {
         reset_ms: u64,
     }
 
-    fn st(at: u64, qty: u64, allowed: bool, remaining: u64, retry: Option<u64>, reset: u64) -> Step {
-        Step { at, qty, allowed, remaining, retry_ms: retry, reset_ms: reset }
+    fn st(
+        at: u64,
+        qty: u64,
+        allowed: bool,
+        remaining: u64,
+        retry: Option<u64>,
+        reset: u64,
+    ) -> Step {
+        Step {
+            at,
+            qty,
+            allowed,
+            remaining,
+            retry_ms: retry,
+            reset_ms: reset,
+        }
     }
 
     fn run(params: WindowParams, steps: &[Step]) {
@@ -132,7 +169,11 @@ mod tests {
                 _ => None,
             };
             assert_eq!(retry, s.retry_ms, "step {i}: retry_after_ms");
-            assert_eq!(ceil_ms(d.reset_after_ns), s.reset_ms, "step {i}: reset_after_ms");
+            assert_eq!(
+                ceil_ms(d.reset_after_ns),
+                s.reset_ms,
+                "step {i}: reset_after_ms"
+            );
             if out.write.is_some() {
                 stored = out.write;
             }
@@ -142,15 +183,18 @@ mod tests {
     #[test]
     fn counts_per_epoch_aligned_window() {
         let p = WindowParams::new(3, 10 * S).unwrap();
-        run(p, &[
-            st(0, 0, true, 3, None, 0),
-            st(1000 * MS, 1, true, 2, None, 9000),
-            st(2000 * MS, 2, true, 0, None, 8000),
-            st(2500 * MS, 1, false, 0, Some(7500), 7500),
-            st(2500 * MS, 4, false, 0, None, 7500),
-            st(9999 * MS, 0, true, 0, None, 1),
-            st(10_000 * MS, 1, true, 2, None, 10_000),
-        ]);
+        run(
+            p,
+            &[
+                st(0, 0, true, 3, None, 0),
+                st(1000 * MS, 1, true, 2, None, 9000),
+                st(2000 * MS, 2, true, 0, None, 8000),
+                st(2500 * MS, 1, false, 0, Some(7500), 7500),
+                st(2500 * MS, 4, false, 0, None, 7500),
+                st(9999 * MS, 0, true, 0, None, 1),
+                st(10_000 * MS, 1, true, 2, None, 10_000),
+            ],
+        );
     }
 
     #[test]
@@ -158,10 +202,13 @@ mod tests {
         // A full quota at the very end of one window and another at the very start of the
         // next: 2 × limit within 2 ms. This is the known trade-off of FIXED.
         let p = WindowParams::new(5, 10 * S).unwrap();
-        run(p, &[
-            st(9_999 * MS, 5, true, 0, None, 1),
-            st(10_001 * MS, 5, true, 0, None, 9_999),
-        ]);
+        run(
+            p,
+            &[
+                st(9_999 * MS, 5, true, 0, None, 1),
+                st(10_001 * MS, 5, true, 0, None, 9_999),
+            ],
+        );
     }
 
     #[test]
@@ -176,7 +223,10 @@ mod tests {
     fn window_change_keeps_counts_that_may_lie_in_the_new_window() {
         let hour = WindowParams::new(100, 3600 * S).unwrap();
         let minute = WindowParams::new(10, 60 * S).unwrap();
-        let s = decide(&hour, None, BASE + 30 * S, 8).unwrap().write.unwrap();
+        let s = decide(&hour, None, BASE + 30 * S, 8)
+            .unwrap()
+            .write
+            .unwrap();
         // Same minute as the last write: the 8 requests may all be in it.
         let out = decide(&minute, Some(&s), BASE + 40 * S, 3).unwrap();
         assert!(!out.decision.verdict.is_allowed());
@@ -187,10 +237,29 @@ mod tests {
     }
 
     #[test]
+    fn regression_a_count_near_u64_max_is_a_denial_not_an_overflow() {
+        // Found by attack testing: limit 2^64-1 filled in one call, then a smaller limit.
+        let huge = WindowParams::new(u64::MAX, 100 * S).unwrap();
+        let s = decide(&huge, None, BASE, u64::MAX).unwrap().write.unwrap();
+        let small = WindowParams::new(5, 100 * S).unwrap();
+        let out = decide(&small, Some(&s), BASE + S, 1).unwrap();
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 99 * S
+            }
+        );
+        assert_eq!(out.decision.remaining, 0);
+    }
+
+    #[test]
     fn refund_lowers_the_current_count_only() {
         let p = WindowParams::new(5, 10 * S).unwrap();
         let s = decide(&p, None, BASE, 4).unwrap().write.unwrap();
-        assert_eq!(refund(&s, BASE + S, 3), (Some(FixedState { count: 1, ..s }), 3));
+        assert_eq!(
+            refund(&s, BASE + S, 3),
+            (Some(FixedState { count: 1, ..s }), 3)
+        );
         assert_eq!(refund(&s, BASE + S, 9), (None, 4));
         assert_eq!(refund(&s, BASE + 10 * S, 1), (None, 0));
     }

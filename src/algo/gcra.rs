@@ -39,7 +39,10 @@ pub struct GcraRequest {
 impl GcraRequest {
     /// Returns a plain request of `quantity` without a reservation horizon.
     pub fn of(quantity: u64) -> Self {
-        Self { quantity, max_wait_ns: None }
+        Self {
+            quantity,
+            max_wait_ns: None,
+        }
     }
 }
 
@@ -108,10 +111,16 @@ pub fn decide(
         None => Verdict::Allowed,
     };
     if n == 0 {
-        return Ok(Outcome { decision: report(admitted, tat), write: None });
+        return Ok(Outcome {
+            decision: report(admitted, tat),
+            write: None,
+        });
     }
     if n > params.burst {
-        return Ok(Outcome { decision: report(Verdict::Never, tat), write: None });
+        return Ok(Outcome {
+            decision: report(Verdict::Never, tat),
+            write: None,
+        });
     }
     // In 128 bits: n·T ≤ τ < 2^64 and tat < 2^64, so nothing here can overflow.
     let new_tat = u128::from(tat) + u128::from(n) * u128::from(params.emission_interval_ns);
@@ -119,13 +128,21 @@ pub fn decide(
     let tolerance = u128::from(params.tolerance_ns);
     let store = |verdict: Verdict| -> Result<Outcome<GcraState>, Overflow> {
         let tat_ns = u64::try_from(new_tat).map_err(|_| Overflow)?;
+        // A reservation is written as if it arrived when allowed: at now + delay.
+        let arrives_ns = match verdict {
+            Verdict::Reserved { delay_ns } => now_ns.saturating_add(delay_ns).min(tat_ns),
+            _ => now_ns,
+        };
         let write = GcraState {
             tat_ns,
             emission_interval_ns: params.emission_interval_ns,
             burst: params.burst,
-            updated_ns: now_ns,
+            updated_ns: arrives_ns,
         };
-        Ok(Outcome { decision: report(verdict, tat_ns), write: Some(write) })
+        Ok(Outcome {
+            decision: report(verdict, tat_ns),
+            write: Some(write),
+        })
     };
     if ahead_ns <= tolerance {
         return store(admitted);
@@ -134,9 +151,16 @@ pub fn decide(
     // (because n·T ≤ τ), so max(stored_tat, t) is still `tat` and new_tat is unchanged.
     let wait_ns = u64::try_from(ahead_ns - tolerance).unwrap_or(u64::MAX);
     match request.max_wait_ns {
-        Some(max_wait_ns) if wait_ns <= max_wait_ns => store(Verdict::Reserved { delay_ns: wait_ns }),
+        Some(max_wait_ns) if wait_ns <= max_wait_ns => {
+            store(Verdict::Reserved { delay_ns: wait_ns })
+        }
         _ => Ok(Outcome {
-            decision: report(Verdict::Denied { retry_after_ns: wait_ns }, tat),
+            decision: report(
+                Verdict::Denied {
+                    retry_after_ns: wait_ns,
+                },
+                tat,
+            ),
             write: None,
         }),
     }
@@ -151,18 +175,29 @@ pub fn refund(state: &GcraState, now_ns: u64, quantity: u64) -> (Option<GcraStat
     let in_use = in_use_ns.div_ceil(t);
     let refunded = quantity.min(in_use);
     let back_ns = u128::from(quantity) * u128::from(t);
-    let tat = if back_ns >= u128::from(in_use_ns) { now_ns } else { state.tat_ns - back_ns as u64 };
+    let tat = if back_ns >= u128::from(in_use_ns) {
+        now_ns
+    } else {
+        state.tat_ns - back_ns as u64
+    };
     if tat <= now_ns {
         return (None, refunded);
     }
-    (Some(GcraState { tat_ns: tat, updated_ns: state.updated_ns.min(tat), ..*state }), refunded)
+    (
+        Some(GcraState {
+            tat_ns: tat,
+            updated_ns: state.updated_ns.min(tat),
+            ..*state
+        }),
+        refunded,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
     use crate::algo::testing::check_retry_honest;
+    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -192,71 +227,114 @@ mod tests {
     fn run(params: GcraParams, steps: &[Step]) {
         let mut stored: Option<GcraState> = None;
         for (i, step) in steps.iter().enumerate() {
-            let out = decide(&params, stored.as_ref(), BASE + step.at, GcraRequest::of(step.qty))
-                .unwrap_or_else(|_| panic!("step {i}: overflow"));
+            let out = decide(
+                &params,
+                stored.as_ref(),
+                BASE + step.at,
+                GcraRequest::of(step.qty),
+            )
+            .unwrap_or_else(|_| panic!("step {i}: overflow"));
             let d = out.decision;
             assert_eq!(d.verdict.is_allowed(), step.allowed, "step {i}: allowed");
             assert_eq!(d.limit, params.burst, "step {i}: limit");
             assert_eq!(d.remaining, step.remaining, "step {i}: remaining");
-            assert_eq!(retry_ms(d.verdict), step.retry_ms, "step {i}: retry_after_ms");
-            assert_eq!(ceil_ms(d.reset_after_ns), step.reset_ms, "step {i}: reset_after_ms");
-            assert_eq!(out.write.is_some(), step.allowed && step.qty > 0, "step {i}: write");
+            assert_eq!(
+                retry_ms(d.verdict),
+                step.retry_ms,
+                "step {i}: retry_after_ms"
+            );
+            assert_eq!(
+                ceil_ms(d.reset_after_ns),
+                step.reset_ms,
+                "step {i}: reset_after_ms"
+            );
+            assert_eq!(
+                out.write.is_some(),
+                step.allowed && step.qty > 0,
+                "step {i}: write"
+            );
             if let Some(w) = out.write {
                 stored = Some(w);
             }
         }
     }
 
-    fn st(at: u64, qty: u64, allowed: bool, remaining: u64, retry: Option<u64>, reset: u64) -> Step {
-        Step { at, qty, allowed, remaining, retry_ms: retry, reset_ms: reset }
+    fn st(
+        at: u64,
+        qty: u64,
+        allowed: bool,
+        remaining: u64,
+        retry: Option<u64>,
+        reset: u64,
+    ) -> Step {
+        Step {
+            at,
+            qty,
+            allowed,
+            remaining,
+            retry_ms: retry,
+            reset_ms: reset,
+        }
     }
 
     #[test]
     fn idle_key_admits_exactly_burst_then_one_per_interval() {
         // burst 3, 1 per second.
         let p = GcraParams::new(3, 1, S).unwrap();
-        run(p, &[
-            st(0, 1, true, 2, None, 1000),
-            st(0, 1, true, 1, None, 2000),
-            st(0, 1, true, 0, None, 3000),
-            st(0, 1, false, 0, Some(1000), 3000),
-            st(999 * MS, 1, false, 0, Some(1), 2001),
-            st(1000 * MS, 1, true, 0, None, 3000),
-            st(1500 * MS, 1, false, 0, Some(500), 2500),
-            st(5000 * MS, 1, true, 2, None, 1000),
-        ]);
+        run(
+            p,
+            &[
+                st(0, 1, true, 2, None, 1000),
+                st(0, 1, true, 1, None, 2000),
+                st(0, 1, true, 0, None, 3000),
+                st(0, 1, false, 0, Some(1000), 3000),
+                st(999 * MS, 1, false, 0, Some(1), 2001),
+                st(1000 * MS, 1, true, 0, None, 3000),
+                st(1500 * MS, 1, false, 0, Some(500), 2500),
+                st(5000 * MS, 1, true, 2, None, 1000),
+            ],
+        );
     }
 
     #[test]
     fn quantity_zero_reports_without_writing() {
         let p = GcraParams::new(5, 10, S).unwrap();
-        run(p, &[
-            st(0, 0, true, 5, None, 0),
-            st(0, 2, true, 3, None, 200),
-            st(50 * MS, 0, true, 3, None, 150),
-            st(100 * MS, 0, true, 4, None, 100),
-        ]);
+        run(
+            p,
+            &[
+                st(0, 0, true, 5, None, 0),
+                st(0, 2, true, 3, None, 200),
+                st(50 * MS, 0, true, 3, None, 150),
+                st(100 * MS, 0, true, 4, None, 100),
+            ],
+        );
     }
 
     #[test]
     fn quantity_above_burst_is_never_allowed() {
         let p = GcraParams::new(5, 10, S).unwrap();
-        run(p, &[
-            st(0, 1, true, 4, None, 100),
-            st(0, 6, false, 4, None, 100),
-            st(0, 5, false, 4, Some(100), 100),
-            st(0, 4, true, 0, None, 500),
-        ]);
+        run(
+            p,
+            &[
+                st(0, 1, true, 4, None, 100),
+                st(0, 6, false, 4, None, 100),
+                st(0, 5, false, 4, Some(100), 100),
+                st(0, 4, true, 0, None, 500),
+            ],
+        );
     }
 
     #[test]
     fn quantity_n_costs_n_intervals() {
         let p = GcraParams::new(10, 1, S).unwrap();
-        run(p, &[
-            st(0, 7, true, 3, None, 7000),
-            st(0, 4, false, 3, Some(1000), 7000),
-            st(1000 * MS, 4, true, 0, None, 10000),
-        ]);
+        run(
+            p,
+            &[
+                st(0, 7, true, 3, None, 7000),
+                st(0, 4, false, 3, Some(1000), 7000),
+                st(1000 * MS, 4, true, 0, None, 10000),
+            ],
+        );
     }
 
     #[test]
@@ -272,13 +350,21 @@ mod tests {
     #[test]
     fn clock_stepping_back_never_admits_extra() {
         let p = GcraParams::new(2, 1, S).unwrap();
-        let a = decide(&p, None, BASE, GcraRequest::of(2)).unwrap().write.unwrap();
+        let a = decide(&p, None, BASE, GcraRequest::of(2))
+            .unwrap()
+            .write
+            .unwrap();
         // The clock steps back one hour: the stored TAT is far ahead of now.
         let back = BASE - 3600 * S;
         let out = decide(&p, Some(&a), back, GcraRequest::of(1)).unwrap();
         assert!(!out.decision.verdict.is_allowed());
         assert_eq!(out.decision.remaining, 0);
-        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 3601 * S });
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 3601 * S
+            }
+        );
     }
 
     #[test]
@@ -287,12 +373,25 @@ mod tests {
         // one second (its one request re-expressed), then admits, whatever the old TTL says.
         let hourly = GcraParams::new(1, 1, 3600 * S).unwrap();
         let per_second = GcraParams::new(1, 1, S).unwrap();
-        let s = decide(&hourly, None, BASE, GcraRequest::of(1)).unwrap().write.unwrap();
+        let s = decide(&hourly, None, BASE, GcraRequest::of(1))
+            .unwrap()
+            .write
+            .unwrap();
         let out = decide(&per_second, Some(&s), BASE + 10 * MS, GcraRequest::of(1)).unwrap();
-        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 990 * MS });
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 990 * MS
+            }
+        );
         // Denials write nothing, and the conversion does not drift with time.
         let out = decide(&per_second, Some(&s), BASE + 500 * MS, GcraRequest::of(1)).unwrap();
-        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 500 * MS });
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 500 * MS
+            }
+        );
         let out = decide(&per_second, Some(&s), BASE + S, GcraRequest::of(1)).unwrap();
         assert!(out.decision.verdict.is_allowed());
     }
@@ -303,7 +402,10 @@ mod tests {
         // 200 ms of TAT, so 2 remain and the key resets in 200 ms.
         let slow = GcraParams::new(4, 1, S).unwrap();
         let fast = GcraParams::new(4, 10, S).unwrap();
-        let s = decide(&slow, None, BASE, GcraRequest::of(2)).unwrap().write.unwrap();
+        let s = decide(&slow, None, BASE, GcraRequest::of(2))
+            .unwrap()
+            .write
+            .unwrap();
         let out = decide(&fast, Some(&s), BASE, GcraRequest::of(0)).unwrap();
         assert_eq!(out.decision.remaining, 2);
         assert_eq!(out.decision.reset_after_ns, 200 * MS);
@@ -316,10 +418,18 @@ mod tests {
     fn lowering_the_burst_keeps_capacity_in_use() {
         let big = GcraParams::new(10, 1, S).unwrap();
         let small = GcraParams::new(3, 1, S).unwrap();
-        let s = decide(&big, None, BASE, GcraRequest::of(8)).unwrap().write.unwrap();
+        let s = decide(&big, None, BASE, GcraRequest::of(8))
+            .unwrap()
+            .write
+            .unwrap();
         // 8 in use, capacity now 3: wait until 2 are in use, i.e. 6 s.
         let out = decide(&small, Some(&s), BASE, GcraRequest::of(1)).unwrap();
-        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 6 * S });
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 6 * S
+            }
+        );
         assert_eq!(out.decision.remaining, 0);
         // Raising the burst again admits at once.
         let out = decide(&big, Some(&s), BASE, GcraRequest::of(2)).unwrap();
@@ -329,37 +439,94 @@ mod tests {
     #[test]
     fn reservation_within_max_wait_advances_state() {
         let p = GcraParams::new(1, 1, S).unwrap();
-        let s = decide(&p, None, BASE, GcraRequest::of(1)).unwrap().write.unwrap();
-        let req = GcraRequest { quantity: 1, max_wait_ns: Some(1000 * MS) };
+        let s = decide(&p, None, BASE, GcraRequest::of(1))
+            .unwrap()
+            .write
+            .unwrap();
+        let req = GcraRequest {
+            quantity: 1,
+            max_wait_ns: Some(1000 * MS),
+        };
         let out = decide(&p, Some(&s), BASE, req).unwrap();
         assert_eq!(out.decision.verdict, Verdict::Reserved { delay_ns: S });
         assert_eq!(out.write.unwrap().tat_ns, BASE + 2 * S);
-        let short = GcraRequest { quantity: 1, max_wait_ns: Some(999 * MS) };
+        let short = GcraRequest {
+            quantity: 1,
+            max_wait_ns: Some(999 * MS),
+        };
         let out = decide(&p, Some(&s), BASE, short).unwrap();
         assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: S });
         assert!(out.write.is_none());
     }
 
     #[test]
+    fn regression_a_reservation_converts_as_if_it_arrived_when_allowed() {
+        // Found by attack testing: a reservation recorded its write at `now`, so a rate
+        // change afterwards drained it from `now` and let requests in before the reserved
+        // one had acted.
+        let p = GcraParams::new(1, 1, 10 * S).unwrap();
+        let s = decide(&p, None, BASE, GcraRequest::of(1))
+            .unwrap()
+            .write
+            .unwrap();
+        let req = GcraRequest {
+            quantity: 1,
+            max_wait_ns: Some(20 * S),
+        };
+        let r = decide(&p, Some(&s), BASE, req).unwrap();
+        assert_eq!(r.decision.verdict, Verdict::Reserved { delay_ns: 10 * S });
+        let reserved = r.write.unwrap();
+        assert_eq!(reserved.updated_ns, BASE + 10 * S);
+        // At one per second, the reserved request (acting at +10 s) holds the key until +11 s.
+        let fast = GcraParams::new(1, 1, S).unwrap();
+        let out = decide(&fast, Some(&reserved), BASE, GcraRequest::of(1)).unwrap();
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 11 * S
+            }
+        );
+    }
+
+    #[test]
     fn overflow_is_an_error_not_a_panic() {
         let p = GcraParams::new(2, 1, S).unwrap();
         // A TAT near the end of time: reports and denials saturate, they never fail.
-        let s = GcraState { tat_ns: u64::MAX - 1, emission_interval_ns: S, burst: 2, updated_ns: 0 };
+        let s = GcraState {
+            tat_ns: u64::MAX - 1,
+            emission_interval_ns: S,
+            burst: 2,
+            updated_ns: 0,
+        };
         let out = decide(&p, Some(&s), 0, GcraRequest::of(1)).unwrap();
         assert!(matches!(out.decision.verdict, Verdict::Denied { .. }));
         let slow = GcraParams::new(2, 1, crate::time::MAX_PERIOD_NS).unwrap();
-        let s = GcraState { tat_ns: u64::MAX, emission_interval_ns: 1, burst: 2, updated_ns: 0 };
+        let s = GcraState {
+            tat_ns: u64::MAX,
+            emission_interval_ns: 1,
+            burst: 2,
+            updated_ns: 0,
+        };
         let out = decide(&slow, Some(&s), 0, GcraRequest::of(0)).unwrap();
-        assert_eq!((out.decision.remaining, out.decision.reset_after_ns), (0, u64::MAX));
+        assert_eq!(
+            (out.decision.remaining, out.decision.reset_after_ns),
+            (0, u64::MAX)
+        );
         // Only an admitted request whose TAT leaves 64-bit time is an error.
         let huge = GcraParams::new(u64::MAX, 1_000_000_000, S).unwrap();
-        assert_eq!(decide(&huge, None, BASE, GcraRequest::of(u64::MAX)), Err(Overflow));
+        assert_eq!(
+            decide(&huge, None, BASE, GcraRequest::of(u64::MAX)),
+            Err(Overflow)
+        );
     }
 
     #[test]
     fn refund_moves_the_tat_back_but_not_before_now() {
         let p = GcraParams::new(5, 1, S).unwrap();
-        let s = decide(&p, None, BASE, GcraRequest::of(3)).unwrap().write.unwrap();
+        let s = decide(&p, None, BASE, GcraRequest::of(3))
+            .unwrap()
+            .write
+            .unwrap();
         let (after, n) = refund(&s, BASE, 1);
         assert_eq!((after.unwrap().tat_ns, n), (BASE + 2 * S, 1));
         // 2.5 s in use: a refund of 5 gives back 3 (rounded up) and leaves the key idle.
@@ -370,8 +537,14 @@ mod tests {
     #[test]
     fn refund_of_everything_restores_the_state_before_the_requests() {
         let p = GcraParams::new(5, 1, S).unwrap();
-        let before = decide(&p, None, BASE, GcraRequest::of(1)).unwrap().write.unwrap();
-        let after = decide(&p, Some(&before), BASE, GcraRequest::of(3)).unwrap().write.unwrap();
+        let before = decide(&p, None, BASE, GcraRequest::of(1))
+            .unwrap()
+            .write
+            .unwrap();
+        let after = decide(&p, Some(&before), BASE, GcraRequest::of(3))
+            .unwrap()
+            .write
+            .unwrap();
         let (refunded, n) = refund(&after, BASE, 3);
         assert_eq!(n, 3);
         assert_eq!(refunded.unwrap().tat_ns, before.tat_ns);

@@ -13,7 +13,11 @@ pub(crate) mod testing {
     use crate::decision::Verdict;
 
     /// Random timelines: `(gap_ns, quantity)` steps.
-    pub fn timeline(max_gap_ns: u64, max_qty: u64, max_len: usize) -> impl Strategy<Value = Vec<(u64, u64)>> {
+    pub fn timeline(
+        max_gap_ns: u64,
+        max_qty: u64,
+        max_len: usize,
+    ) -> impl Strategy<Value = Vec<(u64, u64)>> {
         prop::collection::vec((0..max_gap_ns, 0..max_qty), 1..max_len)
     }
 
@@ -48,8 +52,16 @@ pub(crate) mod testing {
     ) -> Result<(), TestCaseError> {
         if let Verdict::Denied { retry_after_ns } = verdict {
             prop_assert!(retry_after_ns > 0);
-            prop_assert!(verdict_at(now + retry_after_ns).is_allowed(), "retry {} not enough", retry_after_ns);
-            prop_assert!(!verdict_at(now + retry_after_ns - 1).is_allowed(), "retry {} too late", retry_after_ns);
+            prop_assert!(
+                verdict_at(now + retry_after_ns).is_allowed(),
+                "retry {} not enough",
+                retry_after_ns
+            );
+            prop_assert!(
+                !verdict_at(now + retry_after_ns - 1).is_allowed(),
+                "retry {} too late",
+                retry_after_ns
+            );
         }
         Ok(())
     }

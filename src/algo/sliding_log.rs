@@ -7,7 +7,8 @@
 //! varints: the oldest entry's count, then `(delta_ns, count)` per later instant, with
 //! run-length counts for requests at the same instant. Requests microseconds apart cost about
 //! 3–4 bytes each. Appending is O(1) amortised; dropping expired entries is O(entries
-//! dropped); a denial's `retry_after` walks at most the entries that must leave.
+//! dropped); calls that do not write skip expired entries from where the last scan stopped
+//! (amortised O(1)); a denial's `retry_after` walks at most the entries that must leave.
 
 use crate::decision::{Decision, Outcome, Overflow, Verdict};
 use crate::params::WindowParams;
@@ -27,12 +28,28 @@ pub struct RequestLog {
     /// The encoded entries start at `head`.
     buf: Vec<u8>,
     head: usize,
+    /// Where the last scan for expired entries stopped, so that calls which do not write
+    /// (PEEK, QUANTITY 0, denials) resume there instead of re-reading entries that already
+    /// left the window: amortised O(1) per call while time moves forward. A cache, not state:
+    /// it is not encoded, compared or hashed, and any change but an append resets it.
+    cursor: std::cell::Cell<Cursor>,
+}
+
+/// A position at the start of an entry: byte offset from `head`, the instant of the entry
+/// before it, and the requests recorded before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Cursor {
+    offset: usize,
+    prev_at: u64,
+    before: u64,
 }
 
 impl PartialEq for RequestLog {
     fn eq(&self, other: &Self) -> bool {
-        self.total == other.total && self.bytes() == other.bytes()
-            && (self.total == 0 || (self.first_ns == other.first_ns && self.last_ns == other.last_ns))
+        self.total == other.total
+            && self.bytes() == other.bytes()
+            && (self.total == 0
+                || (self.first_ns == other.first_ns && self.last_ns == other.last_ns))
     }
 }
 
@@ -141,29 +158,92 @@ impl RequestLog {
 
     /// Requests recorded at instants after `cutoff_ns` (None: all). O(entries at or before it).
     pub fn count_after(&self, cutoff_ns: Option<u64>) -> u64 {
-        let Some(cutoff) = cutoff_ns else { return self.total };
-        let mut expired = 0u64;
-        for (at, count) in self.iter() {
-            if at > cutoff {
+        let Some(cutoff) = cutoff_ns else {
+            return self.total;
+        };
+        self.total.saturating_sub(self.seek(cutoff).before)
+    }
+
+    /// Returns the position of the first entry after `cutoff_ns`, resuming from the last
+    /// scan when time has not gone back.
+    fn seek(&self, cutoff_ns: u64) -> Cursor {
+        let bytes = self.bytes();
+        let mut c = self.cursor.get();
+        if c.offset > bytes.len() || (c.offset > 0 && c.prev_at > cutoff_ns) {
+            c = Cursor::default();
+        }
+        while c.offset < bytes.len() {
+            let mut pos = c.offset;
+            let at = if c.offset == 0 {
+                self.first_ns
+            } else {
+                match get_varint(bytes, &mut pos) {
+                    Some(delta) => c.prev_at.saturating_add(delta),
+                    None => break,
+                }
+            };
+            if at > cutoff_ns {
                 break;
             }
-            expired += count;
+            let Some(count) = get_varint(bytes, &mut pos) else {
+                break;
+            };
+            c = Cursor {
+                offset: pos,
+                prev_at: at,
+                before: c.before.saturating_add(count),
+            };
         }
-        self.total - expired
+        self.cursor.set(c);
+        c
+    }
+
+    /// Iterates `(instant_ns, count)` of the entries after `cutoff_ns` (all with `None`).
+    pub fn iter_after(&self, cutoff_ns: Option<u64>) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let start = cutoff_ns.map_or(Cursor::default(), |c| self.seek(c));
+        let bytes = self.bytes();
+        let mut pos = start.offset;
+        let mut prev = start.prev_at;
+        std::iter::from_fn(move || {
+            if pos >= bytes.len() {
+                return None;
+            }
+            let at = if pos == 0 {
+                self.first_ns
+            } else {
+                prev.saturating_add(get_varint(bytes, &mut pos)?)
+            };
+            let count = get_varint(bytes, &mut pos)?;
+            prev = at;
+            Some((at, count))
+        })
+    }
+
+    fn reset_cursor(&self) {
+        self.cursor.set(Cursor::default());
     }
 
     /// Removes every entry at or before `cutoff_ns`. O(entries removed), amortised.
     pub fn drop_until(&mut self, cutoff_ns: u64) {
+        if self.total > 0 && self.first_ns <= cutoff_ns {
+            self.reset_cursor();
+        }
         while self.total > 0 && self.first_ns <= cutoff_ns {
             let mut pos = self.head;
-            let Some(count) = get_varint(&self.buf, &mut pos) else { self.clear(); return };
+            let Some(count) = get_varint(&self.buf, &mut pos) else {
+                self.clear();
+                return;
+            };
             self.total = self.total.saturating_sub(count);
             self.entries = self.entries.saturating_sub(1);
             if self.total == 0 || pos >= self.buf.len() {
                 self.clear();
                 return;
             }
-            let Some(delta) = get_varint(&self.buf, &mut pos) else { self.clear(); return };
+            let Some(delta) = get_varint(&self.buf, &mut pos) else {
+                self.clear();
+                return;
+            };
             self.first_ns = self.first_ns.saturating_add(delta);
             self.head = pos;
         }
@@ -171,6 +251,7 @@ impl RequestLog {
     }
 
     fn clear(&mut self) {
+        self.reset_cursor();
         self.total = 0;
         self.entries = 0;
         self.head = 0;
@@ -182,6 +263,7 @@ impl RequestLog {
     /// gives back memory when the log shrank a lot. O(1) amortised.
     fn compact(&mut self) {
         if self.head > 0 && self.head * 2 >= self.buf.len() {
+            self.reset_cursor();
             self.buf.drain(..self.head);
             self.head = 0;
             let len = self.buf.len();
@@ -217,6 +299,8 @@ impl RequestLog {
             return;
         }
         if at_ns <= self.last_ns {
+            // Merging rewrites the last entry's count, which a cursor may have passed.
+            self.reset_cursor();
             let start = varint_start(&self.buf, self.head, self.buf.len());
             let mut pos = start;
             let old = get_varint(&self.buf, &mut pos).unwrap_or(0);
@@ -235,6 +319,7 @@ impl RequestLog {
 
     /// Removes up to `count` of the most recent requests; returns how many were removed.
     pub fn pop_back(&mut self, mut count: u64) -> u64 {
+        self.reset_cursor();
         let mut removed = 0;
         while count > 0 && self.total > 0 {
             let end = self.buf.len();
@@ -297,7 +382,15 @@ impl RequestLog {
         let mut buf = Vec::new();
         buf.reserve_exact(bytes.len());
         buf.extend_from_slice(bytes);
-        Some(Self { first_ns, last_ns, total, entries, buf, head: 0 })
+        Some(Self {
+            first_ns,
+            last_ns,
+            total,
+            entries,
+            buf,
+            head: 0,
+            cursor: Default::default(),
+        })
     }
 }
 
@@ -330,7 +423,11 @@ pub struct LogWrite {
 impl LogState {
     /// An empty log under `params`.
     pub fn new(params: &WindowParams) -> Self {
-        Self { window_ns: params.window_ns, limit: params.limit, log: RequestLog::default() }
+        Self {
+            window_ns: params.window_ns,
+            limit: params.limit,
+            log: RequestLog::default(),
+        }
     }
 
     /// Applies an admitted request. O(entries dropped), amortised.
@@ -373,42 +470,59 @@ pub fn decide(
     let cutoff = now_ns.checked_sub(params.window_ns);
     let log = stored.map(|s| &s.log);
     let in_window = log.map_or(0, |l| l.count_after(cutoff));
-    let newest = log.and_then(RequestLog::last_ns).filter(|&t| cutoff.is_none_or(|c| t > c));
+    let newest = log
+        .and_then(RequestLog::last_ns)
+        .filter(|&t| cutoff.is_none_or(|c| t > c));
     let reset_for = |newest: Option<u64>| -> Result<u64, Overflow> {
         match newest {
-            Some(t) => Ok(t.checked_add(params.window_ns).ok_or(Overflow)?.saturating_sub(now_ns)),
+            Some(t) => Ok(t
+                .checked_add(params.window_ns)
+                .ok_or(Overflow)?
+                .saturating_sub(now_ns)),
             None => Ok(0),
         }
     };
-    let report = |verdict: Verdict, count: u64, newest: Option<u64>| -> Result<Decision, Overflow> {
-        Ok(Decision {
-            verdict,
-            limit: params.limit,
-            remaining: params.limit.saturating_sub(count),
-            reset_after_ns: reset_for(newest)?,
-        })
-    };
+    let report =
+        |verdict: Verdict, count: u64, newest: Option<u64>| -> Result<Decision, Overflow> {
+            Ok(Decision {
+                verdict,
+                limit: params.limit,
+                remaining: params.limit.saturating_sub(count),
+                reset_after_ns: reset_for(newest)?,
+            })
+        };
     if quantity == 0 {
-        return Ok(Outcome { decision: report(Verdict::Allowed, in_window, newest)?, write: None });
+        return Ok(Outcome {
+            decision: report(Verdict::Allowed, in_window, newest)?,
+            write: None,
+        });
     }
     if quantity > params.limit {
-        return Ok(Outcome { decision: report(Verdict::Never, in_window, newest)?, write: None });
+        return Ok(Outcome {
+            decision: report(Verdict::Never, in_window, newest)?,
+            write: None,
+        });
     }
     let after = in_window.checked_add(quantity).ok_or(Overflow)?;
     if after <= params.limit {
-        let write = LogWrite { window_ns: params.window_ns, limit: params.limit, at_ns: now_ns, quantity };
+        let write = LogWrite {
+            window_ns: params.window_ns,
+            limit: params.limit,
+            at_ns: now_ns,
+            quantity,
+        };
         let newest_after = Some(newest.map_or(now_ns, |t| t.max(now_ns)));
-        return Ok(Outcome { decision: report(Verdict::Allowed, after, newest_after)?, write: Some(write) });
+        return Ok(Outcome {
+            decision: report(Verdict::Allowed, after, newest_after)?,
+            write: Some(write),
+        });
     }
     // Denied: wait until `need` of the oldest requests in the window have left it.
     let need = after - params.limit;
     let mut freed = 0u64;
     let mut leaves_at = None;
     if let Some(l) = log {
-        for (at, count) in l.iter() {
-            if cutoff.is_some_and(|c| at <= c) {
-                continue;
-            }
+        for (at, count) in l.iter_after(cutoff) {
             freed += count;
             if freed >= need {
                 leaves_at = Some(at.checked_add(params.window_ns).ok_or(Overflow)?);
@@ -418,15 +532,20 @@ pub fn decide(
     }
     // `need` ≤ in_window, so some entry frees enough; the fallback is only defensive.
     let at = leaves_at.unwrap_or(now_ns.saturating_add(params.window_ns));
-    let verdict = Verdict::Denied { retry_after_ns: at.saturating_sub(now_ns).max(1) };
-    Ok(Outcome { decision: report(verdict, in_window, newest)?, write: None })
+    let verdict = Verdict::Denied {
+        retry_after_ns: at.saturating_sub(now_ns).max(1),
+    };
+    Ok(Outcome {
+        decision: report(verdict, in_window, newest)?,
+        write: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{NANOS_PER_MILLI, NANOS_PER_SEC};
     use crate::algo::testing::{check_retry_honest, timeline};
+    use crate::time::{NANOS_PER_MILLI, NANOS_PER_SEC};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -446,7 +565,10 @@ mod tests {
         let p = WindowParams::new(3, 10 * S).unwrap();
         let mut s = None;
         let d = run_log(&p, &mut s, BASE, 1);
-        assert_eq!((d.verdict, d.remaining, d.reset_after_ns), (Verdict::Allowed, 2, 10 * S));
+        assert_eq!(
+            (d.verdict, d.remaining, d.reset_after_ns),
+            (Verdict::Allowed, 2, 10 * S)
+        );
         run_log(&p, &mut s, BASE + 4 * S, 1);
         run_log(&p, &mut s, BASE + 8 * S, 1);
         let d = run_log(&p, &mut s, BASE + 9 * S, 1);
@@ -457,7 +579,12 @@ mod tests {
         assert_eq!((d.verdict, d.remaining), (Verdict::Allowed, 0));
         // Needing two to leave: the ones at 4 s and 8 s → retry at 18 s.
         let d = run_log(&p, &mut s, BASE + 10 * S, 2);
-        assert_eq!(d.verdict, Verdict::Denied { retry_after_ns: 8 * S });
+        assert_eq!(
+            d.verdict,
+            Verdict::Denied {
+                retry_after_ns: 8 * S
+            }
+        );
         assert_eq!(s.as_ref().unwrap().log.total(), 3);
     }
 
@@ -470,7 +597,10 @@ mod tests {
         run_log(&p, &mut s, BASE, 1);
         let log = &s.as_ref().unwrap().log;
         assert_eq!((log.total(), log.entries()), (4, 1));
-        assert_eq!(run_log(&p, &mut s, BASE, 2).verdict, Verdict::Denied { retry_after_ns: S });
+        assert_eq!(
+            run_log(&p, &mut s, BASE, 2).verdict,
+            Verdict::Denied { retry_after_ns: S }
+        );
     }
 
     #[test]
@@ -486,11 +616,20 @@ mod tests {
         let p = WindowParams::new(100_000, 3600 * S).unwrap();
         let mut s = LogState::new(&p);
         for i in 0..10_000u64 {
-            s.apply(&LogWrite { window_ns: p.window_ns, limit: p.limit, at_ns: BASE + i * 37_000, quantity: 1 });
+            s.apply(&LogWrite {
+                window_ns: p.window_ns,
+                limit: p.limit,
+                at_ns: BASE + i * 37_000,
+                quantity: 1,
+            });
         }
         // 37 µs apart: 3 bytes of delta + 1 byte of count.
         assert_eq!(s.log.bytes().len(), 40_000 - 3);
-        assert!(s.log.allocated_bytes() <= 4 * 10_000 * 3 / 2 + 64, "{}", s.log.allocated_bytes());
+        assert!(
+            s.log.allocated_bytes() <= 4 * 10_000 * 3 / 2 + 64,
+            "{}",
+            s.log.allocated_bytes()
+        );
     }
 
     #[test]
@@ -519,7 +658,10 @@ mod tests {
         assert_eq!(RequestLog::from_parts(100, 300, 4, &b), None);
         assert_eq!(RequestLog::from_parts(100, 300, 3, &b[..b.len() - 1]), None);
         assert_eq!(RequestLog::from_parts(100, 300, 3, &[1, 0, 2]), None); // zero delta
-        assert_eq!(RequestLog::from_parts(100, 300, 3, &[0x81, 0x00, 200, 1, 2]), None); // non-minimal
+        assert_eq!(
+            RequestLog::from_parts(100, 300, 3, &[0x81, 0x00, 200, 1, 2]),
+            None
+        ); // non-minimal
     }
 
     proptest! {
@@ -562,6 +704,31 @@ mod tests {
             }
             let out = decide(&p, s.as_ref(), now, qty).unwrap();
             check_retry_honest(out.decision.verdict, now, |t| decide(&p, s.as_ref(), t, qty).unwrap().decision.verdict)?;
+        }
+
+        #[test]
+        fn scans_that_resume_count_like_a_full_scan(
+            ops in prop::collection::vec((0u8..4, 0u64..2_000, 1u64..4), 1..120),
+        ) {
+            // Pushes, pops, drops and count queries with cutoffs that go back and forth: the
+            // resumable scan always agrees with counting from the start.
+            let mut log = RequestLog::default();
+            let mut t = 10_000u64;
+            for (op, x, c) in ops {
+                match op {
+                    0 => { t += x % 50; log.push(t, c); }
+                    1 => { log.pop_back(c); }
+                    2 => { log.drop_until(t.saturating_sub(x)); }
+                    _ => {
+                        let cutoff = t.saturating_sub(x);
+                        let brute: u64 = log.iter().filter(|e| e.0 > cutoff).map(|e| e.1).sum();
+                        prop_assert_eq!(log.count_after(Some(cutoff)), brute);
+                        let listed: Vec<_> = log.iter_after(Some(cutoff)).collect();
+                        let expected: Vec<_> = log.iter().filter(|e| e.0 > cutoff).collect();
+                        prop_assert_eq!(listed, expected);
+                    }
+                }
+            }
         }
 
         #[test]

@@ -46,7 +46,9 @@ pub struct Counts {
 /// length this is the usual shift (current becomes previous after one window, both vanish
 /// after two); after a change it never under-counts a request that may lie in the new windows.
 pub fn current_counts(stored: Option<&SlidingState>, now_ns: u64, window_ns: u64) -> Counts {
-    let Some(s) = stored else { return Counts { prev: 0, curr: 0 } };
+    let Some(s) = stored else {
+        return Counts { prev: 0, curr: 0 };
+    };
     let start = now_ns - now_ns % window_ns;
     let prev_start = start.saturating_sub(window_ns);
     let mut counts = Counts { prev: 0, curr: 0 };
@@ -123,14 +125,23 @@ pub fn decide(
         }
     };
     if quantity == 0 {
-        return Ok(Outcome { decision: report(Verdict::Allowed, counts), write: None });
+        return Ok(Outcome {
+            decision: report(Verdict::Allowed, counts),
+            write: None,
+        });
     }
     if quantity > params.limit {
-        return Ok(Outcome { decision: report(Verdict::Never, counts), write: None });
+        return Ok(Outcome {
+            decision: report(Verdict::Never, counts),
+            write: None,
+        });
     }
     let n_scaled = u128::from(quantity) * u128::from(w);
     if scaled_estimate(counts, elapsed, w) + n_scaled <= limit_scaled {
-        let after = Counts { prev: counts.prev, curr: counts.curr.checked_add(quantity).ok_or(Overflow)? };
+        let after = Counts {
+            prev: counts.prev,
+            curr: counts.curr.checked_add(quantity).ok_or(Overflow)?,
+        };
         let write = SlidingState {
             window_ns: w,
             limit: params.limit,
@@ -139,10 +150,14 @@ pub fn decide(
             curr: after.curr,
             updated_ns: now_ns,
         };
-        return Ok(Outcome { decision: report(Verdict::Allowed, after), write: Some(write) });
+        return Ok(Outcome {
+            decision: report(Verdict::Allowed, after),
+            write: Some(write),
+        });
     }
     // Denied: the estimate only falls with time, so find the first instant it admits.
-    let room_now = u128::from(params.limit).checked_sub(u128::from(counts.curr) + u128::from(quantity));
+    let room_now =
+        u128::from(params.limit).checked_sub(u128::from(counts.curr) + u128::from(quantity));
     let in_this_window = room_now.and_then(|room| earliest_offset(counts.prev, room, elapsed, w));
     let at = match in_this_window {
         Some(offset) => start + offset,
@@ -155,8 +170,13 @@ pub fn decide(
             }
         }
     };
-    let verdict = Verdict::Denied { retry_after_ns: at.saturating_sub(now_ns).max(1) };
-    Ok(Outcome { decision: report(verdict, counts), write: None })
+    let verdict = Verdict::Denied {
+        retry_after_ns: at.saturating_sub(now_ns).max(1),
+    };
+    Ok(Outcome {
+        decision: report(verdict, counts),
+        write: None,
+    })
 }
 
 /// Gives back up to `quantity` requests from the current window's count at `now_ns`; returns
@@ -170,15 +190,28 @@ pub fn refund(state: &SlidingState, now_ns: u64, quantity: u64) -> (Option<Slidi
         return (None, refunded);
     }
     let start = now_ns - now_ns % w;
-    let updated_ns = if curr > 0 { state.updated_ns.max(start) } else { start };
-    (Some(SlidingState { window_start_ns: start, prev: counts.prev, curr, updated_ns, ..*state }), refunded)
+    let updated_ns = if curr > 0 {
+        state.updated_ns.max(start)
+    } else {
+        start
+    };
+    (
+        Some(SlidingState {
+            window_start_ns: start,
+            prev: counts.prev,
+            curr,
+            updated_ns,
+            ..*state
+        }),
+        refunded,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
     use crate::algo::testing::{check_retry_honest, replay, timeline};
+    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -186,7 +219,14 @@ mod tests {
     const BASE: u64 = 1_795_996_800 * S;
 
     fn state(prev: u64, curr: u64) -> SlidingState {
-        SlidingState { window_ns: 10 * S, limit: 10, window_start_ns: BASE, prev, curr, updated_ns: BASE }
+        SlidingState {
+            window_ns: 10 * S,
+            limit: 10,
+            window_start_ns: BASE,
+            prev,
+            curr,
+            updated_ns: BASE,
+        }
     }
 
     #[test]
@@ -204,7 +244,12 @@ mod tests {
         assert_eq!(out.decision.remaining, 0);
         let out = decide(&p, Some(&s), BASE + 2_500 * MS, 3).unwrap();
         // 3 pass once 10·(10−e)/10 ≤ 7, i.e. at e = 3 s.
-        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 500 * MS });
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 500 * MS
+            }
+        );
     }
 
     #[test]
@@ -217,7 +262,7 @@ mod tests {
         let b = decide(&p, Some(&s), BASE + 15 * S, 0).unwrap();
         assert_eq!(b.decision.remaining, 2);
         assert_eq!(ceil_ms(b.decision.reset_after_ns), 5_000); // only prev left
-        // Two windows later: idle.
+                                                               // Two windows later: idle.
         let c = decide(&p, Some(&s), BASE + 20 * S, 0).unwrap();
         assert_eq!((c.decision.remaining, c.decision.reset_after_ns), (4, 0));
     }
@@ -229,16 +274,29 @@ mod tests {
         let p = WindowParams::new(4, 10 * S).unwrap();
         let s = decide(&p, None, BASE + 5 * S, 4).unwrap().write.unwrap();
         let out = decide(&p, Some(&s), BASE + 5 * S, 1).unwrap();
-        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 7_500 * MS });
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 7_500 * MS
+            }
+        );
         let out = decide(&p, Some(&s), BASE + 5 * S, 4).unwrap();
-        assert_eq!(out.decision.verdict, Verdict::Denied { retry_after_ns: 15 * S });
+        assert_eq!(
+            out.decision.verdict,
+            Verdict::Denied {
+                retry_after_ns: 15 * S
+            }
+        );
     }
 
     #[test]
     fn window_change_counts_conservatively() {
         let minute = WindowParams::new(10, 60 * S).unwrap();
         let ten_s = WindowParams::new(10, 10 * S).unwrap();
-        let s = decide(&minute, None, BASE + 5 * S, 6).unwrap().write.unwrap();
+        let s = decide(&minute, None, BASE + 5 * S, 6)
+            .unwrap()
+            .write
+            .unwrap();
         // Last write at 5 s lies in the 10 s window [0, 10): counted as current.
         let c = current_counts(Some(&s), BASE + 7 * S, ten_s.window_ns);
         assert_eq!(c, Counts { prev: 0, curr: 6 });

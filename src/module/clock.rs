@@ -12,14 +12,21 @@ use crate::time::NANOS_PER_MICRO;
 pub fn now_ns() -> u64 {
     if let Some(cached) = unsafe { raw::RedisModule_CachedMicroseconds } {
         let micros = unsafe { cached() };
-        return u64::try_from(micros).unwrap_or(0).saturating_mul(NANOS_PER_MICRO);
+        return u64::try_from(micros)
+            .unwrap_or(0)
+            .saturating_mul(NANOS_PER_MICRO);
     }
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer; CLOCK_REALTIME always exists on Linux.
     if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 {
         return 0;
     }
     let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
     let micros = u64::try_from(ts.tv_nsec).unwrap_or(0) / NANOS_PER_MICRO;
-    secs.saturating_mul(1_000_000).saturating_add(micros).saturating_mul(NANOS_PER_MICRO)
+    secs.saturating_mul(1_000_000)
+        .saturating_add(micros)
+        .saturating_mul(NANOS_PER_MICRO)
 }

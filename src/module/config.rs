@@ -6,8 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::raw;
 
-
-
 /// Default of `rl.log-max-limit`: the largest `limit` RL.WINDOW … LOG accepts.
 pub const LOG_MAX_LIMIT_DEFAULT: u64 = 100_000;
 /// Range of `rl.log-max-limit`. At the maximum a LOG key holds at most 10 M requests
@@ -53,7 +51,9 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
                 "unknown module argument '{shown}' (known: log-max-limit N)"
             ));
         }
-        let value = rest.next().ok_or_else(|| format!("module argument '{shown}' needs a value"))?;
+        let value = rest
+            .next()
+            .ok_or_else(|| format!("module argument '{shown}' needs a value"))?;
         let (lo, hi) = LOG_MAX_LIMIT_RANGE;
         match crate::time::parse_count(value) {
             Some(v) if (lo..=hi).contains(&v) => LOG_MAX_LIMIT.store(v, Ordering::Relaxed),

@@ -46,7 +46,12 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
         aux_save2: None,
     };
     let t = unsafe {
-        create(ctx, TYPE_NAME.as_ptr(), c_int::from(ENCODING_VERSION), &mut methods)
+        create(
+            ctx,
+            TYPE_NAME.as_ptr(),
+            c_int::from(ENCODING_VERSION),
+            &mut methods,
+        )
     };
     if t.is_null() {
         return Err("CreateDataType failed");
@@ -90,7 +95,9 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             );
             return ptr::null_mut();
         }
-        let Some(load) = raw::RedisModule_LoadStringBuffer else { return ptr::null_mut() };
+        let Some(load) = raw::RedisModule_LoadStringBuffer else {
+            return ptr::null_mut();
+        };
         let mut len: usize = 0;
         let buf = load(rdb, &mut len);
         if raw::RedisModule_IsIOError.is_some_and(|f| f(rdb) != 0) || buf.is_null() {
@@ -121,7 +128,9 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard::callback("rdb_save", (), || {
-        let Some(save) = raw::RedisModule_SaveStringBuffer else { return };
+        let Some(save) = raw::RedisModule_SaveStringBuffer else {
+            return;
+        };
         with_scratch(
             |buf| value::encode_into(value, buf),
             |bytes| save(rdb, bytes.as_ptr().cast::<c_char>(), bytes.len()),
@@ -135,18 +144,23 @@ unsafe extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     guard::callback("aof_rewrite", (), || {
-        let Some(emit) = raw::RedisModule_EmitAOF else { return };
+        let Some(emit) = raw::RedisModule_EmitAOF else {
+            return;
+        };
         // Redis appends the key's PEXPIREAT after these commands.
-        with_scratch(|buf| value::encode_into(value, buf), |bytes| {
-            emit(
-                aof,
-                ffi::cstr(c"RL.APPLY"),
-                ffi::cstr(c"sb"),
-                key,
-                bytes.as_ptr().cast::<c_char>(),
-                bytes.len(),
-            )
-        });
+        with_scratch(
+            |buf| value::encode_into(value, buf),
+            |bytes| {
+                emit(
+                    aof,
+                    ffi::cstr(c"RL.APPLY"),
+                    ffi::cstr(c"sb"),
+                    key,
+                    bytes.as_ptr().cast::<c_char>(),
+                    bytes.len(),
+                )
+            },
+        );
     })
 }
 
@@ -157,9 +171,10 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard::callback("digest", (), || {
-        let (Some(add), Some(end)) =
-            (raw::RedisModule_DigestAddStringBuffer, raw::RedisModule_DigestEndSequence)
-        else {
+        let (Some(add), Some(end)) = (
+            raw::RedisModule_DigestAddStringBuffer,
+            raw::RedisModule_DigestEndSequence,
+        ) else {
             return;
         };
         with_scratch(
@@ -179,8 +194,10 @@ unsafe extern "C" fn copy(
     _to: *mut raw::RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    guard::callback("copy", ptr::null_mut(), || match value::to_state(value.cast_mut()) {
-        Some(state) => value::into_raw(state),
-        None => ptr::null_mut(),
+    guard::callback("copy", ptr::null_mut(), || {
+        match value::to_state(value.cast_mut()) {
+            Some(state) => value::into_raw(state),
+            None => ptr::null_mut(),
+        }
     })
 }

@@ -16,6 +16,8 @@ pub enum CommandError {
     WrongType,
     /// The key holds a limiter of another algorithm.
     WrongAlgorithm {
+        /// The key, for the message (lossy UTF-8, at most 64 characters).
+        key: String,
         /// What the key holds (`FIXED window`, `GCRA limiter`, …).
         held: &'static str,
         /// What the call asked for.
@@ -67,9 +69,9 @@ impl CommandError {
             Self::WrongType => {
                 "WRONGTYPE Operation against a key holding the wrong kind of value".to_owned()
             }
-            Self::WrongAlgorithm { held, asked } => format!(
-                "ERR key holds a {held}, not a {asked}: use the same algorithm for a key, or \
-                 another key"
+            Self::WrongAlgorithm { key, held, asked } => format!(
+                "ERR key '{key}' holds a {held}, not a {asked}: use the same algorithm for a \
+                 key, or another key"
             ),
             Self::LogLimitTooHigh { limit, max } => format!(
                 "ERR limit {limit} is above rl.log-max-limit ({max}) for LOG, which stores every \

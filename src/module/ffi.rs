@@ -11,7 +11,9 @@ use redis_module::raw;
 /// # Safety
 /// `s` must be a live `RedisModuleString` for the lifetime `'a`.
 pub unsafe fn bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
-    let Some(ptr_len) = raw::RedisModule_StringPtrLen else { return &[] };
+    let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
+        return &[];
+    };
     let mut len: usize = 0;
     let ptr = ptr_len(s, &mut len);
     if ptr.is_null() {
@@ -29,7 +31,9 @@ pub enum Level {
 
 /// Writes one line to the server log (`ctx` may be null).
 pub fn log(ctx: *mut raw::RedisModuleCtx, level: Level, message: &str) {
-    let Some(log) = (unsafe { raw::RedisModule_Log }) else { return };
+    let Some(log) = (unsafe { raw::RedisModule_Log }) else {
+        return;
+    };
     let level: &CStr = match level {
         Level::Notice => c"notice",
         Level::Warning => c"warning",
@@ -49,9 +53,9 @@ pub fn reply_error(ctx: *mut raw::RedisModuleCtx, message: &str) -> c_int {
 
 /// Replies with an array of integers.
 pub fn reply_integers(ctx: *mut raw::RedisModuleCtx, values: &[i64]) -> c_int {
-    let (Some(array), Some(int)) =
-        (unsafe { raw::RedisModule_ReplyWithArray }, unsafe { raw::RedisModule_ReplyWithLongLong })
-    else {
+    let (Some(array), Some(int)) = (unsafe { raw::RedisModule_ReplyWithArray }, unsafe {
+        raw::RedisModule_ReplyWithLongLong
+    }) else {
         return raw::Status::Err as c_int;
     };
     unsafe {

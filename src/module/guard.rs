@@ -31,7 +31,11 @@ pub fn command(
         Ok(Err(e)) => ffi::reply_error(ctx, &e.reply_text()),
         Err(payload) => {
             let msg = panic_message(payload.as_ref());
-            ffi::log(ctx, Level::Warning, &format!("redis-rl: panic in {name}: {msg}"));
+            ffi::log(
+                ctx,
+                Level::Warning,
+                &format!("redis-rl: panic in {name}: {msg}"),
+            );
             ffi::reply_error(ctx, &CommandError::Panic(msg).reply_text())
         }
     }

@@ -27,12 +27,22 @@ impl LimiterKey {
         name: *mut raw::RedisModuleString,
         write: bool,
     ) -> Self {
-        let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
         let key = match unsafe { raw::RedisModule_OpenKey } {
             Some(open) => unsafe { open(ctx, name, mode as c_int) },
             None => std::ptr::null_mut(),
         };
         Self { ctx, name, key }
+    }
+
+    /// The key's name for messages: lossy UTF-8, at most 64 characters.
+    pub fn display_name(&self) -> String {
+        let bytes = unsafe { ffi::bytes(self.name) };
+        String::from_utf8_lossy(bytes).chars().take(64).collect()
     }
 
     /// Returns the key's raw value pointer (null for a missing key).
@@ -138,7 +148,12 @@ impl LimiterKey {
                 signal(self.ctx, self.name);
             }
             if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
-                notify(self.ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr(), self.name);
+                notify(
+                    self.ctx,
+                    raw::REDISMODULE_NOTIFY_MODULE,
+                    event.as_ptr(),
+                    self.name,
+                );
             }
         }
     }

@@ -70,11 +70,17 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
     ) == raw::Status::Err as c_int
     {
         // The API table is filled before the name check, so logging works here.
-        ffi::log(ctx, Level::Warning, "redis-rl: module not loaded: a module named 'rl' is already loaded");
+        ffi::log(
+            ctx,
+            Level::Warning,
+            "redis-rl: module not loaded: a module named 'rl' is already loaded",
+        );
         return raw::Status::Err as c_int;
     }
     let args = args(argv, argc);
-    let loaded = guard::callback("OnLoad", Err("panic during load".to_owned()), || on_load(ctx, args));
+    let loaded = guard::callback("OnLoad", Err("panic during load".to_owned()), || {
+        on_load(ctx, args)
+    });
     match loaded {
         Ok(()) => {
             ffi::log(
@@ -89,7 +95,11 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
             raw::Status::Ok as c_int
         }
         Err(why) => {
-            ffi::log(ctx, Level::Warning, &format!("redis-rl: module not loaded: {why}"));
+            ffi::log(
+                ctx,
+                Level::Warning,
+                &format!("redis-rl: module not loaded: {why}"),
+            );
             raw::Status::Err as c_int
         }
     }
@@ -114,7 +124,9 @@ fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<()
                 v & 0xff
             ))
         }
-        None => return Err("this server is older than 7.0; redis-rl needs Redis 7.0 or newer".into()),
+        None => {
+            return Err("this server is older than 7.0; redis-rl needs Redis 7.0 or newer".into())
+        }
     }
     let arg_bytes: Vec<&[u8]> = args.iter().map(|&a| unsafe { ffi::bytes(a) }).collect();
     config::apply_module_args(&arg_bytes)?;
@@ -204,7 +216,9 @@ unsafe extern "C" fn rl_all(
     argc: c_int,
 ) -> c_int {
     let counted = handler!("RL.ALL", commands::all::run, stats::Command::All);
-    let positions = guard::callback("RL.ALL keys", false, || commands::all::report_key_positions(ctx, args(argv, argc)));
+    let positions = guard::callback("RL.ALL keys", false, || {
+        commands::all::report_key_positions(ctx, args(argv, argc))
+    });
     if positions {
         return raw::Status::Ok as c_int;
     }
@@ -229,7 +243,8 @@ const COMMANDS: &[CommandSpec] = &[
         flags: c"write deny-oom fast",
         arity: -4,
         keys: Keys::First,
-        summary: c"Window rate limit (FIXED, SLIDING counter or exact LOG): admit or deny a request",
+        summary:
+            c"Window rate limit (FIXED, SLIDING counter or exact LOG): admit or deny a request",
         complexity: c"O(1); LOG: O(1) amortised, O(entries that left the window)",
         args: docs::WINDOW,
         acl: c"write fast",
@@ -258,7 +273,11 @@ const COMMANDS: &[CommandSpec] = &[
     },
     CommandSpec {
         name: c"CL.THROTTLE",
-        handler: handler!("CL.THROTTLE", commands::throttle::run, stats::Command::Throttle),
+        handler: handler!(
+            "CL.THROTTLE",
+            commands::throttle::run,
+            stats::Command::Throttle
+        ),
         flags: c"write deny-oom fast",
         arity: -5,
         keys: Keys::First,
@@ -302,14 +321,22 @@ fn register_command(
     let create = unsafe { raw::RedisModule_CreateCommand }.ok_or("no CreateCommand API")?;
     let key_pos = c_int::from(spec.keys == Keys::First);
     let status = unsafe {
-        create(ctx, spec.name.as_ptr(), Some(spec.handler), spec.flags.as_ptr(), key_pos, key_pos, key_pos)
+        create(
+            ctx,
+            spec.name.as_ptr(),
+            Some(spec.handler),
+            spec.flags.as_ptr(),
+            key_pos,
+            key_pos,
+            key_pos,
+        )
     };
     if status != raw::Status::Ok as c_int {
         return Err(format!("cannot create command {name}"));
     }
-    let (Some(get), Some(set_info)) =
-        (unsafe { raw::RedisModule_GetCommand }, unsafe { raw::RedisModule_SetCommandInfo })
-    else {
+    let (Some(get), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
+        raw::RedisModule_SetCommandInfo
+    }) else {
         return Err("no SetCommandInfo API".into());
     };
     let command = unsafe { get(ctx, spec.name.as_ptr()) };
@@ -324,11 +351,19 @@ fn register_command(
     };
     // SAFETY: all-zero is the API's "end of array" marker and a valid bit pattern for these
     // plain C structs.
-    let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] =
-        unsafe { [MaybeUninit::zeroed().assume_init(), MaybeUninit::zeroed().assume_init()] };
+    let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe {
+        [
+            MaybeUninit::zeroed().assume_init(),
+            MaybeUninit::zeroed().assume_init(),
+        ]
+    };
     if spec.keys != Keys::None {
         let ks = &mut key_specs[0];
-        ks.flags = u64::from(raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE);
+        ks.flags = u64::from(
+            raw::REDISMODULE_CMD_KEY_RW
+                | raw::REDISMODULE_CMD_KEY_ACCESS
+                | raw::REDISMODULE_CMD_KEY_UPDATE,
+        );
         ks.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
         ks.bs.index.pos = 1;
         if spec.keys == Keys::First {
@@ -350,16 +385,25 @@ fn register_command(
     info.complexity = spec.complexity.as_ptr();
     info.since = c"0.1.0".as_ptr();
     info.arity = spec.arity;
-    info.key_specs = if spec.keys != Keys::None { key_specs.as_mut_ptr() } else { std::ptr::null_mut() };
+    info.key_specs = if spec.keys != Keys::None {
+        key_specs.as_mut_ptr()
+    } else {
+        std::ptr::null_mut()
+    };
     let mut arena = Vec::new();
-    info.args = if spec.args.is_empty() { std::ptr::null_mut() } else { docs::build(spec.args, 0, &mut arena) };
+    info.args = if spec.args.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        docs::build(spec.args, 0, &mut arena)
+    };
     if unsafe { set_info(command, &info) } != raw::Status::Ok as c_int {
         return Err(format!("cannot set command info of {name}"));
     }
     drop(arena);
     if !spec.acl.is_empty() {
         let categories = if ratelimit_category && spec.name != c"RL.APPLY" {
-            std::ffi::CString::new(format!("{} ratelimit", spec.acl.to_string_lossy())).unwrap_or_default()
+            std::ffi::CString::new(format!("{} ratelimit", spec.acl.to_string_lossy()))
+                .unwrap_or_default()
         } else {
             spec.acl.to_owned()
         };

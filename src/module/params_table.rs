@@ -31,7 +31,10 @@ pub fn get(id: u16) -> Option<(u64, u64)> {
         return None;
     }
     let i = usize::from(id);
-    Some((INTERVALS[i].load(Ordering::Relaxed), BURSTS[i].load(Ordering::Relaxed)))
+    Some((
+        INTERVALS[i].load(Ordering::Relaxed),
+        BURSTS[i].load(Ordering::Relaxed),
+    ))
 }
 
 /// Returns the id of the pair, assigning one if needed; `None` when the table is full.
@@ -40,7 +43,9 @@ pub fn id_for(emission_interval_ns: u64, burst: u64) -> Option<u16> {
     if t == emission_interval_ns && b == burst && t != 0 {
         return Some(id);
     }
-    let mut guard = INDEX.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut guard = INDEX
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let index = guard.get_or_insert_with(HashMap::new);
     let id = match index.get(&(emission_interval_ns, burst)) {
         Some(&id) => id,

@@ -104,7 +104,11 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
         for (name, k) in KIND_NAMES.iter().zip(&KEYS) {
             field(ctx, name.as_ptr(), k.load(Ordering::Relaxed).max(0) as u64);
         }
-        field(ctx, c"gcra_parameter_sets".as_ptr(), params_table::len() as u64);
+        field(
+            ctx,
+            c"gcra_parameter_sets".as_ptr(),
+            params_table::len() as u64,
+        );
     })
 }
 

@@ -50,7 +50,10 @@ impl CompactGcra {
             return None;
         }
         let id = params_table::id_for(g.emission_interval_ns, g.burst)?;
-        Some(Self { tat_ns: g.tat_ns, packed: (u64::from(id) << IN_USE_BITS) | in_use })
+        Some(Self {
+            tat_ns: g.tat_ns,
+            packed: (u64::from(id) << IN_USE_BITS) | in_use,
+        })
     }
 
     fn unpack(&self) -> Option<GcraState> {

@@ -23,7 +23,10 @@ pub fn module_path() -> PathBuf {
         return release;
     }
     let debug = root.join("target/debug/libredis_rl.so");
-    assert!(debug.exists(), "no module built: run `make build` (or `cargo build --release`)");
+    assert!(
+        debug.exists(),
+        "no module built: run `make build` (or `cargo build --release`)"
+    );
     debug
 }
 
@@ -105,10 +108,18 @@ impl Builder {
     pub fn start(self) -> Server {
         let dir = match self.dir {
             Some(d) => d,
-            None => tempfile::Builder::new().prefix("redis-rl-test-").tempdir().expect("temp dir"),
+            None => tempfile::Builder::new()
+                .prefix("redis-rl-test-")
+                .tempdir()
+                .expect("temp dir"),
         };
-        let mut server =
-            Server { child: None, port: 0, dir, extra: self.extra, module: self.module };
+        let mut server = Server {
+            child: None,
+            port: 0,
+            dir,
+            extra: self.extra,
+            module: self.module,
+        };
         server.launch_fresh_port();
         server
     }
@@ -121,7 +132,11 @@ impl Server {
     }
 
     pub fn builder() -> Builder {
-        Builder { extra: Vec::new(), module: Some(module_path()), dir: None }
+        Builder {
+            extra: Vec::new(),
+            module: Some(module_path()),
+            dir: None,
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -151,23 +166,53 @@ impl Server {
 
     fn command(&self) -> Command {
         let mut cmd = Command::new(server_binary());
-        cmd.arg("--port").arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--daemonize", "no", "--save", "", "--appendonly", "no"])
-            .args(["--enable-debug-command", "yes", "--enable-module-command", "yes"])
-            .arg("--dir").arg(self.dir.path())
-            .arg("--logfile").arg(self.log_path())
-            .args(self.module.iter().flat_map(|m| [std::ffi::OsStr::new("--loadmodule"), m.as_os_str()]))
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--daemonize",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args([
+                "--enable-debug-command",
+                "yes",
+                "--enable-module-command",
+                "yes",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(
+                self.module
+                    .iter()
+                    .flat_map(|m| [std::ffi::OsStr::new("--loadmodule"), m.as_os_str()]),
+            )
             .args(&self.extra)
-            .stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         cmd
     }
 
     fn launch(&mut self) -> Result<(), String> {
-        let child = self.command().spawn().map_err(|e| format!("spawn redis-server: {e}"))?;
+        let child = self
+            .command()
+            .spawn()
+            .map_err(|e| format!("spawn redis-server: {e}"))?;
         self.child = Some(child);
         let deadline = Instant::now() + START_DEADLINE;
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.child = None;
                 return Err(format!("exited with {status}; log:\n{}", self.log()));
             }
@@ -179,7 +224,10 @@ impl Server {
             }
             if Instant::now() > deadline {
                 self.kill();
-                return Err(format!("no PING answer within {START_DEADLINE:?}; log:\n{}", self.log()));
+                return Err(format!(
+                    "no PING answer within {START_DEADLINE:?}; log:\n{}",
+                    self.log()
+                ));
             }
             sleep(Duration::from_millis(20));
         }
@@ -194,7 +242,8 @@ impl Server {
 
     /// A new connection to the server.
     pub fn conn(&self) -> redis::Connection {
-        self.try_conn().unwrap_or_else(|e| panic!("connect to port {}: {e}; log:\n{}", self.port, self.log()))
+        self.try_conn()
+            .unwrap_or_else(|e| panic!("connect to port {}: {e}; log:\n{}", self.port, self.log()))
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -212,7 +261,10 @@ impl Server {
     /// Stops the server with SIGTERM (a clean shutdown) and reaps it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(20);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -257,13 +309,15 @@ pub fn q<T: redis::FromRedisValue>(con: &mut redis::Connection, args: &[&str]) -
     for a in &args[1..] {
         cmd.arg(*a);
     }
-    cmd.query(con).unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+    cmd.query(con)
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
 }
 
 /// Runs a limiting command and returns its five-integer reply.
 pub fn rl(con: &mut redis::Connection, args: &[&str]) -> [i64; 5] {
     let v: Vec<i64> = q(con, args);
-    v.try_into().unwrap_or_else(|v: Vec<i64>| panic!("{args:?}: not five integers: {v:?}"))
+    v.try_into()
+        .unwrap_or_else(|v: Vec<i64>| panic!("{args:?}: not five integers: {v:?}"))
 }
 
 /// Runs a command that must fail, returning the full error line (`ERR …`, `WRONGTYPE …`).
@@ -273,7 +327,12 @@ pub fn err(con: &mut redis::Connection, args: &[&[u8]]) -> String {
         cmd.arg(*a);
     }
     match cmd.query::<redis::Value>(con) {
-        Ok(v) => panic!("{:?} succeeded with {v:?}", args.iter().map(|a| String::from_utf8_lossy(a)).collect::<Vec<_>>()),
+        Ok(v) => panic!(
+            "{:?} succeeded with {v:?}",
+            args.iter()
+                .map(|a| String::from_utf8_lossy(a))
+                .collect::<Vec<_>>()
+        ),
         Err(e) => format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or("")),
     }
 }
@@ -313,8 +372,10 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 /// The value of one `INFO` field.
 pub fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> Option<String> {
     let info: String = q(con, &["INFO", section]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_owned()))
+    info.lines().find_map(|l| {
+        l.strip_prefix(&format!("{field}:"))
+            .map(|v| v.trim().to_owned())
+    })
 }
 
 /// A Redis Cluster of `n` masters on loopback, each with the module, joined with
@@ -337,8 +398,15 @@ impl Cluster {
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
-        let out = Command::new("redis-cli").args(&args).output().expect("run redis-cli --cluster create");
-        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        let out = Command::new("redis-cli")
+            .args(&args)
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         let cluster = Cluster { nodes };
         cluster.wait_ok();
         cluster
@@ -357,8 +425,15 @@ impl Cluster {
 
     /// A cluster-aware client connection (follows MOVED/ASK).
     pub fn conn(&self) -> redis::cluster::ClusterConnection {
-        let urls: Vec<String> = self.nodes.iter().map(|s| format!("redis://127.0.0.1:{}/", s.port)).collect();
-        redis::cluster::ClusterClient::new(urls).unwrap().get_connection().unwrap()
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}/", s.port))
+            .collect();
+        redis::cluster::ClusterClient::new(urls)
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 
     /// The node serving `key`'s slot.
@@ -367,15 +442,26 @@ impl Cluster {
         let slot: i64 = q(&mut c, &["CLUSTER", "KEYSLOT", key]);
         let slots: Vec<redis::Value> = q(&mut c, &["CLUSTER", "SLOTS"]);
         for range in slots {
-            let redis::Value::Array(parts) = range else { continue };
-            let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi)), Some(redis::Value::Array(master))) =
-                (parts.first(), parts.get(1), parts.get(2))
+            let redis::Value::Array(parts) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(lo)),
+                Some(redis::Value::Int(hi)),
+                Some(redis::Value::Array(master)),
+            ) = (parts.first(), parts.get(1), parts.get(2))
             else {
                 continue;
             };
             if (*lo..=*hi).contains(&slot) {
-                let Some(redis::Value::Int(port)) = master.get(1) else { continue };
-                return self.nodes.iter().find(|s| i64::from(s.port) == *port).expect("node of the slot");
+                let Some(redis::Value::Int(port)) = master.get(1) else {
+                    continue;
+                };
+                return self
+                    .nodes
+                    .iter()
+                    .find(|s| i64::from(s.port) == *port)
+                    .expect("node of the slot");
             }
         }
         panic!("no owner for slot {slot}");
@@ -402,7 +488,11 @@ pub fn key_slot(key: &str) -> u16 {
     for &b in tagged {
         crc ^= u16::from(b) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc % 16384
@@ -414,7 +504,11 @@ pub fn crc64(data: &[u8]) -> u64 {
     for &b in data {
         crc ^= u64::from(b);
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x95AC_9329_AC4B_C9B5 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x95AC_9329_AC4B_C9B5
+            } else {
+                crc >> 1
+            };
         }
     }
     crc
@@ -439,7 +533,10 @@ impl Dump {
         let n = payload.len();
         let mut tail = vec![0u8];
         tail.extend_from_slice(&payload[n - 10..n - 8]);
-        Dump { head: payload[..11].to_vec(), tail }
+        Dump {
+            head: payload[..11].to_vec(),
+            tail,
+        }
     }
 
     /// A payload holding `state` as the value's codec bytes, with a valid CRC64.
@@ -481,7 +578,10 @@ pub fn log_state(window_ns: u64, limit: u64, at_ns: u64, count: u8) -> Vec<u8> {
 
 /// Nanoseconds since the epoch by this machine's clock (the test servers run here too).
 pub fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 /// Reads the little-endian u64 at `offset`.

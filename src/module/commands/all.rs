@@ -22,8 +22,14 @@ struct AllCall<'a> {
     request: RequestOptions,
 }
 
-fn value<'a>(it: &mut std::slice::Iter<'a, *mut raw::RedisModuleString>, what: &'static str) -> Result<&'a [u8], CommandError> {
-    it.next().map(|&s| unsafe { ffi::bytes(s) }).ok_or(CommandError::MissingValue(what))
+/// The next argument of a spec; `what` names it in the error (`GCRA period`).
+fn value<'a>(
+    it: &mut std::slice::Iter<'a, *mut raw::RedisModuleString>,
+    what: &'static str,
+) -> Result<&'a [u8], CommandError> {
+    it.next()
+        .map(|&s| unsafe { ffi::bytes(s) })
+        .ok_or_else(|| CommandError::Syntax(format!("spec is missing its {what}")))
 }
 
 fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
@@ -31,34 +37,50 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
         return Err(CommandError::Arity("rl.all"));
     };
     let n = params::positive(unsafe { ffi::bytes(*numkeys) }, "numkeys")?;
-    let n = usize::try_from(n).ok().filter(|&n| n <= rest.len()).ok_or(CommandError::Syntax(
-        "numkeys is larger than the number of arguments".into(),
-    ))?;
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|&n| n <= rest.len())
+        .ok_or(CommandError::Syntax(
+            "numkeys is larger than the number of arguments".into(),
+        ))?;
     let (keys, rest) = rest.split_at(n);
-    for (i, &a) in keys.iter().enumerate() {
+    // O(n): a hash set of the key bytes (n is bounded only by the argument count).
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    for &a in keys {
         let a_bytes = unsafe { ffi::bytes(a) };
-        if keys[..i].iter().any(|&b| unsafe { ffi::bytes(b) } == a_bytes) {
+        if !seen.insert(a_bytes) {
             let shown: String = String::from_utf8_lossy(a_bytes).chars().take(64).collect();
-            return Err(CommandError::Syntax(format!("key '{shown}' given more than once")));
+            return Err(CommandError::Syntax(format!(
+                "key '{shown}' given more than once"
+            )));
         }
     }
     let mut it = rest.iter();
     let mut specs = Vec::with_capacity(n);
     for i in 0..n {
         let Some(&kind) = it.next() else {
-            return Err(CommandError::Syntax(format!("expected {n} specs (GCRA … or WINDOW …), got {i}")));
+            return Err(CommandError::Syntax(format!(
+                "expected {n} specs (GCRA … or WINDOW …), got {i}"
+            )));
         };
         let kind = unsafe { ffi::bytes(kind) };
         if kind.eq_ignore_ascii_case(b"GCRA") {
-            let burst = params::positive(value(&mut it, "GCRA")?, "burst")?;
-            let rate = params::positive(value(&mut it, "GCRA")?, "rate")?;
-            let period_ns = params::seconds(value(&mut it, "GCRA")?, "period")?;
-            specs.push(Spec::Gcra { params: GcraParams::new(burst, rate, period_ns)?, max_wait_ns: None });
+            let burst = params::positive(value(&mut it, "GCRA burst")?, "burst")?;
+            let rate = params::positive(value(&mut it, "GCRA rate")?, "rate")?;
+            let period_ns = params::seconds(value(&mut it, "GCRA period")?, "period")?;
+            specs.push(Spec::Gcra {
+                params: GcraParams::new(burst, rate, period_ns)?,
+                max_wait_ns: None,
+            });
         } else if kind.eq_ignore_ascii_case(b"WINDOW") {
-            let limit = params::positive(value(&mut it, "WINDOW")?, "limit")?;
-            let window_ns = params::seconds(value(&mut it, "WINDOW")?, "window")?;
+            let limit = params::positive(value(&mut it, "WINDOW limit")?, "limit")?;
+            let window_ns = params::seconds(value(&mut it, "WINDOW window")?, "window")?;
             let params = WindowParams::new(limit, window_ns)?;
-            let algorithm = match it.as_slice().first().and_then(|&s| Algorithm::parse(unsafe { ffi::bytes(s) })) {
+            let algorithm = match it
+                .as_slice()
+                .first()
+                .and_then(|&s| Algorithm::parse(unsafe { ffi::bytes(s) }))
+            {
                 Some(a) => {
                     it.next();
                     a
@@ -82,7 +104,11 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
             return Err(unknown(keyword));
         }
     }
-    Ok(AllCall { keys, specs, request })
+    Ok(AllCall {
+        keys,
+        specs,
+        request,
+    })
 }
 
 /// Answers a key-position request (`getkeys-api`: Redis Cluster routing and `COMMAND
@@ -90,7 +116,9 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
 /// keys are arguments `2 ..= numkeys + 1`. Returns false when this call is a normal one.
 pub fn report_key_positions(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> bool {
     let (Some(is_request), Some(key_at)) =
-        (unsafe { raw::RedisModule_IsKeysPositionRequest }, unsafe { raw::RedisModule_KeyAtPos })
+        (unsafe { raw::RedisModule_IsKeysPositionRequest }, unsafe {
+            raw::RedisModule_KeyAtPos
+        })
     else {
         return false;
     };
@@ -116,8 +144,11 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
     let call = parse(args)?;
     let now_ns = clock::now_ns();
     let may_write = call.request.may_write();
-    let mut keys: Vec<LimiterKey> =
-        call.keys.iter().map(|&k| LimiterKey::open(ctx, k, may_write)).collect();
+    let mut keys: Vec<LimiterKey> = call
+        .keys
+        .iter()
+        .map(|&k| LimiterKey::open(ctx, k, may_write))
+        .collect();
     let mut evaluated = Vec::with_capacity(keys.len());
     for (key, spec) in keys.iter_mut().zip(&call.specs) {
         evaluated.push(limit::evaluate(key, spec, now_ns, call.request.quantity)?);

@@ -36,7 +36,10 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<c_int, Comma
         Effect::LogAppend(write) => match limiter.load() {
             Ok(Some(Value::Log(log))) => log.apply(&write),
             _ => {
-                let params = WindowParams { limit: write.limit, window_ns: write.window_ns };
+                let params = WindowParams {
+                    limit: write.limit,
+                    window_ns: write.window_ns,
+                };
                 let mut state = LogState::new(&params);
                 state.apply(&write);
                 limiter.set_value(State::Log(Box::new(state)));

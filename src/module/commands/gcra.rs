@@ -44,8 +44,16 @@ fn parse(args: Args<'_>) -> Result<GcraCall, CommandError> {
             return Err(unknown(keyword));
         }
     }
-    let gcra_request = GcraRequest { quantity: request.quantity, max_wait_ns };
-    Ok(GcraCall { key: *key, params, request: gcra_request, peek: request.peek })
+    let gcra_request = GcraRequest {
+        quantity: request.quantity,
+        max_wait_ns,
+    };
+    Ok(GcraCall {
+        key: *key,
+        params,
+        request: gcra_request,
+        peek: request.peek,
+    })
 }
 
 /// Runs RL.GCRA (see SPEC.md). The reply is the five-integer array.
@@ -54,7 +62,10 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
     let now_ns = clock::now_ns();
     let may_write = !call.peek && call.request.quantity > 0;
     let mut key = LimiterKey::open(ctx, call.key, may_write);
-    let spec = Spec::Gcra { params: call.params, max_wait_ns: call.request.max_wait_ns };
+    let spec = Spec::Gcra {
+        params: call.params,
+        max_wait_ns: call.request.max_wait_ns,
+    };
     let evaluated = limit::evaluate(&mut key, &spec, now_ns, call.request.quantity)?;
     if let (true, Some(write)) = (may_write, &evaluated.write) {
         limit::commit(&mut key, write, evaluated.expire_at_ms, c"rl.gcra");

@@ -92,8 +92,8 @@ pub struct Evaluated {
     pub expire_at_ms: i64,
 }
 
-fn wrong(held: &Value<'_>, asked: &'static str) -> CommandError {
-    CommandError::WrongAlgorithm { held: held.describe(), asked }
+fn wrong(key: String, held: &'static str, asked: &'static str) -> CommandError {
+    CommandError::WrongAlgorithm { key, held, asked }
 }
 
 /// Decides `quantity` on `key` under `spec` at `now_ns`. Reads only.
@@ -106,45 +106,80 @@ pub fn evaluate(
     quantity: u64,
 ) -> Result<Evaluated, CommandError> {
     let (decision, write) = match spec {
-        Spec::Gcra { params, max_wait_ns } => {
+        Spec::Gcra {
+            params,
+            max_wait_ns,
+        } => {
             let stored = match key.load()? {
                 None => None,
                 Some(Value::Gcra(g)) => Some(g),
-                Some(other) => return Err(wrong(&other, "GCRA limiter")),
+                Some(other) => {
+                    let held = other.describe();
+                    return Err(wrong(key.display_name(), held, "GCRA limiter"));
+                }
             };
-            let request = GcraRequest { quantity, max_wait_ns: *max_wait_ns };
+            let request = GcraRequest {
+                quantity,
+                max_wait_ns: *max_wait_ns,
+            };
             let out = gcra::decide(params, stored.as_ref(), now_ns, request)?;
             (out.decision, out.write.map(Pending::Gcra))
         }
-        Spec::Window { params, algorithm: Algorithm::Fixed } => {
+        Spec::Window {
+            params,
+            algorithm: Algorithm::Fixed,
+        } => {
             let stored = match key.load()? {
                 None => None,
                 Some(Value::Fixed(s)) => Some(*s),
-                Some(other) => return Err(wrong(&other, Algorithm::Fixed.describe())),
+                Some(other) => {
+                    let held = other.describe();
+                    return Err(wrong(key.display_name(), held, Algorithm::Fixed.describe()));
+                }
             };
             let out = fixed_window::decide(params, stored.as_ref(), now_ns, quantity)?;
             (out.decision, out.write.map(Pending::Fixed))
         }
-        Spec::Window { params, algorithm: Algorithm::Sliding } => {
+        Spec::Window {
+            params,
+            algorithm: Algorithm::Sliding,
+        } => {
             let stored = match key.load()? {
                 None => None,
                 Some(Value::Sliding(s)) => Some(*s),
-                Some(other) => return Err(wrong(&other, Algorithm::Sliding.describe())),
+                Some(other) => {
+                    let held = other.describe();
+                    return Err(wrong(
+                        key.display_name(),
+                        held,
+                        Algorithm::Sliding.describe(),
+                    ));
+                }
             };
             let out = sliding_window::decide(params, stored.as_ref(), now_ns, quantity)?;
             (out.decision, out.write.map(Pending::Sliding))
         }
-        Spec::Window { params, algorithm: Algorithm::Log } => {
+        Spec::Window {
+            params,
+            algorithm: Algorithm::Log,
+        } => {
             let out = match key.load()? {
                 None => sliding_log::decide(params, None, now_ns, quantity)?,
                 Some(Value::Log(s)) => sliding_log::decide(params, Some(s), now_ns, quantity)?,
-                Some(other) => return Err(wrong(&other, Algorithm::Log.describe())),
+                Some(other) => {
+                    let held = other.describe();
+                    return Err(wrong(key.display_name(), held, Algorithm::Log.describe()));
+                }
             };
             (out.decision, out.write.map(Pending::Log))
         }
     };
     let expire_at_ms = expire_at_ms(now_ns.saturating_add(decision.reset_after_ns));
-    Ok(Evaluated { decision, write, expire_at_ms })
+    Ok(Evaluated {
+        decision,
+        write,
+        expire_at_ms,
+    })
 }
 
 /// Makes a decided write: stores it (in place where possible), sets the absolute expiry,
@@ -170,13 +205,20 @@ pub fn commit(key: &mut LimiterKey, write: &Pending, expire_at_ms: i64, event: &
                 _ => key.set_value(State::Sliding(Box::new(*w))),
             }
             key.set_expire_at(expire_at_ms);
-            key.announce(|buf| codec::encode_sliding_into(w, buf), expire_at_ms, event);
+            key.announce(
+                |buf| codec::encode_sliding_into(w, buf),
+                expire_at_ms,
+                event,
+            );
         }
         Pending::Log(w) => {
             match key.load() {
                 Ok(Some(Value::Log(s))) => s.apply(w),
                 _ => {
-                    let params = WindowParams { limit: w.limit, window_ns: w.window_ns };
+                    let params = WindowParams {
+                        limit: w.limit,
+                        window_ns: w.window_ns,
+                    };
                     let mut state = LogState::new(&params);
                     state.apply(w);
                     key.set_value(State::Log(Box::new(state)));
@@ -184,7 +226,11 @@ pub fn commit(key: &mut LimiterKey, write: &Pending, expire_at_ms: i64, event: &
             }
             key.set_expire_at(expire_at_ms);
             // The effect is the append itself (deterministic, O(1) bytes), not the log.
-            key.announce(|buf| codec::encode_log_append_into(w, buf), expire_at_ms, event);
+            key.announce(
+                |buf| codec::encode_log_append_into(w, buf),
+                expire_at_ms,
+                event,
+            );
         }
     }
 }

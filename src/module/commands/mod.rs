@@ -1,14 +1,14 @@
 //! The command handlers: parse → now → load → decide → store/replicate/notify → reply.
 
-pub mod apply;
 pub mod all;
+pub mod apply;
 pub mod gcra;
 pub mod limit;
+#[cfg(debug_assertions)]
+pub mod panic;
 pub mod refund;
 pub mod throttle;
 pub mod window;
-#[cfg(debug_assertions)]
-pub mod panic;
 
 use redis_module::raw;
 
@@ -57,14 +57,22 @@ pub struct RequestOptions {
 
 impl Default for RequestOptions {
     fn default() -> Self {
-        Self { quantity: 1, peek: false, seen_quantity: false }
+        Self {
+            quantity: 1,
+            peek: false,
+            seen_quantity: false,
+        }
     }
 }
 
 impl RequestOptions {
     /// Takes `keyword` (and its value from `options`) if it is QUANTITY or PEEK; returns
     /// false for any other keyword.
-    pub fn take(&mut self, keyword: &[u8], options: &mut Options<'_>) -> Result<bool, CommandError> {
+    pub fn take(
+        &mut self,
+        keyword: &[u8],
+        options: &mut Options<'_>,
+    ) -> Result<bool, CommandError> {
         if keyword.eq_ignore_ascii_case(b"QUANTITY") {
             once(&mut self.seen_quantity, "QUANTITY")?;
             self.quantity = crate::params::non_negative(options.value("QUANTITY")?, "QUANTITY")?;

@@ -21,7 +21,14 @@ const EVENT: &std::ffi::CStr = c"rl.refund";
 
 fn reply(ctx: *mut raw::RedisModuleCtx, refunded: u64, status: Option<Decision>) -> c_int {
     let (remaining, reset) = status.map_or((0, 0), |d| (d.remaining, d.reset_after_ns));
-    ffi::reply_integers(ctx, &[as_reply_int(refunded), as_reply_int(remaining), as_reply_int(ceil_ms(reset))])
+    ffi::reply_integers(
+        ctx,
+        &[
+            as_reply_int(refunded),
+            as_reply_int(remaining),
+            as_reply_int(ceil_ms(reset)),
+        ],
+    )
 }
 
 /// The state's own report (remaining, reset) at `now_ns`, under the parameters it stores.
@@ -29,19 +36,27 @@ fn status(state: &State, now_ns: u64) -> Option<Decision> {
     match state {
         State::Gcra(g) => {
             let p = GcraParams::from_interval(g.burst, g.emission_interval_ns).ok()?;
-            gcra::decide(&p, Some(g), now_ns, gcra::GcraRequest::of(0)).ok().map(|o| o.decision)
+            gcra::decide(&p, Some(g), now_ns, gcra::GcraRequest::of(0))
+                .ok()
+                .map(|o| o.decision)
         }
         State::Fixed(s) => {
             let p = WindowParams::new(s.limit, s.window_ns).ok()?;
-            fixed_window::decide(&p, Some(s), now_ns, 0).ok().map(|o| o.decision)
+            fixed_window::decide(&p, Some(s), now_ns, 0)
+                .ok()
+                .map(|o| o.decision)
         }
         State::Sliding(s) => {
             let p = WindowParams::new(s.limit, s.window_ns).ok()?;
-            sliding_window::decide(&p, Some(s), now_ns, 0).ok().map(|o| o.decision)
+            sliding_window::decide(&p, Some(s), now_ns, 0)
+                .ok()
+                .map(|o| o.decision)
         }
         State::Log(s) => {
             let p = WindowParams::new(s.limit, s.window_ns).ok()?;
-            sliding_log::decide(&p, Some(s), now_ns, 0).ok().map(|o| o.decision)
+            sliding_log::decide(&p, Some(s), now_ns, 0)
+                .ok()
+                .map(|o| o.decision)
         }
     }
 }
@@ -71,11 +86,18 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
                 key.announce_delete(EVENT);
                 return Ok((reply_idle(ctx, refunded, limit), true));
             }
-            let p = WindowParams { limit: log.limit, window_ns: log.window_ns };
+            let p = WindowParams {
+                limit: log.limit,
+                window_ns: log.window_ns,
+            };
             let reset = sliding_log::decide(&p, Some(log), now_ns, 0)?.decision;
             let expire = expire_at_ms(now_ns.saturating_add(reset.reset_after_ns));
             key.set_expire_at(expire);
-            key.announce(|buf| codec::encode_log_refund_into(now_ns, quantity, buf), expire, EVENT);
+            key.announce(
+                |buf| codec::encode_log_refund_into(now_ns, quantity, buf),
+                expire,
+                EVENT,
+            );
             return Ok((reply(ctx, refunded, Some(reset)), true));
         }
         Some(Value::Gcra(g)) => {
@@ -84,11 +106,23 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
         }
         Some(Value::Fixed(s)) => {
             let (after, n) = fixed_window::refund(s, now_ns, quantity);
-            (n, (State::Fixed(Box::new(*s)), after.map(|a| State::Fixed(Box::new(a)))))
+            (
+                n,
+                (
+                    State::Fixed(Box::new(*s)),
+                    after.map(|a| State::Fixed(Box::new(a))),
+                ),
+            )
         }
         Some(Value::Sliding(s)) => {
             let (after, n) = sliding_window::refund(s, now_ns, quantity);
-            (n, (State::Sliding(Box::new(*s)), after.map(|a| State::Sliding(Box::new(a)))))
+            (
+                n,
+                (
+                    State::Sliding(Box::new(*s)),
+                    after.map(|a| State::Sliding(Box::new(a))),
+                ),
+            )
         }
     };
     let (before, after) = new_state;

@@ -33,7 +33,9 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
     let period_ns = period_s
         .checked_mul(NANOS_PER_SEC)
         .filter(|&ns| ns <= MAX_PERIOD_NS)
-        .ok_or(CommandError::Syntax("period must be whole seconds from 1 to 315360000".into()))?;
+        .ok_or(CommandError::Syntax(
+            "period must be whole seconds from 1 to 315360000".into(),
+        ))?;
     let quantity = match quantity {
         Some(q) => params::non_negative(unsafe { ffi::bytes(q) }, "quantity")?,
         None => 1,
@@ -42,7 +44,15 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
     let now_ns = clock::now_ns();
     let may_write = quantity > 0;
     let mut key = LimiterKey::open(ctx, key, may_write);
-    let evaluated = limit::evaluate(&mut key, &Spec::Gcra { params, max_wait_ns: None }, now_ns, quantity)?;
+    let evaluated = limit::evaluate(
+        &mut key,
+        &Spec::Gcra {
+            params,
+            max_wait_ns: None,
+        },
+        now_ns,
+        quantity,
+    )?;
     if let (true, Some(write)) = (may_write, &evaluated.write) {
         limit::commit(&mut key, write, evaluated.expire_at_ms, c"cl.throttle");
     }
@@ -52,12 +62,15 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
         Verdict::Denied { retry_after_ns } => as_reply_int(ceil_s(retry_after_ns).max(1)),
         _ => -1,
     };
-    let status = ffi::reply_integers(ctx, &[
-        i64::from(!d.verdict.is_allowed()),
-        as_reply_int(d.limit),
-        as_reply_int(d.remaining),
-        retry_after_s,
-        as_reply_int(ceil_s(d.reset_after_ns)),
-    ]);
+    let status = ffi::reply_integers(
+        ctx,
+        &[
+            i64::from(!d.verdict.is_allowed()),
+            as_reply_int(d.limit),
+            as_reply_int(d.remaining),
+            retry_after_s,
+            as_reply_int(ceil_s(d.reset_after_ns)),
+        ],
+    );
     Ok((status, d.verdict.is_allowed()))
 }

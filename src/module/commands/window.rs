@@ -49,7 +49,11 @@ fn parse(args: Args<'_>) -> Result<WindowCall, CommandError> {
     }
     let algorithm = algorithm.unwrap_or(Algorithm::Sliding);
     check_log_limit(algorithm, limit)?;
-    Ok(WindowCall { key: *key, spec: Spec::Window { params, algorithm }, request })
+    Ok(WindowCall {
+        key: *key,
+        spec: Spec::Window { params, algorithm },
+        request,
+    })
 }
 
 /// Runs RL.WINDOW (see SPEC.md). The reply is the five-integer array.
