@@ -5,7 +5,7 @@ MODULE := $(CURDIR)/target/release/libredis_rl.so
 .PHONY: help deps build run test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
 
 help: ## Show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 deps: ## Install redis-server and libclang when missing (apt-get, as root or via sudo)
 	@scripts/install-deps.sh
