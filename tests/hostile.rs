@@ -311,7 +311,10 @@ fn regression_rl_all_with_many_keys_is_linear() {
     let e = cmd.query::<redis::Value>(&mut c).unwrap_err();
     assert!(e.to_string().contains("expected GCRA or WINDOW"), "{e}");
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(1), "RL.ALL with {n} keys took {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "RL.ALL with {n} keys took {took:?}"
+    );
 }
 
 #[test]
@@ -324,12 +327,20 @@ fn regression_reads_of_a_log_do_not_rescan_expired_entries() {
     for _ in 0..600 {
         let mut pipe = redis::pipe();
         for _ in 0..100 {
-            pipe.cmd("RL.WINDOW").arg("scan").arg(100_000).arg(1).arg("LOG").ignore();
+            pipe.cmd("RL.WINDOW")
+                .arg("scan")
+                .arg(100_000)
+                .arg(1)
+                .arg("LOG")
+                .ignore();
         }
         pipe.query::<()>(&mut c).unwrap();
     }
     let bytes: i64 = q(&mut c, &["MEMORY", "USAGE", "scan"]);
-    assert!(bytes > 100_000, "the log should hold tens of thousands of entries: {bytes} bytes");
+    assert!(
+        bytes > 100_000,
+        "the log should hold tens of thousands of entries: {bytes} bytes"
+    );
     q::<i64>(&mut c, &["PEXPIRE", "scan", "60000"]);
     std::thread::sleep(Duration::from_millis(1100)); // every entry has left the 1 s window
     q::<()>(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
@@ -349,8 +360,15 @@ fn regression_reads_of_a_log_do_not_rescan_expired_entries() {
         })
         .collect();
     micros.sort_unstable();
-    assert!(micros.len() >= 190, "{} PEEKs in the slow log", micros.len());
+    assert!(
+        micros.len() >= 190,
+        "{} PEEKs in the slow log",
+        micros.len()
+    );
     let median = micros[micros.len() / 2];
     // A full scan of the expired entries takes hundreds of µs here; a resumed one a few.
-    assert!(median < 40, "median PEEK on a log of 60 000 expired entries: {median} µs");
+    assert!(
+        median < 40,
+        "median PEEK on a log of 60 000 expired entries: {median} µs"
+    );
 }

@@ -407,3 +407,48 @@ fn clock_steps_never_admit_beyond_the_limit() {
     );
     assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
 }
+
+#[test]
+fn regression_refund_of_a_future_dated_sliding_state_keeps_files_loadable() {
+    // Found by attack testing: RL.REFUND rebuilt a SLIDING state written in a later window
+    // (by a node whose clock was ahead) into an invalid one; replicas refused the effect and
+    // the RDB no longer loaded.
+    let master = Server::start();
+    let replica = Server::builder().replica_of(&master).start();
+    let mut r = replica.conn();
+    wait_until("the replication link", Duration::from_secs(20), || {
+        info_field(&mut r, "replication", "master_link_status").as_deref() == Some("up")
+    });
+    let mut c = master.conn();
+    rl(&mut c, &["RL.GCRA", "model", "3", "1", "3600"]);
+    let frame = Dump::parse(&q::<Vec<u8>>(&mut c, &["DUMP", "model"]));
+    let s1: u64 = 1_000_000_000;
+    let later = (now_ns() / s1 + 3) * s1; // a window three seconds ahead
+    let mut state = vec![2u8, 3];
+    for f in [s1, 10, later, 2, 3, later + s1 / 10] {
+        state.extend_from_slice(&f.to_le_bytes());
+    }
+    redis::cmd("RESTORE")
+        .arg("sl")
+        .arg(60_000)
+        .arg(frame.with_state(&state))
+        .query::<()>(&mut c)
+        .unwrap();
+    let r1: Vec<i64> = q(&mut c, &["RL.REFUND", "sl", "1"]);
+    assert_eq!(r1[0], 1);
+    assert_eq!(q::<i64>(&mut c, &["WAIT", "1", "5000"]), 1);
+    assert_eq!(
+        snapshot(&mut r, "sl"),
+        snapshot(&mut c, "sl"),
+        "the replica applied the effect"
+    );
+    let dump: Vec<u8> = q(&mut c, &["DUMP", "sl"]);
+    redis::cmd("RESTORE")
+        .arg("sl2")
+        .arg(0)
+        .arg(&dump)
+        .query::<()>(&mut c)
+        .unwrap();
+    q::<()>(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "sl"]), 1);
+}

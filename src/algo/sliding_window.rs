@@ -183,13 +183,24 @@ pub fn decide(
 /// the new state (None when both counts are gone) and how many were given back.
 pub fn refund(state: &SlidingState, now_ns: u64, quantity: u64) -> (Option<SlidingState>, u64) {
     let w = state.window_ns.max(1);
+    let start = now_ns - now_ns % w;
+    if state.window_start_ns > start || state.updated_ns >= start.saturating_add(w) {
+        // Written in a window later than now's (a clock that stepped back, a failover to a
+        // host whose clock is behind): give back from the stored current count, in the
+        // stored windows, so the state keeps every invariant it was written with.
+        let refunded = quantity.min(state.curr);
+        let curr = state.curr - refunded;
+        if curr == 0 && state.prev == 0 {
+            return (None, refunded);
+        }
+        return (Some(SlidingState { curr, ..*state }), refunded);
+    }
     let counts = current_counts(Some(state), now_ns, w);
     let refunded = quantity.min(counts.curr);
     let curr = counts.curr - refunded;
     if curr == 0 && counts.prev == 0 {
         return (None, refunded);
     }
-    let start = now_ns - now_ns % w;
     let updated_ns = if curr > 0 {
         state.updated_ns.max(start)
     } else {

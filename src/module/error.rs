@@ -44,6 +44,8 @@ pub enum CommandError {
     InternalOnly(&'static str),
     /// A replicated state that does not decode.
     BadState(DecodeError),
+    /// A write refused because its state would not load back (a bug caught by the safety net).
+    Internal(String),
     /// A panic caught at the module boundary.
     Panic(String),
 }
@@ -86,6 +88,7 @@ impl CommandError {
                 "ERR {cmd} is internal: it is accepted only from the replication stream or AOF"
             ),
             Self::BadState(e) => format!("ERR invalid limiter state: {e}"),
+            Self::Internal(msg) => format!("ERR internal error in redis-rl: {msg}"),
             Self::Panic(msg) => {
                 format!("ERR internal error in redis-rl (see the server log): {msg}")
             }

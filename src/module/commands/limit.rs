@@ -10,6 +10,7 @@ use crate::algo::sliding_log::{self, LogState, LogWrite};
 use crate::algo::sliding_window::{self, SlidingState};
 use crate::codec::{self, State};
 use crate::decision::Decision;
+use crate::module::data_type::with_scratch;
 use crate::module::error::CommandError;
 use crate::module::keys::LimiterKey;
 use crate::module::value::Value;
@@ -174,11 +175,35 @@ pub fn evaluate(
             (out.decision, out.write.map(Pending::Log))
         }
     };
+    if let Some(w) = &write {
+        check_storable(w)?;
+    }
     let expire_at_ms = expire_at_ms(now_ns.saturating_add(decision.reset_after_ns));
     Ok(Evaluated {
         decision,
         write,
         expire_at_ms,
+    })
+}
+
+/// Refuses a write whose state would not load back (RDB, replica, AOF): a safety net under
+/// the algorithms' own invariants, so that no bug can make a file unloadable. LOG appends
+/// are not re-encoded here (that would cost O(log) per request); their invariants are
+/// property-tested.
+fn check_storable(write: &Pending) -> Result<(), CommandError> {
+    let encode = |buf: &mut Vec<u8>| match write {
+        Pending::Gcra(g) => codec::encode_gcra_into(g, buf),
+        Pending::Fixed(f) => codec::encode_fixed_into(f, buf),
+        Pending::Sliding(s) => codec::encode_sliding_into(s, buf),
+        Pending::Log(_) => {}
+    };
+    if matches!(write, Pending::Log(_)) {
+        return Ok(());
+    }
+    with_scratch(encode, |bytes| codec::decode(bytes).map(|_| ())).map_err(|e| {
+        CommandError::Internal(format!(
+            "refusing to store a state that would not load back ({e})"
+        ))
     })
 }
 

@@ -137,6 +137,13 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
             Ok((reply_idle(ctx, refunded, limit_of(&before)), true))
         }
         Some(state) => {
+            // The same safety net as for every other write: never store what would not load.
+            let bytes = codec::encode(&state);
+            codec::decode(&bytes).map_err(|e| {
+                CommandError::Internal(format!(
+                    "refusing to store a state that would not load back ({e})"
+                ))
+            })?;
             let report = status(&state, now_ns);
             let reset_ns = report.map_or(0, |d| d.reset_after_ns);
             let expire = expire_at_ms(now_ns.saturating_add(reset_ns));
