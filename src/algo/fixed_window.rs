@@ -121,8 +121,8 @@ pub fn refund(state: &FixedState, now_ns: u64, quantity: u64) -> (Option<FixedSt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::testing::{check_retry_honest, replay, timeline};
-    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
+    use crate::algo::testing::{check_retry_honest, replay, run_table, st, timeline, Step};
+    use crate::time::{NANOS_PER_MILLI, NANOS_PER_SEC};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -130,54 +130,10 @@ mod tests {
     /// A window boundary for 10 s windows.
     const BASE: u64 = 1_795_996_800 * S;
 
-    struct Step {
-        at: u64,
-        qty: u64,
-        allowed: bool,
-        remaining: u64,
-        retry_ms: Option<u64>,
-        reset_ms: u64,
-    }
-
-    fn st(
-        at: u64,
-        qty: u64,
-        allowed: bool,
-        remaining: u64,
-        retry: Option<u64>,
-        reset: u64,
-    ) -> Step {
-        Step {
-            at,
-            qty,
-            allowed,
-            remaining,
-            retry_ms: retry,
-            reset_ms: reset,
-        }
-    }
-
     fn run(params: WindowParams, steps: &[Step]) {
-        let mut stored = None;
-        for (i, s) in steps.iter().enumerate() {
-            let out = decide(&params, stored.as_ref(), BASE + s.at, s.qty).unwrap();
-            let d = out.decision;
-            assert_eq!(d.verdict.is_allowed(), s.allowed, "step {i}: allowed");
-            assert_eq!(d.remaining, s.remaining, "step {i}: remaining");
-            let retry = match d.verdict {
-                Verdict::Denied { retry_after_ns } => Some(ceil_ms(retry_after_ns)),
-                _ => None,
-            };
-            assert_eq!(retry, s.retry_ms, "step {i}: retry_after_ms");
-            assert_eq!(
-                ceil_ms(d.reset_after_ns),
-                s.reset_ms,
-                "step {i}: reset_after_ms"
-            );
-            if out.write.is_some() {
-                stored = out.write;
-            }
-        }
+        run_table(BASE, params.limit, steps, |stored, now, qty| {
+            decide(&params, stored, now, qty).expect("no overflow")
+        });
     }
 
     #[test]

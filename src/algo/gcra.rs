@@ -196,8 +196,8 @@ pub fn refund(state: &GcraState, now_ns: u64, quantity: u64) -> (Option<GcraStat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::testing::check_retry_honest;
-    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
+    use crate::algo::testing::{check_retry_honest, run_table, st};
+    use crate::time::{NANOS_PER_MILLI, NANOS_PER_SEC};
     use proptest::prelude::*;
 
     const MS: u64 = NANOS_PER_MILLI;
@@ -205,76 +205,10 @@ mod tests {
     /// An arbitrary epoch instant for timelines (2026-11-30T00:00:00Z).
     const BASE: u64 = 1_795_996_800 * S;
 
-    /// One step of a timeline: at `at` ns after BASE, request `qty`; expect the reply fields
-    /// (retry_ms: None = -1 in the reply).
-    struct Step {
-        at: u64,
-        qty: u64,
-        allowed: bool,
-        remaining: u64,
-        retry_ms: Option<u64>,
-        reset_ms: u64,
-    }
-
-    fn retry_ms(verdict: Verdict) -> Option<u64> {
-        match verdict {
-            Verdict::Denied { retry_after_ns } => Some(ceil_ms(retry_after_ns)),
-            Verdict::Reserved { delay_ns } => Some(ceil_ms(delay_ns)),
-            Verdict::Allowed | Verdict::Never => None,
-        }
-    }
-
-    fn run(params: GcraParams, steps: &[Step]) {
-        let mut stored: Option<GcraState> = None;
-        for (i, step) in steps.iter().enumerate() {
-            let out = decide(
-                &params,
-                stored.as_ref(),
-                BASE + step.at,
-                GcraRequest::of(step.qty),
-            )
-            .unwrap_or_else(|_| panic!("step {i}: overflow"));
-            let d = out.decision;
-            assert_eq!(d.verdict.is_allowed(), step.allowed, "step {i}: allowed");
-            assert_eq!(d.limit, params.burst, "step {i}: limit");
-            assert_eq!(d.remaining, step.remaining, "step {i}: remaining");
-            assert_eq!(
-                retry_ms(d.verdict),
-                step.retry_ms,
-                "step {i}: retry_after_ms"
-            );
-            assert_eq!(
-                ceil_ms(d.reset_after_ns),
-                step.reset_ms,
-                "step {i}: reset_after_ms"
-            );
-            assert_eq!(
-                out.write.is_some(),
-                step.allowed && step.qty > 0,
-                "step {i}: write"
-            );
-            if let Some(w) = out.write {
-                stored = Some(w);
-            }
-        }
-    }
-
-    fn st(
-        at: u64,
-        qty: u64,
-        allowed: bool,
-        remaining: u64,
-        retry: Option<u64>,
-        reset: u64,
-    ) -> Step {
-        Step {
-            at,
-            qty,
-            allowed,
-            remaining,
-            retry_ms: retry,
-            reset_ms: reset,
-        }
+    fn run(params: GcraParams, steps: &[crate::algo::testing::Step]) {
+        run_table(BASE, params.burst, steps, |stored, now, qty| {
+            decide(&params, stored, now, GcraRequest::of(qty)).expect("no overflow")
+        });
     }
 
     #[test]

@@ -10,7 +10,83 @@ pub mod sliding_window;
 pub(crate) mod testing {
     use proptest::prelude::*;
 
-    use crate::decision::Verdict;
+    use crate::decision::{Outcome, Verdict};
+    use crate::time::ceil_ms;
+
+    /// One step of a timeline table: at `at` ns after the table's start, request `qty`;
+    /// expect these reply fields (`retry_ms: None` is -1 in the reply).
+    pub struct Step {
+        pub at: u64,
+        pub qty: u64,
+        pub allowed: bool,
+        pub remaining: u64,
+        pub retry_ms: Option<u64>,
+        pub reset_ms: u64,
+    }
+
+    /// Shorthand for a [`Step`].
+    pub fn st(
+        at: u64,
+        qty: u64,
+        allowed: bool,
+        remaining: u64,
+        retry_ms: Option<u64>,
+        reset_ms: u64,
+    ) -> Step {
+        Step {
+            at,
+            qty,
+            allowed,
+            remaining,
+            retry_ms,
+            reset_ms,
+        }
+    }
+
+    /// The retry field as a reply shows it in ms (reservations show their delay).
+    pub fn retry_ms(verdict: Verdict) -> Option<u64> {
+        match verdict {
+            Verdict::Denied { retry_after_ns } => Some(ceil_ms(retry_after_ns)),
+            Verdict::Reserved { delay_ns } => Some(ceil_ms(delay_ns)),
+            Verdict::Allowed | Verdict::Never => None,
+        }
+    }
+
+    /// Runs a timeline table through a decide function whose write is the next state,
+    /// reporting the failing step's index. Only admitted requests of quantity > 0 write.
+    pub fn run_table<S>(
+        start: u64,
+        limit: u64,
+        steps: &[Step],
+        decide: impl Fn(Option<&S>, u64, u64) -> Outcome<S>,
+    ) {
+        let mut stored = None;
+        for (i, step) in steps.iter().enumerate() {
+            let out = decide(stored.as_ref(), start + step.at, step.qty);
+            let d = out.decision;
+            assert_eq!(d.verdict.is_allowed(), step.allowed, "step {i}: allowed");
+            assert_eq!(d.limit, limit, "step {i}: limit");
+            assert_eq!(d.remaining, step.remaining, "step {i}: remaining");
+            assert_eq!(
+                retry_ms(d.verdict),
+                step.retry_ms,
+                "step {i}: retry_after_ms"
+            );
+            assert_eq!(
+                ceil_ms(d.reset_after_ns),
+                step.reset_ms,
+                "step {i}: reset_after_ms"
+            );
+            assert_eq!(
+                out.write.is_some(),
+                step.allowed && step.qty > 0,
+                "step {i}: write"
+            );
+            if out.write.is_some() {
+                stored = out.write;
+            }
+        }
+    }
 
     /// Random timelines: `(gap_ns, quantity)` steps.
     pub fn timeline(
