@@ -65,29 +65,6 @@ pub enum State {
     Log(Box<LogState>),
 }
 
-impl State {
-    /// Returns what the key holds, as users see it in errors (`GCRA limiter`, `FIXED window`).
-    pub fn describe(&self) -> &'static str {
-        match self {
-            Self::Gcra(_) => "GCRA limiter",
-            Self::Fixed(_) => "FIXED window",
-            Self::Sliding(_) => "SLIDING window",
-            Self::Log(_) => "LOG window",
-        }
-    }
-
-    /// Bytes the value occupies on the heap (the state and, for LOG, the log's buffer).
-    pub fn heap_bytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + match self {
-                Self::Gcra(_) => 0,
-                Self::Fixed(_) => std::mem::size_of::<FixedState>(),
-                Self::Sliding(_) => std::mem::size_of::<SlidingState>(),
-                Self::Log(l) => std::mem::size_of::<LogState>() + l.log.allocated_bytes(),
-            }
-    }
-}
-
 /// Effect is what a write does to a key, as replicas and the AOF receive it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {

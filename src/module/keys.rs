@@ -41,8 +41,7 @@ impl LimiterKey {
 
     /// The key's name for messages: lossy UTF-8, at most 64 characters.
     pub fn display_name(&self) -> String {
-        let bytes = unsafe { ffi::bytes(self.name) };
-        String::from_utf8_lossy(bytes).chars().take(64).collect()
+        super::commands::shown(unsafe { ffi::bytes(self.name) })
     }
 
     /// Returns the key's raw value pointer (null for a missing key).

@@ -7,7 +7,7 @@ use redis_module::raw;
 
 use super::limit::{self, Algorithm, Spec};
 use super::window::check_log_limit;
-use super::{five, unknown, Args, Options, RequestOptions};
+use super::{five, shown, unknown, Args, Options, RequestOptions};
 use crate::decision::{combine, Decision};
 use crate::module::clock;
 use crate::module::error::CommandError;
@@ -23,12 +23,8 @@ struct AllCall<'a> {
 }
 
 /// The next argument of a spec; `what` names it in the error (`GCRA period`).
-fn value<'a>(
-    it: &mut std::slice::Iter<'a, *mut raw::RedisModuleString>,
-    what: &'static str,
-) -> Result<&'a [u8], CommandError> {
-    it.next()
-        .map(|&s| unsafe { ffi::bytes(s) })
+fn spec_value<'a>(args: &mut Options<'a>, what: &'static str) -> Result<&'a [u8], CommandError> {
+    args.next_keyword()
         .ok_or_else(|| CommandError::Syntax(format!("spec is missing its {what}")))
 }
 
@@ -49,40 +45,35 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
     for &a in keys {
         let a_bytes = unsafe { ffi::bytes(a) };
         if !seen.insert(a_bytes) {
-            let shown: String = String::from_utf8_lossy(a_bytes).chars().take(64).collect();
             return Err(CommandError::Syntax(format!(
-                "key '{shown}' given more than once"
+                "key '{}' given more than once",
+                shown(a_bytes)
             )));
         }
     }
-    let mut it = rest.iter();
+    let mut args = Options::new(rest);
     let mut specs = Vec::with_capacity(n);
     for i in 0..n {
-        let Some(&kind) = it.next() else {
+        let Some(kind) = args.next_keyword() else {
             return Err(CommandError::Syntax(format!(
                 "expected {n} specs (GCRA … or WINDOW …), got {i}"
             )));
         };
-        let kind = unsafe { ffi::bytes(kind) };
         if kind.eq_ignore_ascii_case(b"GCRA") {
-            let burst = params::positive(value(&mut it, "GCRA burst")?, "burst")?;
-            let rate = params::positive(value(&mut it, "GCRA rate")?, "rate")?;
-            let period_ns = params::seconds(value(&mut it, "GCRA period")?, "period")?;
+            let burst = params::positive(spec_value(&mut args, "GCRA burst")?, "burst")?;
+            let rate = params::positive(spec_value(&mut args, "GCRA rate")?, "rate")?;
+            let period_ns = params::seconds(spec_value(&mut args, "GCRA period")?, "period")?;
             specs.push(Spec::Gcra {
                 params: GcraParams::new(burst, rate, period_ns)?,
                 max_wait_ns: None,
             });
         } else if kind.eq_ignore_ascii_case(b"WINDOW") {
-            let limit = params::positive(value(&mut it, "WINDOW limit")?, "limit")?;
-            let window_ns = params::seconds(value(&mut it, "WINDOW window")?, "window")?;
+            let limit = params::positive(spec_value(&mut args, "WINDOW limit")?, "limit")?;
+            let window_ns = params::seconds(spec_value(&mut args, "WINDOW window")?, "window")?;
             let params = WindowParams::new(limit, window_ns)?;
-            let algorithm = match it
-                .as_slice()
-                .first()
-                .and_then(|&s| Algorithm::parse(unsafe { ffi::bytes(s) }))
-            {
+            let algorithm = match args.peek().and_then(Algorithm::parse) {
                 Some(a) => {
-                    it.next();
+                    args.next_keyword();
                     a
                 }
                 None => Algorithm::Sliding,
@@ -90,17 +81,16 @@ fn parse(args: Args<'_>) -> Result<AllCall<'_>, CommandError> {
             check_log_limit(algorithm, limit)?;
             specs.push(Spec::Window { params, algorithm });
         } else {
-            let shown: String = String::from_utf8_lossy(kind).chars().take(64).collect();
             return Err(CommandError::Syntax(format!(
-                "expected GCRA or WINDOW for key {} of {n}, got '{shown}'",
-                i + 1
+                "expected GCRA or WINDOW for key {} of {n}, got '{}'",
+                i + 1,
+                shown(kind)
             )));
         }
     }
     let mut request = RequestOptions::default();
-    let mut options = Options::new(it.as_slice());
-    while let Some(keyword) = options.next_keyword() {
-        if !request.take(keyword, &mut options)? {
+    while let Some(keyword) = args.next_keyword() {
+        if !request.take(keyword, &mut args)? {
             return Err(unknown(keyword));
         }
     }

@@ -39,10 +39,16 @@ impl<'a> Options<'a> {
 
     /// Returns the value following `keyword`.
     pub fn value(&mut self, keyword: &'static str) -> Result<&'a [u8], CommandError> {
-        self.rest
-            .next()
-            .map(|&s| unsafe { ffi::bytes(s) })
+        self.next_keyword()
             .ok_or(CommandError::MissingValue(keyword))
+    }
+
+    /// Returns the next argument without taking it.
+    pub fn peek(&self) -> Option<&'a [u8]> {
+        self.rest
+            .as_slice()
+            .first()
+            .map(|&s| unsafe { ffi::bytes(s) })
     }
 }
 
@@ -99,10 +105,14 @@ pub fn once(seen: &mut bool, keyword: &'static str) -> Result<(), CommandError> 
     Ok(())
 }
 
+/// Client bytes as they appear in an error: lossy UTF-8, at most 64 characters.
+pub fn shown(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).chars().take(64).collect()
+}
+
 /// The error for an argument that is no keyword of the command.
 pub fn unknown(arg: &[u8]) -> CommandError {
-    let shown: String = String::from_utf8_lossy(arg).chars().take(64).collect();
-    CommandError::UnknownArgument(shown)
+    CommandError::UnknownArgument(shown(arg))
 }
 
 /// Saturating conversion for reply integers.

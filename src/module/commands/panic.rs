@@ -7,7 +7,9 @@ use redis_module::raw;
 
 use crate::module::error::CommandError;
 
-/// Panics.
+/// Panics. Compiled only with `debug_assertions` (never in the release build), and, like
+/// every handler, called inside `guard::command`'s `catch_unwind`: the panic becomes an
+/// `ERR` reply and a log line, never an abort of the server.
 pub fn run(_ctx: *mut raw::RedisModuleCtx, _args: super::Args<'_>) -> Result<c_int, CommandError> {
     panic!("RL.PANIC: deliberate panic (debug builds only)");
 }

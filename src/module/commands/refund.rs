@@ -75,21 +75,20 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
         Some(Value::Log(log)) => {
             // Nothing in the window: nothing to give back, and nothing is touched (so master
             // and replicas keep identical logs).
-            if log.log.count_after(now_ns.checked_sub(log.window_ns)) == 0 {
-                let state = State::Log(Box::new(log.clone()));
-                return Ok((reply(ctx, 0, status(&state, now_ns)), false));
-            }
-            let refunded = log.refund(now_ns, quantity);
-            if log.log.total() == 0 {
-                let limit = log.limit;
-                key.delete();
-                key.announce_delete(EVENT);
-                return Ok((reply_idle(ctx, refunded, limit), true));
-            }
             let p = WindowParams {
                 limit: log.limit,
                 window_ns: log.window_ns,
             };
+            if log.log.count_after(now_ns.checked_sub(log.window_ns)) == 0 {
+                let report = sliding_log::decide(&p, Some(log), now_ns, 0)?.decision;
+                return Ok((reply(ctx, 0, Some(report)), false));
+            }
+            let refunded = log.refund(now_ns, quantity);
+            if log.log.total() == 0 {
+                key.delete();
+                key.announce_delete(EVENT);
+                return Ok((reply_idle(ctx, refunded, p.limit), true));
+            }
             let reset = sliding_log::decide(&p, Some(log), now_ns, 0)?.decision;
             let expire = expire_at_ms(now_ns.saturating_add(reset.reset_after_ns));
             key.set_expire_at(expire);
@@ -138,6 +137,7 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
         }
         Some(state) => {
             // The same safety net as for every other write: never store what would not load.
+            // The bytes checked are the bytes replicated.
             let bytes = codec::encode(&state);
             codec::decode(&bytes).map_err(|e| {
                 CommandError::Internal(format!(
@@ -147,9 +147,9 @@ pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool
             let report = status(&state, now_ns);
             let reset_ns = report.map_or(0, |d| d.reset_after_ns);
             let expire = expire_at_ms(now_ns.saturating_add(reset_ns));
-            key.set_value(state.clone());
+            key.put(state);
             key.set_expire_at(expire);
-            key.announce(|buf| codec::encode_into(&state, buf), expire, EVENT);
+            key.announce(|buf| buf.extend_from_slice(&bytes), expire, EVENT);
             Ok((reply(ctx, refunded, report), true))
         }
     }
