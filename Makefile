@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
+.PHONY: help deps build run lint test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -15,6 +15,12 @@ build: deps ## Build the module: target/release/libredis_rl.so
 
 run: build ## Start redis-server on 127.0.0.1:$(PORT) in the foreground with the module
 	redis-server --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no --loadmodule $(MODULE)
+
+lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe block documented)
+	cargo fmt --all --check
+	cargo fmt --manifest-path fuzz/Cargo.toml --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings
 
 test: deps ## Run every test: pure core, then the real-server suites; ends with "N passed, N failed"
 	@scripts/test.sh

@@ -2,11 +2,11 @@
 //! replication (`RL.APPLY`), `DUMP`/`RESTORE` and `DEBUG DIGEST-VALUE`; and the encoding of
 //! the *effects* that replicas and the AOF apply.
 //!
-//! Layout (all integers little-endian `u64` unless noted):
+//! Layout (all integers little-endian `u64` unless noted; instants and spans in ns):
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 0 | encoding version (u8; this build writes [`ENCODING_VERSION`], reads 1 and 2) |
+//! | 0 | encoding version (u8; this build writes [`ENCODING_VERSION`], reads every version from [`VERSION_GCRA_ONLY`] on) |
 //! | 1 | tag (u8) |
 //! | 2.. | the tag's fields |
 //!
@@ -36,12 +36,19 @@ use std::fmt;
 
 use crate::algo::fixed_window::FixedState;
 use crate::algo::gcra::GcraState;
-use crate::algo::sliding_log::{LogState, LogWrite, RequestLog};
+use crate::algo::sliding_log::{LogState, LogWrite};
 use crate::algo::sliding_window::SlidingState;
 use crate::params::{GcraParams, WindowParams};
+use crate::request_log::RequestLog;
+use crate::state::{Effect, State, StateRef, Write};
+use crate::time::{Instant, Span};
 
+/// Version 1: GCRA only, without the instant of the last write.
+pub const VERSION_GCRA_ONLY: u8 = 1;
+/// Version 2: GCRA with its last write; FIXED, SLIDING and LOG; LOG append/refund effects.
+pub const VERSION_WINDOWS: u8 = 2;
 /// The newest encoding version this build writes. Every older version stays decodable.
-pub const ENCODING_VERSION: u8 = 2;
+pub const ENCODING_VERSION: u8 = VERSION_WINDOWS;
 
 const TAG_GCRA: u8 = 1;
 const TAG_FIXED: u8 = 2;
@@ -50,36 +57,6 @@ const TAG_LOG: u8 = 4;
 const TAG_LOG_APPEND: u8 = 0x81;
 const TAG_LOG_REFUND: u8 = 0x82;
 const TAG_EXPIRY: u8 = 0x90;
-
-/// State is the value of one limiter key. The window states are boxed so that a GCRA key,
-/// the most common, stays a small allocation.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum State {
-    /// A GCRA key (`RL.GCRA`, `CL.THROTTLE`).
-    Gcra(GcraState),
-    /// A FIXED window key.
-    Fixed(Box<FixedState>),
-    /// A SLIDING window key.
-    Sliding(Box<SlidingState>),
-    /// A LOG window key.
-    Log(Box<LogState>),
-}
-
-/// Effect is what a write does to a key, as replicas and the AOF receive it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Effect {
-    /// Replace the key's value.
-    Replace(State),
-    /// Apply an admitted LOG request to the key's log (creating it if missing).
-    LogAppend(LogWrite),
-    /// Give back up to `quantity` of the most recent requests of a LOG key at `at_ns`.
-    LogRefund {
-        /// The refund's instant, ns since the epoch.
-        at_ns: u64,
-        /// Requests to give back.
-        quantity: u64,
-    },
-}
 
 /// DecodeError says why bytes are not a valid state or effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,57 +96,58 @@ fn put(out: &mut Vec<u8>, fields: &[u64]) {
     }
 }
 
-/// Appends the encoding of a GCRA state (newest version) to `out`.
-pub fn encode_gcra_into(g: &GcraState, out: &mut Vec<u8>) {
+fn encode_gcra_into(g: &GcraState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_GCRA]);
     put(
         out,
-        &[g.tat_ns, g.emission_interval_ns, g.burst, g.updated_ns],
+        &[
+            g.tat.as_ns(),
+            g.emission_interval.as_ns(),
+            g.burst,
+            g.updated_at.as_ns(),
+        ],
     );
 }
 
-/// Appends the encoding of a FIXED state (newest version) to `out`.
-pub fn encode_fixed_into(s: &FixedState, out: &mut Vec<u8>) {
+fn encode_fixed_into(s: &FixedState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_FIXED]);
     put(
         out,
         &[
-            s.window_ns,
+            s.window.as_ns(),
             s.limit,
-            s.window_start_ns,
+            s.window_start.as_ns(),
             s.count,
-            s.updated_ns,
+            s.updated_at.as_ns(),
         ],
     );
 }
 
-/// Appends the encoding of a SLIDING state (newest version) to `out`.
-pub fn encode_sliding_into(s: &SlidingState, out: &mut Vec<u8>) {
+fn encode_sliding_into(s: &SlidingState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_SLIDING]);
     put(
         out,
         &[
-            s.window_ns,
+            s.window.as_ns(),
             s.limit,
-            s.window_start_ns,
+            s.window_start.as_ns(),
             s.prev,
             s.curr,
-            s.updated_ns,
+            s.updated_at.as_ns(),
         ],
     );
 }
 
-/// Appends the encoding of a LOG state (newest version) to `out`.
-pub fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
+fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG]);
     let bytes = s.log.bytes();
     put(
         out,
         &[
-            s.window_ns,
+            s.window.as_ns(),
             s.limit,
-            s.log.first_ns().unwrap_or(0),
-            s.log.last_ns().unwrap_or(0),
+            s.log.first().unwrap_or_default().as_ns(),
+            s.log.last().unwrap_or_default().as_ns(),
             s.log.total(),
             bytes.len() as u64,
         ],
@@ -177,33 +155,44 @@ pub fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
     out.extend_from_slice(bytes);
 }
 
-/// Appends the encoding of a LOG append effect to `out`.
-pub fn encode_log_append_into(w: &LogWrite, out: &mut Vec<u8>) {
+fn encode_log_append_into(w: &LogWrite, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG_APPEND]);
-    put(out, &[w.window_ns, w.limit, w.at_ns, w.quantity]);
+    put(out, &[w.window.as_ns(), w.limit, w.at.as_ns(), w.quantity]);
 }
 
-/// Appends the encoding of a LOG refund effect to `out`.
-pub fn encode_log_refund_into(at_ns: u64, quantity: u64, out: &mut Vec<u8>) {
+fn encode_log_refund_into(at: Instant, quantity: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG_REFUND]);
-    put(out, &[at_ns, quantity]);
+    put(out, &[at.as_ns(), quantity]);
 }
 
-/// Appends the encoding of `state` (newest version) to `out`.
-pub fn encode_into(state: &State, out: &mut Vec<u8>) {
+/// Appends the encoding of a stored value (newest version) to `out`.
+pub fn encode_state_into(state: StateRef<'_>, out: &mut Vec<u8>) {
     match state {
-        State::Gcra(g) => encode_gcra_into(g, out),
-        State::Fixed(s) => encode_fixed_into(s, out),
-        State::Sliding(s) => encode_sliding_into(s, out),
-        State::Log(s) => encode_log_into(s, out),
+        StateRef::Gcra(g) => encode_gcra_into(&g, out),
+        StateRef::Fixed(s) => encode_fixed_into(s, out),
+        StateRef::Sliding(s) => encode_sliding_into(s, out),
+        StateRef::Log(s) => encode_log_into(s, out),
     }
 }
 
 /// Returns the encoding of `state` (newest version).
 pub fn encode(state: &State) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
-    encode_into(state, &mut out);
+    encode_state_into(state.as_ref(), &mut out);
     out
+}
+
+/// Appends the effect of an admitted request's write to `out`: the new state for GCRA, FIXED
+/// and SLIDING (the same bytes as the state's own encoding), the append itself for LOG (a
+/// few dozen bytes, whatever the log holds).
+pub fn encode_write_into(write: &Write, out: &mut Vec<u8>) {
+    match write {
+        Write::Gcra(g) => encode_gcra_into(g, out),
+        Write::Fixed(s) => encode_fixed_into(s, out),
+        Write::Sliding(s) => encode_sliding_into(s, out),
+        Write::Log(w) => encode_log_append_into(w, out),
+        Write::LogRefund { at, quantity } => encode_log_refund_into(*at, *quantity, out),
+    }
 }
 
 /// Appends the expiry prefix (tag 0x90): the effect that follows sets the key to expire at
@@ -216,9 +205,8 @@ pub fn encode_expiry_prefix_into(expire_at_ms: i64, out: &mut Vec<u8>) {
 /// Appends the encoding of `effect` to `out`.
 pub fn encode_effect_into(effect: &Effect, out: &mut Vec<u8>) {
     match effect {
-        Effect::Replace(state) => encode_into(state, out),
-        Effect::LogAppend(w) => encode_log_append_into(w, out),
-        Effect::LogRefund { at_ns, quantity } => encode_log_refund_into(*at_ns, *quantity, out),
+        Effect::Replace(state) => encode_state_into(state.as_ref(), out),
+        Effect::Apply(write) => encode_write_into(write, out),
     }
 }
 
@@ -257,7 +245,7 @@ impl<'a> Reader<'a> {
 }
 
 fn window_params(window_ns: u64, limit: u64) -> Result<WindowParams, DecodeError> {
-    WindowParams::new(limit, window_ns).map_err(|e| match e {
+    WindowParams::new(limit, Span::from_ns(window_ns)).map_err(|e| match e {
         crate::params::ParamError::NotPositiveInteger(_) => DecodeError::OutOfRange("limit"),
         _ => DecodeError::OutOfRange("window_ns"),
     })
@@ -282,12 +270,12 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             if burst == 0 {
                 return Err(DecodeError::OutOfRange("burst"));
             }
-            let params = GcraParams::from_interval(burst, emission_interval_ns)
+            let params = GcraParams::from_interval(burst, Span::from_ns(emission_interval_ns))
                 .map_err(|_| DecodeError::OutOfRange("emission_interval_ns"))?;
-            let updated_ns = if version == 1 {
+            let updated_ns = if version == VERSION_GCRA_ONLY {
                 // Version 1 did not record the last write: assume it filled the bucket, the
                 // most capacity in use it can have had.
-                tat_ns.saturating_sub(params.tolerance_ns)
+                tat_ns.saturating_sub(params.tolerance.as_ns())
             } else {
                 r.u64()?
             };
@@ -295,13 +283,13 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 return Err(DecodeError::OutOfRange("updated_ns"));
             }
             Ok(State::Gcra(GcraState {
-                tat_ns,
-                emission_interval_ns,
+                tat: Instant::from_ns(tat_ns),
+                emission_interval: params.emission_interval,
                 burst,
-                updated_ns,
+                updated_at: Instant::from_ns(updated_ns),
             }))
         }
-        (2.., TAG_FIXED) => {
+        (VERSION_WINDOWS.., TAG_FIXED) => {
             let (window_ns, limit, window_start_ns, count, updated_ns) =
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             window_params(window_ns, limit)?;
@@ -310,14 +298,14 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 return Err(DecodeError::OutOfRange("count"));
             }
             Ok(State::Fixed(Box::new(FixedState {
-                window_ns,
+                window: Span::from_ns(window_ns),
                 limit,
-                window_start_ns,
+                window_start: Instant::from_ns(window_start_ns),
                 count,
-                updated_ns,
+                updated_at: Instant::from_ns(updated_ns),
             })))
         }
-        (2.., TAG_SLIDING) => {
+        (VERSION_WINDOWS.., TAG_SLIDING) => {
             let (window_ns, limit, window_start_ns, prev, curr, updated_ns) =
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             window_params(window_ns, limit)?;
@@ -329,15 +317,15 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 return Err(DecodeError::OutOfRange("prev"));
             }
             Ok(State::Sliding(Box::new(SlidingState {
-                window_ns,
+                window: Span::from_ns(window_ns),
                 limit,
-                window_start_ns,
+                window_start: Instant::from_ns(window_start_ns),
                 prev,
                 curr,
-                updated_ns,
+                updated_at: Instant::from_ns(updated_ns),
             })))
         }
-        (2.., TAG_LOG) => {
+        (VERSION_WINDOWS.., TAG_LOG) => {
             let (window_ns, limit, first_ns, last_ns, total, len) =
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             window_params(window_ns, limit)?;
@@ -350,10 +338,15 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 return Err(DecodeError::OutOfRange("first_ns"));
             }
             let bytes = r.bytes(len)?;
-            let log = RequestLog::from_parts(first_ns, last_ns, total, bytes)
-                .ok_or(DecodeError::OutOfRange("log"))?;
+            let log = RequestLog::from_parts(
+                Instant::from_ns(first_ns),
+                Instant::from_ns(last_ns),
+                total,
+                bytes,
+            )
+            .ok_or(DecodeError::OutOfRange("log"))?;
             Ok(State::Log(Box::new(LogState {
-                window_ns,
+                window: Span::from_ns(window_ns),
                 limit,
                 log,
             })))
@@ -404,22 +397,25 @@ pub fn decode_applied(bytes: &[u8]) -> Result<(Effect, Option<i64>), DecodeError
 pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
     let (version, tag, mut r) = header(bytes)?;
     let effect = match (version, tag) {
-        (2.., TAG_LOG_APPEND) => {
+        (VERSION_WINDOWS.., TAG_LOG_APPEND) => {
             let (window_ns, limit, at_ns, quantity) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             window_params(window_ns, limit)?;
             if quantity == 0 || quantity > limit {
                 return Err(DecodeError::OutOfRange("quantity"));
             }
-            Effect::LogAppend(LogWrite {
-                window_ns,
+            Effect::Apply(Write::Log(LogWrite {
+                window: Span::from_ns(window_ns),
                 limit,
-                at_ns,
+                at: Instant::from_ns(at_ns),
+                quantity,
+            }))
+        }
+        (VERSION_WINDOWS.., TAG_LOG_REFUND) => {
+            let (at_ns, quantity) = (r.u64()?, r.u64()?);
+            Effect::Apply(Write::LogRefund {
+                at: Instant::from_ns(at_ns),
                 quantity,
             })
-        }
-        (2.., TAG_LOG_REFUND) => {
-            let (at_ns, quantity) = (r.u64()?, r.u64()?);
-            Effect::LogRefund { at_ns, quantity }
         }
         _ => Effect::Replace(decode_state(version, tag, &mut r)?),
     };
@@ -434,10 +430,10 @@ mod tests {
 
     fn gcra(tat_ns: u64, emission_interval_ns: u64, burst: u64) -> State {
         State::Gcra(GcraState {
-            tat_ns,
-            emission_interval_ns,
+            tat: Instant::from_ns(tat_ns),
+            emission_interval: Span::from_ns(emission_interval_ns),
             burst,
-            updated_ns: tat_ns / 2,
+            updated_at: Instant::from_ns(tat_ns / 2),
         })
     }
 
@@ -455,19 +451,19 @@ mod tests {
         v1[0] = 1;
         v1.truncate(26);
         let expected = State::Gcra(GcraState {
-            tat_ns: 50,
-            emission_interval_ns: 7,
+            tat: Instant::from_ns(50),
+            emission_interval: Span::from_ns(7),
             burst: 3,
-            updated_ns: 29,
+            updated_at: Instant::from_ns(29),
         });
         assert_eq!(decode(&v1), Ok(expected));
         // Version 1 knew no windows.
         let mut fixed = encode(&State::Fixed(Box::new(FixedState {
-            window_ns: 10,
+            window: Span::from_ns(10),
             limit: 5,
-            window_start_ns: 100,
+            window_start: Instant::from_ns(100),
             count: 1,
-            updated_ns: 105,
+            updated_at: Instant::from_ns(105),
         })));
         assert!(decode(&fixed).is_ok());
         fixed[0] = 1;
@@ -504,11 +500,11 @@ mod tests {
         );
         let fixed = |count, start, updated| {
             encode(&State::Fixed(Box::new(FixedState {
-                window_ns: 10,
+                window: Span::from_ns(10),
                 limit: 5,
-                window_start_ns: start,
+                window_start: Instant::from_ns(start),
                 count,
-                updated_ns: updated,
+                updated_at: Instant::from_ns(updated),
             })))
         };
         assert_eq!(
@@ -529,11 +525,11 @@ mod tests {
         );
         // A log longer than its limit.
         let mut log = LogState {
-            window_ns: 1000,
+            window: Span::from_ns(1000),
             limit: 2,
             log: RequestLog::default(),
         };
-        log.log.push(10, 2);
+        log.log.push(Instant::from_ns(10), 2);
         let ok = encode(&State::Log(Box::new(log.clone())));
         assert!(decode(&ok).is_ok());
         log.limit = 1;
@@ -544,10 +540,10 @@ mod tests {
         // Effects are not states.
         let mut effect = Vec::new();
         encode_effect_into(
-            &Effect::LogRefund {
-                at_ns: 1,
+            &Effect::Apply(Write::LogRefund {
+                at: Instant::from_ns(1),
                 quantity: 1,
-            },
+            }),
             &mut effect,
         );
         assert_eq!(
@@ -556,10 +552,10 @@ mod tests {
         );
         assert_eq!(
             decode_effect(&effect),
-            Ok(Effect::LogRefund {
-                at_ns: 1,
+            Ok(Effect::Apply(Write::LogRefund {
+                at: Instant::from_ns(1),
                 quantity: 1
-            })
+            }))
         );
         let mut applied = Vec::new();
         encode_expiry_prefix_into(1234, &mut applied);
@@ -567,20 +563,20 @@ mod tests {
         assert_eq!(
             decode_applied(&applied),
             Ok((
-                Effect::LogRefund {
-                    at_ns: 1,
+                Effect::Apply(Write::LogRefund {
+                    at: Instant::from_ns(1),
                     quantity: 1
-                },
+                }),
                 Some(1234)
             ))
         );
         assert_eq!(
             decode_applied(&effect),
             Ok((
-                Effect::LogRefund {
-                    at_ns: 1,
+                Effect::Apply(Write::LogRefund {
+                    at: Instant::from_ns(1),
                     quantity: 1
-                },
+                }),
                 None
             ))
         );
@@ -592,12 +588,12 @@ mod tests {
         // Found by cargo-fuzz: an empty log with stray instants decoded, then re-encoded to
         // other bytes. The only encoding of an empty log has zero instants.
         let mut bytes = vec![2u8, 4];
-        for f in [60_000_000_000u64, 5, 0x0583_0000_000d_f8, 0, 0, 0] {
+        for f in [60_000_000_000u64, 5, 0x0005_8300_0000_0df8, 0, 0, 0] {
             bytes.extend_from_slice(&f.to_le_bytes());
         }
         assert_eq!(decode(&bytes), Err(DecodeError::OutOfRange("first_ns")));
         let empty = State::Log(Box::new(LogState {
-            window_ns: 60_000_000_000,
+            window: Span::from_ns(60_000_000_000),
             limit: 5,
             log: RequestLog::default(),
         }));
@@ -612,7 +608,7 @@ mod tests {
         use crate::algo::{fixed_window, sliding_log, sliding_window};
         use crate::params::{GcraParams, WindowParams};
         let s1 = 1_000_000_000u64;
-        let mut now = 1_800_000_000 * s1;
+        let mut now = Instant::from_ns(1_800_000_000 * s1);
         let (mut g, mut f, mut sl, mut lg): (
             Option<GcraState>,
             Option<FixedState>,
@@ -631,12 +627,12 @@ mod tests {
         for &(op, a, b, q) in ops {
             // Time mostly moves forward, sometimes steps back up to 3 s.
             now = if a % 7 == 0 {
-                now.saturating_sub(b % (3 * s1))
+                now.saturating_sub(Span::from_ns(b % (3 * s1)))
             } else {
-                now + b % (2 * s1)
+                now.saturating_add(Span::from_ns(b % (2 * s1)))
             };
             let limit = 1 + a % 5;
-            let window = (1 + b % 3) * s1 / 2;
+            let window = Span::from_ns((1 + b % 3) * s1 / 2);
             let wp = WindowParams::new(limit, window).unwrap();
             let gp = GcraParams::new(limit, 1 + a % 3, window).unwrap();
             match op % 8 {
@@ -647,7 +643,7 @@ mod tests {
                         now,
                         GcraRequest {
                             quantity: q % 4,
-                            max_wait_ns: (a % 2 == 0).then_some(s1),
+                            max_wait: (a % 2 == 0).then_some(Span::from_ns(s1)),
                         },
                     ) {
                         if let Some(w) = o.write {
@@ -713,7 +709,7 @@ mod tests {
                 }
                 _ => {
                     if let Some(st) = lg.as_mut() {
-                        if st.log.count_after(now.checked_sub(st.window_ns)) > 0 {
+                        if st.in_window(now) > 0 {
                             st.refund(now, q);
                             if st.log.total() == 0 {
                                 lg = None;
@@ -741,13 +737,15 @@ mod tests {
         // (a clock that stepped back) into the current window, with its last write outside it:
         // the decoder refused the result, which broke replicas, RDB loads and AOF replay.
         let s1 = 1_000_000_000u64;
-        let w = crate::params::WindowParams::new(10, s1).unwrap();
+        let w = crate::params::WindowParams::new(10, Span::from_ns(s1)).unwrap();
         let later = 1_800_000_000 * s1;
-        let st = crate::algo::sliding_window::decide(&w, None, later + s1 / 10, 3)
-            .unwrap()
-            .write
-            .unwrap();
-        let (after, n) = crate::algo::sliding_window::refund(&st, later - 2 * s1 / 10, 1);
+        let st =
+            crate::algo::sliding_window::decide(&w, None, Instant::from_ns(later + s1 / 10), 3)
+                .unwrap()
+                .write
+                .unwrap();
+        let (after, n) =
+            crate::algo::sliding_window::refund(&st, Instant::from_ns(later - 2 * s1 / 10), 1);
         assert_eq!(n, 1);
         let after = after.unwrap();
         let state = State::Sliding(Box::new(after));
@@ -761,11 +759,11 @@ mod tests {
                 .prop_map(|(t, i, b)| gcra(t, i, b)),
             (w.clone(), 1u64..1000, 0u64..1 << 20, 0u64..1000).prop_map(|(w, l, k, o)| {
                 State::Fixed(Box::new(FixedState {
-                    window_ns: w,
+                    window: Span::from_ns(w),
                     limit: l,
-                    window_start_ns: k * w,
+                    window_start: Instant::from_ns(k * w),
                     count: 1 + o % l,
-                    updated_ns: k * w + o % w,
+                    updated_at: Instant::from_ns(k * w + o % w),
                 }))
             }),
             (
@@ -777,12 +775,12 @@ mod tests {
             )
                 .prop_map(|(w, l, k, p, c)| {
                     State::Sliding(Box::new(SlidingState {
-                        window_ns: w,
+                        window: Span::from_ns(w),
                         limit: l,
-                        window_start_ns: k * w,
+                        window_start: Instant::from_ns(k * w),
                         prev: u64::from(p) + 1,
                         curr: c % (l + 1),
-                        updated_ns: k * w + c % w,
+                        updated_at: Instant::from_ns(k * w + c % w),
                     }))
                 }),
             (w, prop::collection::vec((1u64..1_000_000, 1u64..4), 1..30)).prop_map(
@@ -791,11 +789,11 @@ mod tests {
                     let mut t = 1u64 << 50;
                     for (gap, c) in &pushes {
                         t += gap;
-                        log.push(t, *c);
+                        log.push(Instant::from_ns(t), *c);
                     }
                     let limit = log.total();
                     State::Log(Box::new(LogState {
-                        window_ns: w,
+                        window: Span::from_ns(w),
                         limit,
                         log,
                     }))

@@ -1,20 +1,22 @@
 //! The outcome of one limiting request, shared by every algorithm.
 
+use crate::time::Span;
+
 /// Verdict says whether a request passes, and if not, when it could.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Admitted now.
     Allowed,
-    /// Admitted as a reservation (`MAXWAIT`): the client may act after `delay_ns`
+    /// Admitted as a reservation (`MAXWAIT`): the client may act after `delay`
     /// (0 when no wait is needed).
     Reserved {
-        /// Nanoseconds the client must wait before acting.
-        delay_ns: u64,
+        /// How long the client must wait before acting.
+        delay: Span,
     },
-    /// Denied; the same request would be admitted after `retry_after_ns` (> 0).
+    /// Denied; the same request would be admitted after `retry_after` (> 0).
     Denied {
-        /// Nanoseconds until this same request would be admitted.
-        retry_after_ns: u64,
+        /// Time until this same request would be admitted.
+        retry_after: Span,
     },
     /// Denied, and it can never be admitted (quantity above the limit).
     Never,
@@ -27,8 +29,8 @@ impl Verdict {
     }
 }
 
-/// Decision is everything a limiting command replies with, in nanoseconds; the Redis layer
-/// rounds durations up to milliseconds.
+/// Decision is everything a limiting command replies with; the Redis layer rounds durations
+/// up to milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     /// Allowed or not, and when to retry.
@@ -37,8 +39,8 @@ pub struct Decision {
     pub limit: u64,
     /// Requests of quantity 1 still admitted right now, after this one; never negative.
     pub remaining: u64,
-    /// Nanoseconds until the key is back to its idle state; 0 for an idle key.
-    pub reset_after_ns: u64,
+    /// Time until the key is back to its idle state; zero for an idle key.
+    pub reset_after: Span,
 }
 
 /// Combines the decisions of several limits on one request (SPEC.md, RL.ALL): allowed only
@@ -53,25 +55,25 @@ pub fn combine(decisions: &[Decision]) -> Decision {
     } else if decisions.iter().any(|d| d.verdict == Verdict::Never) {
         Verdict::Never
     } else {
-        let retry_after_ns = decisions
+        let retry_after = decisions
             .iter()
             .filter_map(|d| match d.verdict {
-                Verdict::Denied { retry_after_ns } => Some(retry_after_ns),
+                Verdict::Denied { retry_after } => Some(retry_after),
                 _ => None,
             })
             .max()
-            .unwrap_or(1);
-        Verdict::Denied { retry_after_ns }
+            .unwrap_or(Span::from_ns(1));
+        Verdict::Denied { retry_after }
     };
     Decision {
         verdict,
         limit: binding.map_or(0, |d| d.limit),
         remaining: binding.map_or(0, |d| d.remaining),
-        reset_after_ns: decisions
+        reset_after: decisions
             .iter()
-            .map(|d| d.reset_after_ns)
+            .map(|d| d.reset_after)
             .max()
-            .unwrap_or(0),
+            .unwrap_or(Span::ZERO),
     }
 }
 
@@ -106,7 +108,9 @@ mod tests {
     use super::*;
     use crate::algo::gcra::{self, GcraRequest};
     use crate::algo::sliding_log::{self, LogState};
+    use crate::algo::testing::{span, BASE, S};
     use crate::params::{GcraParams, WindowParams};
+    use crate::time::Instant;
     use proptest::prelude::*;
 
     fn d(verdict: Verdict, limit: u64, remaining: u64, reset_after_ns: u64) -> Decision {
@@ -114,19 +118,22 @@ mod tests {
             verdict,
             limit,
             remaining,
-            reset_after_ns,
+            reset_after: Span::from_ns(reset_after_ns),
+        }
+    }
+
+    fn denied(retry_after_ns: u64) -> Verdict {
+        Verdict::Denied {
+            retry_after: Span::from_ns(retry_after_ns),
         }
     }
 
     #[test]
     fn combine_follows_the_binding_limit() {
         let a = d(Verdict::Allowed, 10, 4, 100);
-        let b = d(Verdict::Denied { retry_after_ns: 50 }, 3, 0, 300);
-        let c = d(Verdict::Denied { retry_after_ns: 70 }, 5, 1, 200);
-        assert_eq!(
-            combine(&[a, b, c]),
-            d(Verdict::Denied { retry_after_ns: 70 }, 3, 0, 300)
-        );
+        let b = d(denied(50), 3, 0, 300);
+        let c = d(denied(70), 5, 1, 200);
+        assert_eq!(combine(&[a, b, c]), d(denied(70), 3, 0, 300));
         assert_eq!(combine(&[a, a]), d(Verdict::Allowed, 10, 4, 100));
         let never = d(Verdict::Never, 2, 2, 0);
         assert_eq!(combine(&[a, b, never]).verdict, Verdict::Never);
@@ -139,14 +146,14 @@ mod tests {
         fn all_or_nothing_never_consumes_when_one_denies(
             steps in prop::collection::vec((0u64..400_000_000, 1u64..4), 1..80),
         ) {
-            let user = GcraParams::new(5, 2, 1_000_000_000).unwrap();
-            let ip = WindowParams::new(4, 1_000_000_000).unwrap();
-            let mut now = 1_000_000_000_000u64;
+            let user = GcraParams::new(5, 2, span(S)).unwrap();
+            let ip = WindowParams::new(4, span(S)).unwrap();
+            let mut now = BASE;
             let mut user_state = None;
             let mut ip_state: Option<LogState> = None;
-            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            let mut admitted: Vec<(Instant, u64)> = Vec::new();
             for (gap, q) in steps {
-                now += gap;
+                now = now.saturating_add(span(gap));
                 let u = gcra::decide(&user, user_state.as_ref(), now, GcraRequest::of(q)).unwrap();
                 let i = sliding_log::decide(&ip, ip_state.as_ref(), now, q).unwrap();
                 let both = combine(&[u.decision, i.decision]);
@@ -159,7 +166,7 @@ mod tests {
             }
             // The LOG limit holds in every trailing window of admitted requests.
             for &(end, _) in &admitted {
-                let n: u64 = admitted.iter().filter(|(t, _)| *t <= end && t + ip.window_ns > end).map(|x| x.1).sum();
+                let n: u64 = admitted.iter().filter(|(t, _)| *t <= end && t.saturating_add(ip.window) > end).map(|x| x.1).sum();
                 prop_assert!(n <= ip.limit);
             }
         }

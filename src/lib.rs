@@ -14,9 +14,14 @@
 pub mod algo;
 pub mod codec;
 pub mod decision;
+pub mod limit;
 pub mod params;
+pub mod request_log;
+pub mod state;
 pub mod time;
 
+// The glue is the one place allowed to use `unsafe` (see its module documentation); its
+// command handlers forbid it again.
 #[cfg(feature = "module")]
 #[allow(unsafe_code)]
 mod module;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::time::{parse_count, parse_seconds_ns};
+use crate::time::{parse_count, parse_seconds, Span, MAX_PERIOD};
 
 /// ParamError names the argument a client got wrong; its `Display` text is the reply after
 /// `ERR ` (e.g. `burst must be a positive integer`).
@@ -60,10 +60,10 @@ pub fn non_negative(text: &[u8], name: &'static str) -> Result<u64, ParamError> 
     parse_count(text).ok_or(ParamError::NotNonNegativeInteger(name))
 }
 
-/// Parses a duration in seconds (see [`crate::time::parse_seconds_ns`]) to nanoseconds,
-/// naming `name` in the error.
-pub fn seconds(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
-    parse_seconds_ns(text).ok_or(ParamError::NotSeconds(name))
+/// Parses a duration in seconds (see [`crate::time::parse_seconds`]), naming `name` in the
+/// error.
+pub fn seconds(text: &[u8], name: &'static str) -> Result<Span, ParamError> {
+    parse_seconds(text).ok_or(ParamError::NotSeconds(name))
 }
 
 /// GcraParams are the validated parameters of one GCRA limit.
@@ -76,54 +76,64 @@ pub fn seconds(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
 pub struct GcraParams {
     /// Requests an idle key admits at once; ≥ 1.
     pub burst: u64,
-    /// `T = period / rate`, rounded to the nearest nanosecond; ≥ 1 ns.
-    pub emission_interval_ns: u64,
-    /// `τ = burst · T` in nanoseconds; fits in `u64`.
-    pub tolerance_ns: u64,
+    /// `T = period / rate`, rounded to the nearest nanosecond; `1 ns..=MAX_PERIOD`.
+    pub emission_interval: Span,
+    /// `τ = burst · T`; fits in 64-bit nanoseconds.
+    pub tolerance: Span,
 }
 
 impl GcraParams {
-    /// Builds the parameters from `burst` requests, `rate` requests per `period_ns`.
+    /// Builds the parameters from `burst` requests, `rate` requests per `period`.
     ///
     /// Errors: [`ParamError::NotPositiveInteger`] for a zero `burst`/`rate`,
-    /// [`ParamError::NotSeconds`] for a `period_ns` outside `1..=MAX_PERIOD_NS`,
+    /// [`ParamError::NotSeconds`] for a `period` outside `1 ns..=MAX_PERIOD`,
     /// [`ParamError::RateTooHigh`] when `T` rounds to 0, [`ParamError::BurstTooLarge`] when
     /// `burst · T` overflows.
-    pub fn new(burst: u64, rate: u64, period_ns: u64) -> Result<Self, ParamError> {
+    pub fn new(burst: u64, rate: u64, period: Span) -> Result<Self, ParamError> {
         if burst == 0 {
             return Err(ParamError::NotPositiveInteger("burst"));
         }
         if rate == 0 {
             return Err(ParamError::NotPositiveInteger("rate"));
         }
-        if period_ns == 0 || period_ns > crate::time::MAX_PERIOD_NS {
+        if period.is_zero() || period > MAX_PERIOD {
             return Err(ParamError::NotSeconds("period"));
         }
-        // Round half up, in 128 bits so that `period_ns + rate / 2` cannot overflow.
-        let rounded = (u128::from(period_ns) + u128::from(rate) / 2) / u128::from(rate);
-        let emission_interval_ns = u64::try_from(rounded).map_err(|_| ParamError::RateTooHigh)?;
-        Self::from_interval(burst, emission_interval_ns)
+        // Round half up, in 128 bits so that `period + rate / 2` cannot overflow.
+        let rounded = (u128::from(period.as_ns()) + u128::from(rate) / 2) / u128::from(rate);
+        let interval_ns = u64::try_from(rounded).map_err(|_| ParamError::RateTooHigh)?;
+        Self::from_interval(burst, Span::from_ns(interval_ns))
+    }
+
+    /// Parses the argument words `burst rate period` of RL.GCRA and of `GCRA` specs.
+    ///
+    /// Errors: the [`ParamError`] naming the first bad argument, in argument order.
+    pub fn parse(burst: &[u8], rate: &[u8], period: &[u8]) -> Result<Self, ParamError> {
+        let burst = positive(burst, "burst")?;
+        let rate = positive(rate, "rate")?;
+        let period = seconds(period, "period")?;
+        Self::new(burst, rate, period)
     }
 
     /// Builds the parameters from `burst` and an emission interval already in nanoseconds
     /// (as stored in a key), with the same checks as [`GcraParams::new`].
-    pub fn from_interval(burst: u64, emission_interval_ns: u64) -> Result<Self, ParamError> {
+    pub fn from_interval(burst: u64, emission_interval: Span) -> Result<Self, ParamError> {
         if burst == 0 {
             return Err(ParamError::NotPositiveInteger("burst"));
         }
-        if emission_interval_ns == 0 {
+        if emission_interval.is_zero() {
             return Err(ParamError::RateTooHigh);
         }
-        if emission_interval_ns > crate::time::MAX_PERIOD_NS {
+        if emission_interval > MAX_PERIOD {
             return Err(ParamError::NotSeconds("period"));
         }
-        let tolerance_ns = burst
-            .checked_mul(emission_interval_ns)
+        let tolerance = emission_interval
+            .checked_mul(burst)
             .ok_or(ParamError::BurstTooLarge)?;
         Ok(Self {
             burst,
-            emission_interval_ns,
-            tolerance_ns,
+            emission_interval,
+            tolerance,
         })
     }
 }
@@ -133,33 +143,38 @@ mod tests {
     use super::*;
     use crate::time::NANOS_PER_SEC;
 
+    const SECOND: Span = Span::from_ns(NANOS_PER_SEC);
+
     #[test]
     fn emission_interval_rounds_to_nearest_ns() {
-        let p = GcraParams::new(1, 3, NANOS_PER_SEC).unwrap();
-        assert_eq!(p.emission_interval_ns, 333_333_333);
-        let p = GcraParams::new(1, 3, 2 * NANOS_PER_SEC).unwrap();
-        assert_eq!(p.emission_interval_ns, 666_666_667);
-        let p = GcraParams::new(1, 2, 1).unwrap(); // 0.5 ns rounds half up to 1
-        assert_eq!(p.emission_interval_ns, 1);
+        let p = GcraParams::new(1, 3, SECOND).unwrap();
+        assert_eq!(p.emission_interval, Span::from_ns(333_333_333));
+        let p = GcraParams::new(1, 3, SECOND.saturating_mul(2)).unwrap();
+        assert_eq!(p.emission_interval, Span::from_ns(666_666_667));
+        let p = GcraParams::new(1, 2, Span::from_ns(1)).unwrap(); // 0.5 ns rounds half up to 1
+        assert_eq!(p.emission_interval, Span::from_ns(1));
     }
 
     #[test]
     fn rate_above_one_per_ns_is_rejected() {
-        assert_eq!(GcraParams::new(1, 3, 1), Err(ParamError::RateTooHigh));
         assert_eq!(
-            GcraParams::new(1, u64::MAX, NANOS_PER_SEC),
+            GcraParams::new(1, 3, Span::from_ns(1)),
             Err(ParamError::RateTooHigh)
         );
-        assert!(GcraParams::new(1, 1_000_000_000, NANOS_PER_SEC).is_ok());
+        assert_eq!(
+            GcraParams::new(1, u64::MAX, SECOND),
+            Err(ParamError::RateTooHigh)
+        );
+        assert!(GcraParams::new(1, 1_000_000_000, SECOND).is_ok());
     }
 
     #[test]
     fn tolerance_overflow_is_rejected() {
         assert_eq!(
-            GcraParams::new(u64::MAX, 1, NANOS_PER_SEC),
+            GcraParams::new(u64::MAX, 1, SECOND),
             Err(ParamError::BurstTooLarge)
         );
-        assert!(GcraParams::new(u64::MAX, 1_000_000_000, NANOS_PER_SEC).is_ok());
+        assert!(GcraParams::new(u64::MAX, 1_000_000_000, SECOND).is_ok());
     }
 
     #[test]
@@ -180,25 +195,34 @@ mod tests {
 }
 
 /// WindowParams are the validated parameters of one window limit: at most `limit` requests in
-/// any `window_ns`.
+/// any `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowParams {
     /// Requests allowed per window; ≥ 1.
     pub limit: u64,
-    /// The window's length in ns; `1..=MAX_PERIOD_NS`.
-    pub window_ns: u64,
+    /// The window's length; `1 ns..=MAX_PERIOD`.
+    pub window: Span,
 }
 
 impl WindowParams {
+    /// Parses the argument words `limit window` of RL.WINDOW and of `WINDOW` specs.
+    ///
+    /// Errors: the [`ParamError`] naming the first bad argument, in argument order.
+    pub fn parse(limit: &[u8], window: &[u8]) -> Result<Self, ParamError> {
+        let limit = positive(limit, "limit")?;
+        let window = seconds(window, "window")?;
+        Self::new(limit, window)
+    }
+
     /// Builds window parameters. Errors: [`ParamError::NotPositiveInteger`] for `limit` 0,
-    /// [`ParamError::NotSeconds`] for a window outside `1..=MAX_PERIOD_NS` ns.
-    pub fn new(limit: u64, window_ns: u64) -> Result<Self, ParamError> {
+    /// [`ParamError::NotSeconds`] for a window outside `1 ns..=MAX_PERIOD`.
+    pub fn new(limit: u64, window: Span) -> Result<Self, ParamError> {
         if limit == 0 {
             return Err(ParamError::NotPositiveInteger("limit"));
         }
-        if window_ns == 0 || window_ns > crate::time::MAX_PERIOD_NS {
+        if window.is_zero() || window > MAX_PERIOD {
             return Err(ParamError::NotSeconds("window"));
         }
-        Ok(Self { limit, window_ns })
+        Ok(Self { limit, window })
     }
 }

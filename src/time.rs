@@ -1,8 +1,13 @@
-//! Time in nanoseconds: the exact decimal-seconds parser and millisecond rounding.
+//! Time in nanoseconds: the [`Instant`] and [`Span`] types, the exact decimal-seconds parser,
+//! and rounding to the milliseconds and seconds that replies carry.
 //!
-//! Every instant in the core is a `u64` count of nanoseconds since the Unix epoch and every
-//! duration a `u64` count of nanoseconds (enough until the year 2554). No floats are used for
-//! time: `0.1` seconds is exactly 100 000 000 ns.
+//! Every instant in the core is an [`Instant`]: a `u64` count of nanoseconds since the Unix
+//! epoch (enough until the year 2554). Every duration is a [`Span`]: a `u64` count of
+//! nanoseconds. They are distinct types, so an instant cannot be passed where a duration or a
+//! count is expected, and all their arithmetic is checked or saturating. No floats are used
+//! for time: `0.1` seconds is exactly 100 000 000 ns.
+
+use std::fmt;
 
 /// Nanoseconds in one second.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -10,16 +15,178 @@ pub const NANOS_PER_SEC: u64 = 1_000_000_000;
 pub const NANOS_PER_MILLI: u64 = 1_000_000;
 /// Nanoseconds in one microsecond.
 pub const NANOS_PER_MICRO: u64 = 1_000;
-/// The longest `period` / `window` accepted: 315 360 000 s (ten 365-day years), in ns.
-pub const MAX_PERIOD_NS: u64 = 315_360_000 * NANOS_PER_SEC;
+/// The longest `period` / `window` / `lease` accepted: 315 360 000 s (ten 365-day years).
+pub const MAX_PERIOD: Span = Span(315_360_000 * NANOS_PER_SEC);
 
-/// Parses a `period` / `window` argument: seconds written as a plain decimal.
+/// Instant is a point in time: nanoseconds since the Unix epoch, `0..=u64::MAX` (the year
+/// 1970 to the year 2554).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant(u64);
+
+/// Span is a duration: a non-negative number of nanoseconds, `0..=u64::MAX` (about 584
+/// years).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Span(u64);
+
+impl Instant {
+    /// The Unix epoch.
+    pub const EPOCH: Instant = Instant(0);
+    /// The last representable instant (in the year 2554).
+    pub const MAX: Instant = Instant(u64::MAX);
+
+    /// Returns the instant `ns` nanoseconds after the Unix epoch.
+    pub const fn from_ns(ns: u64) -> Self {
+        Self(ns)
+    }
+
+    /// Returns the nanoseconds since the Unix epoch.
+    pub const fn as_ns(self) -> u64 {
+        self.0
+    }
+
+    /// Returns `self + span`, or `None` past [`Instant::MAX`].
+    pub fn checked_add(self, span: Span) -> Option<Instant> {
+        self.0.checked_add(span.0).map(Instant)
+    }
+
+    /// Returns `self + span`, saturating at [`Instant::MAX`].
+    pub fn saturating_add(self, span: Span) -> Instant {
+        Instant(self.0.saturating_add(span.0))
+    }
+
+    /// Returns `self − span`, or `None` before the epoch.
+    pub fn checked_sub(self, span: Span) -> Option<Instant> {
+        self.0.checked_sub(span.0).map(Instant)
+    }
+
+    /// Returns `self − span`, saturating at the epoch.
+    pub fn saturating_sub(self, span: Span) -> Instant {
+        Instant(self.0.saturating_sub(span.0))
+    }
+
+    /// Returns the time from `earlier` to `self`, or [`Span::ZERO`] if `earlier` is later.
+    pub fn saturating_since(self, earlier: Instant) -> Span {
+        Span(self.0.saturating_sub(earlier.0))
+    }
+
+    /// Returns the time from `earlier` to `self`, or `None` if `earlier` is later.
+    pub fn checked_since(self, earlier: Instant) -> Option<Span> {
+        self.0.checked_sub(earlier.0).map(Span)
+    }
+
+    /// Returns the start of the `span`-long window that holds `self`, windows being aligned
+    /// to the Unix epoch (`self − self mod span`). A zero `span` returns `self`.
+    pub fn floor_to(self, span: Span) -> Instant {
+        match self.0.checked_rem(span.0) {
+            Some(rem) => Instant(self.0 - rem),
+            None => self,
+        }
+    }
+
+    /// Returns the milliseconds since the epoch, rounded up (an absolute expiry is never
+    /// early), saturating at `i64::MAX`.
+    pub fn ceil_unix_ms(self) -> i64 {
+        i64::try_from(Span(self.0).ceil_ms()).unwrap_or(i64::MAX)
+    }
+}
+
+impl Span {
+    /// No time.
+    pub const ZERO: Span = Span(0);
+    /// The longest representable span.
+    pub const MAX: Span = Span(u64::MAX);
+
+    /// Returns a span of `ns` nanoseconds.
+    pub const fn from_ns(ns: u64) -> Self {
+        Self(ns)
+    }
+
+    /// Returns a span of `ms` milliseconds, saturating at [`Span::MAX`].
+    pub const fn from_ms_saturating(ms: u64) -> Self {
+        Self(ms.saturating_mul(NANOS_PER_MILLI))
+    }
+
+    /// Returns the length in nanoseconds.
+    pub const fn as_ns(self) -> u64 {
+        self.0
+    }
+
+    /// Returns true for a zero span.
+    pub const fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Returns `self + other`, or `None` on overflow.
+    pub fn checked_add(self, other: Span) -> Option<Span> {
+        self.0.checked_add(other.0).map(Span)
+    }
+
+    /// Returns `self + other`, saturating at [`Span::MAX`].
+    pub fn saturating_add(self, other: Span) -> Span {
+        Span(self.0.saturating_add(other.0))
+    }
+
+    /// Returns `self − other`, or `None` if `other` is longer.
+    pub fn checked_sub(self, other: Span) -> Option<Span> {
+        self.0.checked_sub(other.0).map(Span)
+    }
+
+    /// Returns `self − other`, saturating at zero.
+    pub fn saturating_sub(self, other: Span) -> Span {
+        Span(self.0.saturating_sub(other.0))
+    }
+
+    /// Returns `self · n`, or `None` on overflow.
+    pub fn checked_mul(self, n: u64) -> Option<Span> {
+        self.0.checked_mul(n).map(Span)
+    }
+
+    /// Returns `self · n`, saturating at [`Span::MAX`].
+    pub fn saturating_mul(self, n: u64) -> Span {
+        Span(self.0.saturating_mul(n))
+    }
+
+    /// Returns the length in whole milliseconds, rounded **up** (SPEC: a client that waits
+    /// the reported time is never early).
+    pub const fn ceil_ms(self) -> u64 {
+        self.0 / NANOS_PER_MILLI + (self.0 % NANOS_PER_MILLI != 0) as u64
+    }
+
+    /// Returns the length in whole seconds, rounded up.
+    pub const fn ceil_s(self) -> u64 {
+        self.0 / NANOS_PER_SEC + (self.0 % NANOS_PER_SEC != 0) as u64
+    }
+}
+
+impl fmt::Debug for Instant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Instant({}.{:09})",
+            self.0 / NANOS_PER_SEC,
+            self.0 % NANOS_PER_SEC
+        )
+    }
+}
+
+impl fmt::Debug for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Span({}.{:09}s)",
+            self.0 / NANOS_PER_SEC,
+            self.0 % NANOS_PER_SEC
+        )
+    }
+}
+
+/// Parses a `period` / `window` / `lease` argument: seconds written as a plain decimal.
 ///
 /// Accepts ASCII digits, optionally followed by `.` and 1 to 9 more digits (`1`, `60`, `0.25`,
-/// `0.000001`), and returns the exact value in nanoseconds. Returns `None` for anything else:
-/// signs, exponents, hex, `inf`/`nan`, `,` separators, `.5`, `5.`, empty input, whitespace,
-/// more than 9 decimals, zero, and values above [`MAX_PERIOD_NS`].
-pub fn parse_seconds_ns(text: &[u8]) -> Option<u64> {
+/// `0.000001`), and returns the exact span. Returns `None` for anything else: signs,
+/// exponents, hex, `inf`/`nan`, `,` separators, `.5`, `5.`, empty input, whitespace, more than
+/// 9 decimals, zero, and values above [`MAX_PERIOD`].
+pub fn parse_seconds(text: &[u8]) -> Option<Span> {
     let (int_part, frac_part) = match text.iter().position(|&b| b == b'.') {
         Some(dot) => (text.get(..dot)?, Some(text.get(dot + 1..)?)),
         None => (text, None),
@@ -45,7 +212,7 @@ pub fn parse_seconds_ns(text: &[u8]) -> Option<u64> {
         }
     }
     let total = seconds.checked_mul(NANOS_PER_SEC)?.checked_add(frac_ns)?;
-    (total > 0 && total <= MAX_PERIOD_NS).then_some(total)
+    (total > 0 && total <= MAX_PERIOD.0).then_some(Span(total))
 }
 
 /// Parses a count (`burst`, `rate`, `limit`, `QUANTITY`, …): ASCII digits only, no sign, no
@@ -65,23 +232,13 @@ pub fn parse_count(text: &[u8]) -> Option<u64> {
     Some(value)
 }
 
-/// Converts a duration in nanoseconds to whole milliseconds, rounding **up** (SPEC: a client
-/// that waits the reported time is never early).
-pub fn ceil_ms(duration_ns: u64) -> u64 {
-    duration_ns / NANOS_PER_MILLI + u64::from(duration_ns % NANOS_PER_MILLI != 0)
-}
-
-/// Converts a duration in nanoseconds to whole seconds, rounding up.
-pub fn ceil_s(duration_ns: u64) -> u64 {
-    duration_ns / NANOS_PER_SEC + u64::from(duration_ns % NANOS_PER_SEC != 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn seconds_accepts_plain_decimals_exactly() {
+        // (text, expected nanoseconds)
         let table: &[(&str, u64)] = &[
             ("1", NANOS_PER_SEC),
             ("60", 60 * NANOS_PER_SEC),
@@ -92,11 +249,15 @@ mod tests {
             ("1.5", 1_500_000_000),
             ("0.1", 100_000_000),
             ("007", 7 * NANOS_PER_SEC),
-            ("315360000", MAX_PERIOD_NS),
-            ("315360000.000000000", MAX_PERIOD_NS),
+            ("315360000", MAX_PERIOD.as_ns()),
+            ("315360000.000000000", MAX_PERIOD.as_ns()),
         ];
-        for (text, expected) in table {
-            assert_eq!(parse_seconds_ns(text.as_bytes()), Some(*expected), "{text}");
+        for (text, expected_ns) in table {
+            assert_eq!(
+                parse_seconds(text.as_bytes()),
+                Some(Span::from_ns(*expected_ns)),
+                "{text}"
+            );
         }
     }
 
@@ -128,7 +289,7 @@ mod tests {
             "1_000",
         ];
         for text in table {
-            assert_eq!(parse_seconds_ns(text.as_bytes()), None, "{text:?}");
+            assert_eq!(parse_seconds(text.as_bytes()), None, "{text:?}");
         }
     }
 
@@ -152,13 +313,37 @@ mod tests {
     }
 
     #[test]
-    fn milliseconds_round_up() {
-        assert_eq!(ceil_ms(0), 0);
-        assert_eq!(ceil_ms(1), 1);
-        assert_eq!(ceil_ms(NANOS_PER_MILLI), 1);
-        assert_eq!(ceil_ms(NANOS_PER_MILLI + 1), 2);
-        assert_eq!(ceil_ms(u64::MAX), u64::MAX / NANOS_PER_MILLI + 1);
-        assert_eq!(ceil_s(1), 1);
-        assert_eq!(ceil_s(NANOS_PER_SEC), 1);
+    fn durations_round_up() {
+        let ns = Span::from_ns;
+        assert_eq!(ns(0).ceil_ms(), 0);
+        assert_eq!(ns(1).ceil_ms(), 1);
+        assert_eq!(ns(NANOS_PER_MILLI).ceil_ms(), 1);
+        assert_eq!(ns(NANOS_PER_MILLI + 1).ceil_ms(), 2);
+        assert_eq!(Span::MAX.ceil_ms(), u64::MAX / NANOS_PER_MILLI + 1);
+        assert_eq!(ns(1).ceil_s(), 1);
+        assert_eq!(ns(NANOS_PER_SEC).ceil_s(), 1);
+        assert_eq!(Instant::from_ns(1).ceil_unix_ms(), 1);
+        assert_eq!(
+            Instant::MAX.ceil_unix_ms(),
+            (u64::MAX / NANOS_PER_MILLI + 1) as i64
+        );
+    }
+
+    #[test]
+    fn instant_arithmetic_is_checked() {
+        let t = Instant::from_ns(10);
+        assert_eq!(t.checked_add(Span::from_ns(5)), Some(Instant::from_ns(15)));
+        assert_eq!(Instant::MAX.checked_add(Span::from_ns(1)), None);
+        assert_eq!(Instant::MAX.saturating_add(Span::from_ns(1)), Instant::MAX);
+        assert_eq!(t.checked_sub(Span::from_ns(11)), None);
+        assert_eq!(t.saturating_sub(Span::from_ns(11)), Instant::EPOCH);
+        assert_eq!(t.saturating_since(Instant::from_ns(4)), Span::from_ns(6));
+        assert_eq!(t.saturating_since(Instant::from_ns(40)), Span::ZERO);
+        assert_eq!(t.checked_since(Instant::from_ns(40)), None);
+        assert_eq!(
+            Instant::from_ns(125).floor_to(Span::from_ns(50)),
+            Instant::from_ns(100)
+        );
+        assert_eq!(t.floor_to(Span::ZERO), t);
     }
 }

@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use redis_rl::params::GcraParams;
-use redis_rl::time::{parse_count, parse_seconds_ns, MAX_PERIOD_NS, NANOS_PER_SEC};
+use redis_rl::time::{parse_count, parse_seconds, Span, MAX_PERIOD, NANOS_PER_SEC};
 
 fuzz_target!(|data: &[u8]| {
     if let Some(n) = parse_count(data) {
@@ -14,8 +14,9 @@ fuzz_target!(|data: &[u8]| {
             String::from_utf8_lossy(data).trim_start_matches('0')
         );
     }
-    if let Some(ns) = parse_seconds_ns(data) {
-        assert!(ns > 0 && ns <= MAX_PERIOD_NS);
+    if let Some(span) = parse_seconds(data) {
+        assert!(!span.is_zero() && span <= MAX_PERIOD);
+        let ns = span.as_ns();
         let text = std::str::from_utf8(data).unwrap();
         let (int, frac) = text.split_once('.').unwrap_or((text, ""));
         assert!(frac.len() <= 9 && !int.is_empty());
@@ -24,6 +25,6 @@ fuzz_target!(|data: &[u8]| {
     // Arbitrary parameter combinations never panic either.
     if data.len() >= 24 {
         let word = |i: usize| u64::from_le_bytes(data[i..i + 8].try_into().unwrap());
-        let _ = GcraParams::new(word(0), word(8), word(16));
+        let _ = GcraParams::new(word(0), word(8), Span::from_ns(word(16)));
     }
 });

@@ -9,59 +9,57 @@
 
 use crate::decision::{Decision, Outcome, Overflow, Verdict};
 use crate::params::WindowParams;
+use crate::time::{Instant, Span};
 
 /// FixedState is what a FIXED key stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FixedState {
-    /// The window length the count was built under, ns.
-    pub window_ns: u64,
+    /// The window length the count was built under.
+    pub window: Span,
     /// The limit of the last write (reported by RL.REFUND).
     pub limit: u64,
-    /// Start of the window the count belongs to, ns since the epoch (a multiple of
-    /// `window_ns`).
-    pub window_start_ns: u64,
+    /// Start of the window the count belongs to (a multiple of `window` since the epoch).
+    pub window_start: Instant,
     /// Requests admitted in that window.
     pub count: u64,
-    /// The instant of the last write, ns since the epoch: the latest any counted request can
-    /// have happened (used to carry the count across a change of window length).
-    pub updated_ns: u64,
+    /// The instant of the last write: the latest any counted request can have happened (used
+    /// to carry the count across a change of window length).
+    pub updated_at: Instant,
 }
 
-/// Returns the count of requests that may lie in the window `[window_start, …)` current at
-/// `now_ns` under `params`.
+/// Returns the count of requests that may lie in the window starting at `window_start`.
 ///
 /// With an unchanged window length this is the stored count when it belongs to the current
 /// window, else 0. After a change of window length the stored count is kept, whole, while any
 /// of its requests can lie in the new current window (i.e. its last write is not before the
 /// new window's start), so a change never admits more than the new limit allows.
-pub fn current_count(stored: Option<&FixedState>, window_start_ns: u64) -> u64 {
+pub fn current_count(stored: Option<&FixedState>, window_start: Instant) -> u64 {
     match stored {
-        Some(s) if s.updated_ns >= window_start_ns => s.count,
+        Some(s) if s.updated_at >= window_start => s.count,
         _ => 0,
     }
 }
 
-/// Decides one FIXED request of `quantity` at `now_ns` (SPEC.md, RL.WINDOW FIXED): admitted
-/// iff `count + quantity ≤ limit`. `retry_after` and `reset_after` run to the window's end.
+/// Decides one FIXED request of `quantity` at `now` (the RL.WINDOW FIXED rule of
+/// `docs/reference.md`): admitted iff `count + quantity ≤ limit`. `retry_after` and
+/// `reset_after` run to the window's end.
 ///
-/// Errors: [`Overflow`] if counts or the window's end leave `u64`.
+/// Errors: [`Overflow`] if the window's end leaves 64-bit nanoseconds.
 pub fn decide(
     params: &WindowParams,
     stored: Option<&FixedState>,
-    now_ns: u64,
+    now: Instant,
     quantity: u64,
 ) -> Result<Outcome<FixedState>, Overflow> {
-    let window_start_ns = now_ns - now_ns % params.window_ns;
-    let window_end_ns = window_start_ns
-        .checked_add(params.window_ns)
-        .ok_or(Overflow)?;
-    let to_end_ns = window_end_ns - now_ns;
-    let count = current_count(stored, window_start_ns);
+    let window_start = now.floor_to(params.window);
+    let window_end = window_start.checked_add(params.window).ok_or(Overflow)?;
+    let to_end = window_end.saturating_since(now);
+    let count = current_count(stored, window_start);
     let report = |verdict: Verdict, count_after: u64| Decision {
         verdict,
         limit: params.limit,
         remaining: params.limit.saturating_sub(count_after),
-        reset_after_ns: if count_after > 0 { to_end_ns } else { 0 },
+        reset_after: if count_after > 0 { to_end } else { Span::ZERO },
     };
     if quantity == 0 {
         return Ok(Outcome {
@@ -78,7 +76,7 @@ pub fn decide(
     // quantity ≤ limit here; compare without adding, so a count near 2^64 is a denial.
     if count > params.limit - quantity {
         let verdict = Verdict::Denied {
-            retry_after_ns: to_end_ns,
+            retry_after: to_end,
         };
         return Ok(Outcome {
             decision: report(verdict, count),
@@ -87,11 +85,11 @@ pub fn decide(
     }
     let count_after = count + quantity;
     let write = FixedState {
-        window_ns: params.window_ns,
+        window: params.window,
         limit: params.limit,
-        window_start_ns,
+        window_start,
         count: count_after,
-        updated_ns: now_ns,
+        updated_at: now,
     };
     Ok(Outcome {
         decision: report(Verdict::Allowed, count_after),
@@ -99,11 +97,11 @@ pub fn decide(
     })
 }
 
-/// Gives back up to `quantity` requests to the current window at `now_ns`; returns the new
+/// Gives back up to `quantity` requests to the current window at `now`; returns the new
 /// state (None when nothing is counted any more) and how many were given back.
-pub fn refund(state: &FixedState, now_ns: u64, quantity: u64) -> (Option<FixedState>, u64) {
-    let window_start_ns = now_ns - now_ns % state.window_ns.max(1);
-    let count = current_count(Some(state), window_start_ns);
+pub fn refund(state: &FixedState, now: Instant, quantity: u64) -> (Option<FixedState>, u64) {
+    let window_start = now.floor_to(state.window);
+    let count = current_count(Some(state), window_start);
     let refunded = quantity.min(count);
     let left = count - refunded;
     if left == 0 {
@@ -121,27 +119,24 @@ pub fn refund(state: &FixedState, now_ns: u64, quantity: u64) -> (Option<FixedSt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::testing::{check_retry_honest, replay, run_table, st, timeline, Step};
-    use crate::time::{NANOS_PER_MILLI, NANOS_PER_SEC};
+    use crate::algo::testing::{
+        at, check_retry_honest, denied, replay, run_table, span, st, timeline, Step, BASE, MS, S,
+    };
     use proptest::prelude::*;
 
-    const MS: u64 = NANOS_PER_MILLI;
-    const S: u64 = NANOS_PER_SEC;
-    /// A window boundary for 10 s windows.
-    const BASE: u64 = 1_795_996_800 * S;
-
     fn run(params: WindowParams, steps: &[Step]) {
-        run_table(BASE, params.limit, steps, |stored, now, qty| {
+        run_table(params.limit, steps, |stored, now, qty| {
             decide(&params, stored, now, qty).expect("no overflow")
         });
     }
 
     #[test]
     fn counts_per_epoch_aligned_window() {
-        let p = WindowParams::new(3, 10 * S).unwrap();
+        let p = WindowParams::new(3, span(10 * S)).unwrap();
         run(
             p,
             &[
+                // at, qty, allowed, remaining, retry_ms, reset_ms
                 st(0, 0, true, 3, None, 0),
                 st(1000 * MS, 1, true, 2, None, 9000),
                 st(2000 * MS, 2, true, 0, None, 8000),
@@ -157,10 +152,11 @@ mod tests {
     fn boundary_burst_is_allowed_as_documented() {
         // A full quota at the very end of one window and another at the very start of the
         // next: 2 × limit within 2 ms. This is the known trade-off of FIXED.
-        let p = WindowParams::new(5, 10 * S).unwrap();
+        let p = WindowParams::new(5, span(10 * S)).unwrap();
         run(
             p,
             &[
+                // at, qty, allowed, remaining, retry_ms, reset_ms
                 st(9_999 * MS, 5, true, 0, None, 1),
                 st(10_001 * MS, 5, true, 0, None, 9_999),
             ],
@@ -169,63 +165,55 @@ mod tests {
 
     #[test]
     fn windows_are_aligned_to_the_epoch_not_to_the_first_request() {
-        let p = WindowParams::new(1, 60 * S).unwrap();
-        let out = decide(&p, None, BASE + 59 * S, 1).unwrap();
-        assert_eq!(out.decision.reset_after_ns, S);
-        assert_eq!(out.write.unwrap().window_start_ns, BASE);
+        let p = WindowParams::new(1, span(60 * S)).unwrap();
+        let out = decide(&p, None, at(59 * S), 1).unwrap();
+        assert_eq!(out.decision.reset_after, span(S));
+        assert_eq!(out.write.unwrap().window_start, BASE);
     }
 
     #[test]
     fn window_change_keeps_counts_that_may_lie_in_the_new_window() {
-        let hour = WindowParams::new(100, 3600 * S).unwrap();
-        let minute = WindowParams::new(10, 60 * S).unwrap();
-        let s = decide(&hour, None, BASE + 30 * S, 8)
-            .unwrap()
-            .write
-            .unwrap();
+        let hour = WindowParams::new(100, span(3600 * S)).unwrap();
+        let minute = WindowParams::new(10, span(60 * S)).unwrap();
+        let s = decide(&hour, None, at(30 * S), 8).unwrap().write.unwrap();
         // Same minute as the last write: the 8 requests may all be in it.
-        let out = decide(&minute, Some(&s), BASE + 40 * S, 3).unwrap();
+        let out = decide(&minute, Some(&s), at(40 * S), 3).unwrap();
         assert!(!out.decision.verdict.is_allowed());
         assert_eq!(out.decision.remaining, 2);
         // The next minute: none of them can be in it any more.
-        let out = decide(&minute, Some(&s), BASE + 61 * S, 10).unwrap();
+        let out = decide(&minute, Some(&s), at(61 * S), 10).unwrap();
         assert!(out.decision.verdict.is_allowed());
     }
 
     #[test]
     fn regression_a_count_near_u64_max_is_a_denial_not_an_overflow() {
         // Found by attack testing: limit 2^64-1 filled in one call, then a smaller limit.
-        let huge = WindowParams::new(u64::MAX, 100 * S).unwrap();
+        let huge = WindowParams::new(u64::MAX, span(100 * S)).unwrap();
         let s = decide(&huge, None, BASE, u64::MAX).unwrap().write.unwrap();
-        let small = WindowParams::new(5, 100 * S).unwrap();
-        let out = decide(&small, Some(&s), BASE + S, 1).unwrap();
-        assert_eq!(
-            out.decision.verdict,
-            Verdict::Denied {
-                retry_after_ns: 99 * S
-            }
-        );
+        let small = WindowParams::new(5, span(100 * S)).unwrap();
+        let out = decide(&small, Some(&s), at(S), 1).unwrap();
+        assert_eq!(out.decision.verdict, denied(99 * S));
         assert_eq!(out.decision.remaining, 0);
     }
 
     #[test]
     fn refund_lowers_the_current_count_only() {
-        let p = WindowParams::new(5, 10 * S).unwrap();
+        let p = WindowParams::new(5, span(10 * S)).unwrap();
         let s = decide(&p, None, BASE, 4).unwrap().write.unwrap();
         assert_eq!(
-            refund(&s, BASE + S, 3),
+            refund(&s, at(S), 3),
             (Some(FixedState { count: 1, ..s }), 3)
         );
-        assert_eq!(refund(&s, BASE + S, 9), (None, 4));
-        assert_eq!(refund(&s, BASE + 10 * S, 1), (None, 0));
+        assert_eq!(refund(&s, at(S), 9), (None, 4));
+        assert_eq!(refund(&s, at(10 * S), 1), (None, 0));
     }
 
     proptest! {
         #[test]
         fn retry_after_is_honest(limit in 1u64..20, window_ms in 1u64..5000,
                                  steps in timeline(3_000_000_000, 6, 40), qty in 1u64..6) {
-            let p = WindowParams::new(limit, window_ms * MS).unwrap();
-            let (stored, now) = replay(&steps, BASE, limit, |s, t, q| decide(&p, s, t, q).unwrap())?;
+            let p = WindowParams::new(limit, span(window_ms * MS)).unwrap();
+            let (stored, now) = replay(&steps, limit, |s, t, q| decide(&p, s, t, q).unwrap())?;
             let out = decide(&p, stored.as_ref(), now, qty).unwrap();
             check_retry_honest(out.decision.verdict, now, |t| decide(&p, stored.as_ref(), t, qty).unwrap().decision.verdict)?;
         }
@@ -233,15 +221,15 @@ mod tests {
         #[test]
         fn never_more_than_limit_per_aligned_window(limit in 1u64..20, window_ms in 1u64..2000,
                                  steps in prop::collection::vec((0u64..500_000_000, 0u64..6), 1..80)) {
-            let p = WindowParams::new(limit, window_ms * MS).unwrap();
+            let p = WindowParams::new(limit, span(window_ms * MS)).unwrap();
             let mut now = BASE;
             let mut stored = None;
             let mut per_window = std::collections::HashMap::<u64, u64>::new();
             for (gap, q) in steps {
-                now += gap;
+                now = now.saturating_add(span(gap));
                 let out = decide(&p, stored.as_ref(), now, q).unwrap();
                 if let Some(w) = out.write {
-                    *per_window.entry(now / p.window_ns).or_default() += q;
+                    *per_window.entry(now.as_ns() / p.window.as_ns()).or_default() += q;
                     stored = Some(w);
                 } else {
                     prop_assert!(q == 0 || !out.decision.verdict.is_allowed());

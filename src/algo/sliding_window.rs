@@ -10,22 +10,23 @@
 
 use crate::decision::{Decision, Outcome, Overflow, Verdict};
 use crate::params::WindowParams;
+use crate::time::{Instant, Span};
 
 /// SlidingState is what a SLIDING key stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlidingState {
-    /// The window length the counts were built under, ns.
-    pub window_ns: u64,
+    /// The window length the counts were built under.
+    pub window: Span,
     /// The limit of the last write.
     pub limit: u64,
-    /// Start of the window `curr` counts, ns since the epoch (a multiple of `window_ns`).
-    pub window_start_ns: u64,
-    /// Requests admitted in the window before `window_start_ns`.
+    /// Start of the window `curr` counts (a multiple of `window` since the epoch).
+    pub window_start: Instant,
+    /// Requests admitted in the window before `window_start`.
     pub prev: u64,
-    /// Requests admitted in the window starting at `window_start_ns`.
+    /// Requests admitted in the window starting at `window_start`.
     pub curr: u64,
-    /// The instant of the last write, ns since the epoch.
-    pub updated_ns: u64,
+    /// The instant of the last write.
+    pub updated_at: Instant,
 }
 
 /// The counts of the previous and current window at some instant under some window length.
@@ -37,7 +38,7 @@ pub struct Counts {
     pub curr: u64,
 }
 
-/// Re-expresses the stored counts in the windows current at `now_ns` under `window_ns`.
+/// Re-expresses the stored counts in the windows current at `now` under `window`.
 ///
 /// Each stored bucket's requests happened in a known span: the stored current window's between
 /// its start and the last write, the stored previous window's in the window before. A bucket
@@ -45,83 +46,85 @@ pub struct Counts {
 /// into the new previous window counts there; older ones are gone. With an unchanged window
 /// length this is the usual shift (current becomes previous after one window, both vanish
 /// after two); after a change it never under-counts a request that may lie in the new windows.
-pub fn current_counts(stored: Option<&SlidingState>, now_ns: u64, window_ns: u64) -> Counts {
+pub fn current_counts(stored: Option<&SlidingState>, now: Instant, window: Span) -> Counts {
     let Some(s) = stored else {
         return Counts { prev: 0, curr: 0 };
     };
-    let start = now_ns - now_ns % window_ns;
-    let prev_start = start.saturating_sub(window_ns);
+    let start = now.floor_to(window);
+    let prev_start = start.saturating_sub(window);
     let mut counts = Counts { prev: 0, curr: 0 };
-    let mut place = |last_instant: u64, n: u64| {
+    let mut place = |last_instant: Instant, n: u64| {
         if n == 0 {
         } else if last_instant >= start {
             counts.curr = counts.curr.saturating_add(n);
-        } else if last_instant >= prev_start && start > 0 {
+        } else if last_instant >= prev_start && start > Instant::EPOCH {
             counts.prev = counts.prev.saturating_add(n);
         }
     };
-    place(s.updated_ns.max(s.window_start_ns), s.curr);
-    if s.window_start_ns > 0 {
-        place(s.window_start_ns - 1, s.prev);
+    place(s.updated_at.max(s.window_start), s.curr);
+    if let Some(before_start) = s.window_start.checked_sub(Span::from_ns(1)) {
+        place(before_start, s.prev);
     }
     counts
 }
 
-/// `estimate · window` for `counts` at `elapsed_ns` into the current window.
-fn scaled_estimate(counts: Counts, elapsed_ns: u64, window_ns: u64) -> u128 {
-    u128::from(counts.prev) * u128::from(window_ns - elapsed_ns)
-        + u128::from(counts.curr) * u128::from(window_ns)
+/// `estimate · window` for `counts` at `elapsed` into the current window.
+fn scaled_estimate(counts: Counts, elapsed: Span, window: Span) -> u128 {
+    u128::from(counts.prev) * u128::from(window.saturating_sub(elapsed).as_ns())
+        + u128::from(counts.curr) * u128::from(window.as_ns())
 }
 
-/// The earliest offset into a window (≥ `from_ns`) at which `prev · (W − e) ≤ room · W`, or
+/// The earliest offset into a window (≥ `from`) at which `prev · (W − e) ≤ room · W`, or
 /// `None` if only the window's end (e = W) satisfies it.
-fn earliest_offset(prev: u64, room: u128, from_ns: u64, window_ns: u64) -> Option<u64> {
+fn earliest_offset(prev: u64, room: u128, from: Span, window: Span) -> Option<Span> {
     if prev == 0 {
-        return Some(from_ns);
+        return Some(from);
     }
-    let k = room * u128::from(window_ns) / u128::from(prev);
-    if k >= u128::from(window_ns) {
-        return Some(from_ns);
+    let w = u128::from(window.as_ns());
+    let k = room * w / u128::from(prev);
+    if k >= w {
+        return Some(from);
     }
-    let e = window_ns - k as u64; // k < window_ns
-    (e < window_ns).then_some(e.max(from_ns))
+    let e = Span::from_ns(window.as_ns() - k as u64); // k < window
+    (e < window).then_some(e.max(from))
 }
 
-/// Decides one SLIDING request of `quantity` at `now_ns` (SPEC.md, RL.WINDOW SLIDING):
-/// admitted iff `estimate + quantity ≤ limit`; `remaining = floor(limit − estimate)` after the
-/// request; the key is idle at the end of the next window while `curr > 0`, at the end of the
-/// current one while only `prev > 0`; `retry_after` is the earliest instant the estimate admits
-/// the request.
+/// Decides one SLIDING request of `quantity` at `now` (the RL.WINDOW SLIDING rule of
+/// `docs/reference.md`): admitted iff `estimate + quantity ≤ limit`;
+/// `remaining = floor(limit − estimate)` after the request; the key is idle at the end of the
+/// next window while `curr > 0`, at the end of the current one while only `prev > 0`;
+/// `retry_after` is the earliest instant the estimate admits the request.
 ///
-/// Errors: [`Overflow`] if a window end leaves `u64` nanoseconds.
+/// Errors: [`Overflow`] if a window end leaves 64-bit nanoseconds.
 pub fn decide(
     params: &WindowParams,
     stored: Option<&SlidingState>,
-    now_ns: u64,
+    now: Instant,
     quantity: u64,
 ) -> Result<Outcome<SlidingState>, Overflow> {
-    let w = params.window_ns;
-    let start = now_ns - now_ns % w;
-    let elapsed = now_ns - start;
+    let w = params.window;
+    let start = now.floor_to(w);
+    let elapsed = now.saturating_since(start);
     let end = start.checked_add(w).ok_or(Overflow)?;
     let next_end = end.checked_add(w).ok_or(Overflow)?;
-    let counts = current_counts(stored, now_ns, w);
-    let limit_scaled = u128::from(params.limit) * u128::from(w);
+    let counts = current_counts(stored, now, w);
+    let w_ns = u128::from(w.as_ns());
+    let limit_scaled = u128::from(params.limit) * w_ns;
     let report = |verdict: Verdict, c: Counts| {
         let estimate = scaled_estimate(c, elapsed, w);
-        let remaining = limit_scaled.saturating_sub(estimate) / u128::from(w);
-        let reset_after_ns = if c.curr > 0 {
-            next_end - now_ns
+        let remaining = limit_scaled.saturating_sub(estimate) / w_ns;
+        let reset_after = if c.curr > 0 {
+            next_end.saturating_since(now)
         } else if c.prev > 0 {
-            end - now_ns
+            end.saturating_since(now)
         } else {
-            0
+            Span::ZERO
         };
         Decision {
             verdict,
             limit: params.limit,
             remaining: u64::try_from(remaining).unwrap_or(u64::MAX),
-            reset_after_ns,
+            reset_after,
         }
     };
     if quantity == 0 {
@@ -136,19 +139,19 @@ pub fn decide(
             write: None,
         });
     }
-    let n_scaled = u128::from(quantity) * u128::from(w);
+    let n_scaled = u128::from(quantity) * w_ns;
     if scaled_estimate(counts, elapsed, w) + n_scaled <= limit_scaled {
         let after = Counts {
             prev: counts.prev,
             curr: counts.curr.checked_add(quantity).ok_or(Overflow)?,
         };
         let write = SlidingState {
-            window_ns: w,
+            window: w,
             limit: params.limit,
-            window_start_ns: start,
+            window_start: start,
             prev: after.prev,
             curr: after.curr,
-            updated_ns: now_ns,
+            updated_at: now,
         };
         return Ok(Outcome {
             decision: report(Verdict::Allowed, after),
@@ -160,18 +163,18 @@ pub fn decide(
         u128::from(params.limit).checked_sub(u128::from(counts.curr) + u128::from(quantity));
     let in_this_window = room_now.and_then(|room| earliest_offset(counts.prev, room, elapsed, w));
     let at = match in_this_window {
-        Some(offset) => start + offset,
+        Some(offset) => start.saturating_add(offset),
         None => {
             // Next window: the current count becomes the previous one, nothing is current.
             let room = u128::from(params.limit - quantity);
-            match earliest_offset(counts.curr, room, 0, w) {
-                Some(offset) => end + offset,
+            match earliest_offset(counts.curr, room, Span::ZERO, w) {
+                Some(offset) => end.saturating_add(offset),
                 None => next_end,
             }
         }
     };
     let verdict = Verdict::Denied {
-        retry_after_ns: at.saturating_sub(now_ns).max(1),
+        retry_after: at.saturating_since(now).max(Span::from_ns(1)),
     };
     Ok(Outcome {
         decision: report(verdict, counts),
@@ -179,12 +182,12 @@ pub fn decide(
     })
 }
 
-/// Gives back up to `quantity` requests from the current window's count at `now_ns`; returns
-/// the new state (None when both counts are gone) and how many were given back.
-pub fn refund(state: &SlidingState, now_ns: u64, quantity: u64) -> (Option<SlidingState>, u64) {
-    let w = state.window_ns.max(1);
-    let start = now_ns - now_ns % w;
-    if state.window_start_ns > start || state.updated_ns >= start.saturating_add(w) {
+/// Gives back up to `quantity` requests from the current window's count at `now`; returns the
+/// new state (None when both counts are gone) and how many were given back.
+pub fn refund(state: &SlidingState, now: Instant, quantity: u64) -> (Option<SlidingState>, u64) {
+    let w = state.window;
+    let start = now.floor_to(w);
+    if state.window_start > start || state.updated_at >= start.saturating_add(w) {
         // Written in a window later than now's (a clock that stepped back, a failover to a
         // host whose clock is behind): give back from the stored current count, in the
         // stored windows, so the state keeps every invariant it was written with.
@@ -195,23 +198,23 @@ pub fn refund(state: &SlidingState, now_ns: u64, quantity: u64) -> (Option<Slidi
         }
         return (Some(SlidingState { curr, ..*state }), refunded);
     }
-    let counts = current_counts(Some(state), now_ns, w);
+    let counts = current_counts(Some(state), now, w);
     let refunded = quantity.min(counts.curr);
     let curr = counts.curr - refunded;
     if curr == 0 && counts.prev == 0 {
         return (None, refunded);
     }
-    let updated_ns = if curr > 0 {
-        state.updated_ns.max(start)
+    let updated_at = if curr > 0 {
+        state.updated_at.max(start)
     } else {
         start
     };
     (
         Some(SlidingState {
-            window_start_ns: start,
+            window_start: start,
             prev: counts.prev,
             curr,
-            updated_ns,
+            updated_at,
             ..*state
         }),
         refunded,
@@ -221,112 +224,94 @@ pub fn refund(state: &SlidingState, now_ns: u64, quantity: u64) -> (Option<Slidi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::testing::{check_retry_honest, replay, timeline};
-    use crate::time::{ceil_ms, NANOS_PER_MILLI, NANOS_PER_SEC};
+    use crate::algo::testing::{
+        at, check_retry_honest, denied, replay, span, timeline, BASE, MS, S,
+    };
     use proptest::prelude::*;
-
-    const MS: u64 = NANOS_PER_MILLI;
-    const S: u64 = NANOS_PER_SEC;
-    const BASE: u64 = 1_795_996_800 * S;
 
     fn state(prev: u64, curr: u64) -> SlidingState {
         SlidingState {
-            window_ns: 10 * S,
+            window: span(10 * S),
             limit: 10,
-            window_start_ns: BASE,
+            window_start: BASE,
             prev,
             curr,
-            updated_ns: BASE,
+            updated_at: BASE,
         }
     }
 
     #[test]
     fn weighted_estimate_at_several_points() {
         // prev 10, curr 0, limit 10, window 10 s. The estimate is 10·(10−e)/10.
-        let p = WindowParams::new(10, 10 * S).unwrap();
+        let p = WindowParams::new(10, span(10 * S)).unwrap();
         let s = state(10, 0);
         for (elapsed_ms, remaining) in [(0, 0), (1_000, 1), (2_500, 2), (5_000, 5), (9_999, 9)] {
-            let out = decide(&p, Some(&s), BASE + elapsed_ms * MS, 0).unwrap();
+            let out = decide(&p, Some(&s), at(elapsed_ms * MS), 0).unwrap();
             assert_eq!(out.decision.remaining, remaining, "at {elapsed_ms} ms");
         }
         // At 2.5 s the estimate is 7.5: 2 requests pass (9.5 ≤ 10), a third does not.
-        let out = decide(&p, Some(&s), BASE + 2_500 * MS, 2).unwrap();
+        let out = decide(&p, Some(&s), at(2_500 * MS), 2).unwrap();
         assert!(out.decision.verdict.is_allowed());
         assert_eq!(out.decision.remaining, 0);
-        let out = decide(&p, Some(&s), BASE + 2_500 * MS, 3).unwrap();
+        let out = decide(&p, Some(&s), at(2_500 * MS), 3).unwrap();
         // 3 pass once 10·(10−e)/10 ≤ 7, i.e. at e = 3 s.
-        assert_eq!(
-            out.decision.verdict,
-            Verdict::Denied {
-                retry_after_ns: 500 * MS
-            }
-        );
+        assert_eq!(out.decision.verdict, denied(500 * MS));
     }
 
     #[test]
     fn timeline_shifts_current_into_previous() {
-        let p = WindowParams::new(4, 10 * S).unwrap();
-        let a = decide(&p, None, BASE + 5 * S, 4).unwrap();
-        assert_eq!(ceil_ms(a.decision.reset_after_ns), 15_000); // end of the next window
+        let p = WindowParams::new(4, span(10 * S)).unwrap();
+        let a = decide(&p, None, at(5 * S), 4).unwrap();
+        assert_eq!(a.decision.reset_after.ceil_ms(), 15_000); // end of the next window
         let s = a.write.unwrap();
         // Half-way into the next window: estimate 4 · 0.5 = 2 → 2 remain.
-        let b = decide(&p, Some(&s), BASE + 15 * S, 0).unwrap();
+        let b = decide(&p, Some(&s), at(15 * S), 0).unwrap();
         assert_eq!(b.decision.remaining, 2);
-        assert_eq!(ceil_ms(b.decision.reset_after_ns), 5_000); // only prev left
-                                                               // Two windows later: idle.
-        let c = decide(&p, Some(&s), BASE + 20 * S, 0).unwrap();
-        assert_eq!((c.decision.remaining, c.decision.reset_after_ns), (4, 0));
+        assert_eq!(b.decision.reset_after.ceil_ms(), 5_000); // only prev left
+                                                             // Two windows later: idle.
+        let c = decide(&p, Some(&s), at(20 * S), 0).unwrap();
+        assert_eq!(
+            (c.decision.remaining, c.decision.reset_after),
+            (4, Span::ZERO)
+        );
     }
 
     #[test]
     fn denied_retry_can_fall_in_the_next_window() {
         // curr 4 of 4 at 5 s into a window: the next request passes when prev·(W−e)/W ≤ 3 in
         // the next window, i.e. e ≥ 2.5 s: 7.5 s from now.
-        let p = WindowParams::new(4, 10 * S).unwrap();
-        let s = decide(&p, None, BASE + 5 * S, 4).unwrap().write.unwrap();
-        let out = decide(&p, Some(&s), BASE + 5 * S, 1).unwrap();
-        assert_eq!(
-            out.decision.verdict,
-            Verdict::Denied {
-                retry_after_ns: 7_500 * MS
-            }
-        );
-        let out = decide(&p, Some(&s), BASE + 5 * S, 4).unwrap();
-        assert_eq!(
-            out.decision.verdict,
-            Verdict::Denied {
-                retry_after_ns: 15 * S
-            }
-        );
+        let p = WindowParams::new(4, span(10 * S)).unwrap();
+        let s = decide(&p, None, at(5 * S), 4).unwrap().write.unwrap();
+        let out = decide(&p, Some(&s), at(5 * S), 1).unwrap();
+        assert_eq!(out.decision.verdict, denied(7_500 * MS));
+        let out = decide(&p, Some(&s), at(5 * S), 4).unwrap();
+        assert_eq!(out.decision.verdict, denied(15 * S));
     }
 
     #[test]
     fn window_change_counts_conservatively() {
-        let minute = WindowParams::new(10, 60 * S).unwrap();
-        let ten_s = WindowParams::new(10, 10 * S).unwrap();
-        let s = decide(&minute, None, BASE + 5 * S, 6)
-            .unwrap()
-            .write
-            .unwrap();
+        let minute = WindowParams::new(10, span(60 * S)).unwrap();
+        let ten_s = WindowParams::new(10, span(10 * S)).unwrap();
+        let s = decide(&minute, None, at(5 * S), 6).unwrap().write.unwrap();
         // Last write at 5 s lies in the 10 s window [0, 10): counted as current.
-        let c = current_counts(Some(&s), BASE + 7 * S, ten_s.window_ns);
+        let c = current_counts(Some(&s), at(7 * S), ten_s.window);
         assert_eq!(c, Counts { prev: 0, curr: 6 });
         // At 12 s it lies in the previous 10 s window.
-        let c = current_counts(Some(&s), BASE + 12 * S, ten_s.window_ns);
+        let c = current_counts(Some(&s), at(12 * S), ten_s.window);
         assert_eq!(c, Counts { prev: 6, curr: 0 });
         // At 25 s it is gone.
-        let c = current_counts(Some(&s), BASE + 25 * S, ten_s.window_ns);
+        let c = current_counts(Some(&s), at(25 * S), ten_s.window);
         assert_eq!(c, Counts { prev: 0, curr: 0 });
     }
 
     #[test]
     fn refund_lowers_current_count() {
-        let p = WindowParams::new(10, 10 * S).unwrap();
-        let s = decide(&p, None, BASE + S, 5).unwrap().write.unwrap();
-        let (after, n) = refund(&s, BASE + 2 * S, 3);
+        let p = WindowParams::new(10, span(10 * S)).unwrap();
+        let s = decide(&p, None, at(S), 5).unwrap().write.unwrap();
+        let (after, n) = refund(&s, at(2 * S), 3);
         assert_eq!(n, 3);
         assert_eq!(after.unwrap().curr, 2);
-        let (after, n) = refund(&s, BASE + 2 * S, 30);
+        let (after, n) = refund(&s, at(2 * S), 30);
         assert_eq!((after, n), (None, 5));
     }
 
@@ -334,8 +319,8 @@ mod tests {
         #[test]
         fn retry_after_is_honest(limit in 1u64..20, window_ms in 1u64..5000,
                                  steps in timeline(3_000_000_000, 6, 40), qty in 1u64..6) {
-            let p = WindowParams::new(limit, window_ms * MS).unwrap();
-            let (stored, now) = replay(&steps, BASE, limit, |s, t, q| decide(&p, s, t, q).unwrap())?;
+            let p = WindowParams::new(limit, span(window_ms * MS)).unwrap();
+            let (stored, now) = replay(&steps, limit, |s, t, q| decide(&p, s, t, q).unwrap())?;
             let out = decide(&p, stored.as_ref(), now, qty).unwrap();
             check_retry_honest(out.decision.verdict, now, |t| decide(&p, stored.as_ref(), t, qty).unwrap().decision.verdict)?;
         }
@@ -343,18 +328,18 @@ mod tests {
         #[test]
         fn key_is_idle_after_reset_after(limit in 1u64..20, window_ms in 1u64..5000,
                                  steps in prop::collection::vec((0u64..3_000_000_000, 1u64..6), 1..40)) {
-            let p = WindowParams::new(limit, window_ms * MS).unwrap();
+            let p = WindowParams::new(limit, span(window_ms * MS)).unwrap();
             let mut now = BASE;
             let mut stored = None;
             for (gap, q) in steps {
-                now += gap;
+                now = now.saturating_add(span(gap));
                 let out = decide(&p, stored.as_ref(), now, q).unwrap();
                 if let Some(w) = out.write {
                     stored = Some(w);
-                    let at = now + out.decision.reset_after_ns;
-                    let idle = decide(&p, stored.as_ref(), at, 0).unwrap();
+                    let idle_at = now.saturating_add(out.decision.reset_after);
+                    let idle = decide(&p, stored.as_ref(), idle_at, 0).unwrap();
                     prop_assert_eq!(idle.decision.remaining, limit);
-                    prop_assert_eq!(idle.decision.reset_after_ns, 0);
+                    prop_assert_eq!(idle.decision.reset_after, Span::ZERO);
                 }
             }
         }

@@ -19,11 +19,11 @@ pub fn log_max_limit() -> u64 {
     LOG_MAX_LIMIT.load(Ordering::Relaxed)
 }
 
-unsafe extern "C" fn get_log_max_limit(_name: *const c_char, _priv: *mut c_void) -> c_longlong {
+extern "C" fn get_log_max_limit(_name: *const c_char, _priv: *mut c_void) -> c_longlong {
     log_max_limit() as c_longlong
 }
 
-unsafe extern "C" fn set_log_max_limit(
+extern "C" fn set_log_max_limit(
     _name: *const c_char,
     val: c_longlong,
     _priv: *mut c_void,
@@ -71,11 +71,13 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
 /// Registers the configs (defaults from the module arguments) and loads values given with
 /// `MODULE LOADEX … CONFIG` or in the config file.
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
-    let register = unsafe { raw::RedisModule_RegisterNumericConfig }
-        .ok_or("this server has no module configuration API")?;
     let name: &CStr = c"log-max-limit";
     let (lo, hi) = LOG_MAX_LIMIT_RANGE;
+    // SAFETY: `ctx` is the load context; the name is a NUL-terminated static; the getter and
+    // setter have the signatures Redis expects and need no private data.
     let status = unsafe {
+        let register = raw::RedisModule_RegisterNumericConfig
+            .ok_or("this server has no module configuration API")?;
         register(
             ctx,
             name.as_ptr(),
@@ -92,10 +94,10 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     if status != raw::Status::Ok as c_int {
         return Err("cannot register config rl.log-max-limit".into());
     }
-    if let Some(load) = unsafe { raw::RedisModule_LoadConfigs } {
-        if unsafe { load(ctx) } != raw::Status::Ok as c_int {
-            return Err("invalid value for a rl.* config (see the lines above)".into());
-        }
+    // SAFETY: `ctx` is the load context, after every config is registered.
+    let loaded = unsafe { raw::RedisModule_LoadConfigs.map(|load| load(ctx)) };
+    if loaded.is_some_and(|status| status != raw::Status::Ok as c_int) {
+        return Err("invalid value for a rl.* config (see the lines above)".into());
     }
     Ok(())
 }

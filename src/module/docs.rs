@@ -27,21 +27,31 @@ pub struct Arg {
     pub summary: Option<&'static CStr>,
 }
 
-const STRING: raw::RedisModuleCommandArgType =
+/// A string argument.
+pub const STRING: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
-const INTEGER: raw::RedisModuleCommandArgType =
+/// An integer argument.
+pub const INTEGER: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
-const DOUBLE: raw::RedisModuleCommandArgType =
+/// A number with decimals.
+pub const DOUBLE: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE;
-const KEY: raw::RedisModuleCommandArgType = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY;
-const TOKEN: raw::RedisModuleCommandArgType =
+/// A key.
+pub const KEY: raw::RedisModuleCommandArgType =
+    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY;
+/// A keyword without a value.
+pub const TOKEN: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN;
-const ONEOF: raw::RedisModuleCommandArgType =
+/// One of the sub-arguments.
+pub const ONEOF: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF;
-const OPTIONAL: u32 = raw::REDISMODULE_CMD_ARG_OPTIONAL;
-const MULTIPLE: u32 = raw::REDISMODULE_CMD_ARG_MULTIPLE;
+/// The argument may be left out.
+pub const OPTIONAL: u32 = raw::REDISMODULE_CMD_ARG_OPTIONAL;
+/// The argument may repeat.
+pub const MULTIPLE: u32 = raw::REDISMODULE_CMD_ARG_MULTIPLE;
 
-const fn arg(
+/// A required argument.
+pub const fn arg(
     name: &'static CStr,
     kind: raw::RedisModuleCommandArgType,
     summary: &'static CStr,
@@ -56,7 +66,8 @@ const fn arg(
     }
 }
 
-const fn opt(
+/// An optional argument introduced by `token`.
+pub const fn opt(
     name: &'static CStr,
     kind: raw::RedisModuleCommandArgType,
     token: &'static CStr,
@@ -72,139 +83,41 @@ const fn opt(
     }
 }
 
-const KEY_ARG: Arg = arg(c"key", KEY, c"the limiter key");
-const QUANTITY: Arg = opt(
+/// A keyword alternative (inside a ONEOF).
+pub const fn token(name: &'static CStr, token: &'static CStr) -> Arg {
+    Arg {
+        name,
+        kind: TOKEN,
+        token: Some(token),
+        flags: 0,
+        subargs: &[],
+        summary: None,
+    }
+}
+
+/// The limiter key.
+pub const KEY_ARG: Arg = arg(c"key", KEY, c"the limiter key");
+/// `QUANTITY n`.
+pub const QUANTITY: Arg = opt(
     c"quantity",
     INTEGER,
     c"QUANTITY",
     c"requests to admit at once (default 1; 0 only reports)",
 );
-const PEEK: Arg = opt(c"peek", TOKEN, c"PEEK", c"evaluate exactly, write nothing");
-
-/// RL.GCRA's arguments.
-pub const GCRA: &[Arg] = &[
-    KEY_ARG,
-    arg(c"burst", INTEGER, c"requests an idle key admits at once"),
-    arg(c"rate", INTEGER, c"requests per period"),
-    arg(
-        c"period",
-        DOUBLE,
-        c"seconds, plain decimal with up to 9 decimals",
-    ),
-    QUANTITY,
-    PEEK,
-    opt(
-        c"maxwait",
-        INTEGER,
-        c"MAXWAIT",
-        c"reserve a slot that frees within this many ms",
-    ),
-];
-
-const ALGORITHMS: &[Arg] = &[
-    Arg {
-        name: c"fixed",
-        kind: TOKEN,
-        token: Some(c"FIXED"),
-        flags: 0,
-        subargs: &[],
-        summary: None,
-    },
-    Arg {
-        name: c"sliding",
-        kind: TOKEN,
-        token: Some(c"SLIDING"),
-        flags: 0,
-        subargs: &[],
-        summary: None,
-    },
-    Arg {
-        name: c"log",
-        kind: TOKEN,
-        token: Some(c"LOG"),
-        flags: 0,
-        subargs: &[],
-        summary: None,
-    },
-];
-
-/// RL.WINDOW's arguments.
-pub const WINDOW: &[Arg] = &[
-    KEY_ARG,
-    arg(c"limit", INTEGER, c"requests allowed per window"),
-    arg(
-        c"window",
-        DOUBLE,
-        c"seconds, plain decimal with up to 9 decimals",
-    ),
-    Arg {
-        name: c"algorithm",
-        kind: ONEOF,
-        token: None,
-        flags: OPTIONAL,
-        subargs: ALGORITHMS,
-        summary: Some(c"default SLIDING"),
-    },
-    QUANTITY,
-    PEEK,
-];
-
-/// RL.ALL's arguments.
-pub const ALL: &[Arg] = &[
-    arg(c"numkeys", INTEGER, c"number of keys"),
-    Arg {
-        name: c"key",
-        kind: KEY,
-        token: None,
-        flags: MULTIPLE,
-        subargs: &[],
-        summary: Some(c"the limiter keys"),
-    },
-    Arg {
-        name: c"spec",
-        kind: STRING,
-        token: None,
-        flags: MULTIPLE,
-        subargs: &[],
-        summary: Some(
-            c"one per key: GCRA burst rate period | WINDOW limit window [FIXED|SLIDING|LOG]",
-        ),
-    },
-    QUANTITY,
-    PEEK,
-];
-
-/// RL.REFUND's arguments.
-pub const REFUND: &[Arg] = &[
-    KEY_ARG,
-    arg(c"quantity", INTEGER, c"requests to give back (>= 1)"),
-];
-
-/// CL.THROTTLE's arguments.
-pub const THROTTLE: &[Arg] = &[
-    KEY_ARG,
-    arg(c"max_burst", INTEGER, c"capacity is max_burst + 1"),
-    arg(c"count_per_period", INTEGER, c"requests per period"),
-    arg(c"period", INTEGER, c"whole seconds"),
-    Arg {
-        name: c"quantity",
-        kind: INTEGER,
-        token: None,
-        flags: OPTIONAL,
-        subargs: &[],
-        summary: Some(c"default 1"),
-    },
-];
-
-/// RL.APPLY's arguments.
-pub const APPLY: &[Arg] = &[
-    KEY_ARG,
-    arg(
-        c"effect",
-        STRING,
-        c"encoded effect (replication and AOF only)",
-    ),
-];
+/// `PEEK`.
+pub const PEEK: Arg = opt(c"peek", TOKEN, c"PEEK", c"evaluate exactly, write nothing");
+/// A `period` in seconds.
+pub const SECONDS_PERIOD: Arg = arg(
+    c"period",
+    DOUBLE,
+    c"seconds, plain decimal with up to 9 decimals",
+);
+/// A `window` in seconds.
+pub const SECONDS_WINDOW: Arg = arg(
+    c"window",
+    DOUBLE,
+    c"seconds, plain decimal with up to 9 decimals",
+);
 
 /// Converts `args` to the API's zero-terminated array. The vectors own every nested array;
 /// keep them alive until `SetCommandInfo` returns (Redis copies what it needs).
@@ -215,7 +128,8 @@ pub fn build(
 ) -> *mut raw::RedisModuleCommandArg {
     let mut out: Vec<raw::RedisModuleCommandArg> = Vec::with_capacity(args.len() + 1);
     for a in args {
-        // SAFETY: all-zero is a valid "absent" value for every field of this C struct.
+        // SAFETY: all-zero is a valid "absent" value for every field of this C struct (null
+        // pointers, zero integers).
         let mut r: raw::RedisModuleCommandArg = unsafe { MaybeUninit::zeroed().assume_init() };
         r.name = a.name.as_ptr();
         r.type_ = a.kind;
@@ -228,6 +142,7 @@ pub fn build(
         }
         out.push(r);
     }
+    // SAFETY: as above; the all-zero entry is the API's end-of-array marker.
     out.push(unsafe { MaybeUninit::zeroed().assume_init() });
     let p = out.as_mut_ptr();
     arena.push(out);
@@ -237,10 +152,15 @@ pub fn build(
 /// Adds the `ratelimit` ACL category where the server can (7.4+, Valkey 8+). Returns whether
 /// it exists afterwards.
 pub fn add_acl_category(ctx: *mut raw::RedisModuleCtx) -> bool {
-    let Some(add) = (unsafe { raw::RedisModule_AddACLCategory }) else {
-        return false;
+    // SAFETY: `ctx` is the load context; the name is a NUL-terminated static. The API is
+    // absent before Redis 7.4 (the pointer is then None).
+    let status = unsafe {
+        let Some(add) = raw::RedisModule_AddACLCategory else {
+            return false;
+        };
+        add(ctx, c"ratelimit".as_ptr())
     };
-    if unsafe { add(ctx, c"ratelimit".as_ptr()) } == raw::Status::Ok as c_int {
+    if status == raw::Status::Ok as c_int {
         true
     } else {
         ffi::log(
@@ -258,10 +178,15 @@ pub fn set_acl_categories(
     command: *mut raw::RedisModuleCommand,
     categories: &CStr,
 ) {
-    let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
-        return;
+    // SAFETY: `command` is a live command of this module and `categories` NUL-terminated.
+    // The API is absent before Redis 7.2 (the pointer is then None).
+    let status = unsafe {
+        let Some(set) = raw::RedisModule_SetCommandACLCategories else {
+            return;
+        };
+        set(command, categories.as_ptr())
     };
-    if unsafe { set(command, categories.as_ptr()) } != raw::Status::Ok as c_int {
+    if status != raw::Status::Ok as c_int {
         ffi::log(
             ctx,
             Level::Warning,

@@ -2,7 +2,9 @@
 
 use crate::codec::DecodeError;
 use crate::decision::Overflow;
+use crate::limit::SpecError;
 use crate::params::ParamError;
+use crate::state::Algorithm;
 
 /// Everything a command can fail with. Each becomes exactly one reply string in
 /// [`CommandError::reply_text`].
@@ -18,11 +20,13 @@ pub enum CommandError {
     WrongAlgorithm {
         /// The key, for the message (lossy UTF-8, at most 64 characters).
         key: String,
-        /// What the key holds (`FIXED window`, `GCRA limiter`, …).
-        held: &'static str,
+        /// What the key holds.
+        held: Algorithm,
         /// What the call asked for.
-        asked: &'static str,
+        asked: Algorithm,
     },
+    /// An RL.ALL spec that does not parse.
+    Spec(SpecError),
     /// RL.WINDOW … LOG with a limit above `rl.log-max-limit`.
     LogLimitTooHigh {
         /// The limit asked for.
@@ -56,6 +60,12 @@ impl From<ParamError> for CommandError {
     }
 }
 
+impl From<SpecError> for CommandError {
+    fn from(e: SpecError) -> Self {
+        Self::Spec(e)
+    }
+}
+
 impl From<Overflow> for CommandError {
     fn from(e: Overflow) -> Self {
         Self::Overflow(e)
@@ -72,9 +82,12 @@ impl CommandError {
                 "WRONGTYPE Operation against a key holding the wrong kind of value".to_owned()
             }
             Self::WrongAlgorithm { key, held, asked } => format!(
-                "ERR key '{key}' holds a {held}, not a {asked}: use the same algorithm for a \
-                 key, or another key"
+                "ERR key '{key}' holds a {}, not a {}: use the same algorithm for a key, or \
+                 another key",
+                held.describe(),
+                asked.describe()
             ),
+            Self::Spec(e) => format!("ERR {e}"),
             Self::LogLimitTooHigh { limit, max } => format!(
                 "ERR limit {limit} is above rl.log-max-limit ({max}) for LOG, which stores every \
                  request: use SLIDING for large limits, or raise rl.log-max-limit"

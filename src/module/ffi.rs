@@ -1,89 +1,110 @@
-//! Thin wrappers over the raw module API that the rest of the glue uses: argument bytes,
-//! logging, replies. Every function pointer is checked: a missing API is an error, not a
-//! crash.
+//! Thin wrappers over the raw module API that several parts of the glue use: argument bytes,
+//! logging, replies, context flags. Every function pointer is checked: a missing API is a
+//! no-op or an error, never a crash.
+//!
+//! The API table (`raw::RedisModule_*`) is filled once by `RedisModule_Init` in `OnLoad`,
+//! before any other code of the module runs, and never changed afterwards: reading an entry
+//! is a plain load of an initialised pointer.
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_int, c_long, CStr, CString};
 
 use redis_module::raw;
 
-/// The bytes of a Redis string argument. Valid while the command runs (argv outlives it).
+/// Returns the bytes of a Redis string (empty if the API is missing).
 ///
 /// # Safety
-/// `s` must be a live `RedisModuleString` for the lifetime `'a`.
+/// `s` must be a live `RedisModuleString` that is not modified for the lifetime `'a`.
 pub unsafe fn bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
-    let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
-        return &[];
-    };
     let mut len: usize = 0;
-    let ptr = ptr_len(s, &mut len);
-    if ptr.is_null() {
-        return &[];
+    // SAFETY: the caller guarantees `s` is live; `len` is a valid out-pointer. The returned
+    // pointer addresses `len` bytes owned by `s`, which the caller keeps alive for `'a`.
+    unsafe {
+        let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
+            return &[];
+        };
+        let ptr = ptr_len(s, &mut len);
+        if ptr.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts(ptr.cast::<u8>(), len)
     }
-    std::slice::from_raw_parts(ptr.cast::<u8>(), len)
 }
 
 /// Log levels of the server log.
 #[derive(Clone, Copy)]
 pub enum Level {
+    /// `notice`
     Notice,
+    /// `warning`
     Warning,
 }
 
-/// Writes one line to the server log (`ctx` may be null).
+/// Writes one line to the server log. `ctx` may be null (the server then logs without the
+/// module's name).
 pub fn log(ctx: *mut raw::RedisModuleCtx, level: Level, message: &str) {
-    let Some(log) = (unsafe { raw::RedisModule_Log }) else {
-        return;
-    };
     let level: &CStr = match level {
         Level::Notice => c"notice",
         Level::Warning => c"warning",
     };
     let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
-    unsafe { log(ctx, level.as_ptr(), c"%s".as_ptr(), text.as_ptr()) };
+    // SAFETY: RedisModule_Log accepts a null or live context; the format is a constant "%s"
+    // whose one argument is a NUL-terminated string that outlives the call.
+    unsafe {
+        if let Some(log) = raw::RedisModule_Log {
+            log(ctx, level.as_ptr(), c"%s".as_ptr(), text.as_ptr());
+        }
+    }
 }
 
 /// Replies with an error; `message` must start with an error code (`ERR `, `WRONGTYPE `).
-pub fn reply_error(ctx: *mut raw::RedisModuleCtx, message: &str) -> c_int {
+pub fn reply_error(ctx: *mut raw::RedisModuleCtx, message: &str) {
     let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
-    if let Some(reply) = unsafe { raw::RedisModule_ReplyWithError } {
-        unsafe { reply(ctx, text.as_ptr()) };
+    // SAFETY: `ctx` is the live context of the running command (every caller passes the
+    // context Redis gave it); the message is NUL-terminated and outlives the call.
+    unsafe {
+        if let Some(reply) = raw::RedisModule_ReplyWithError {
+            reply(ctx, text.as_ptr());
+        }
     }
-    raw::Status::Ok as c_int
 }
 
 /// Replies with an array of integers.
-pub fn reply_integers(ctx: *mut raw::RedisModuleCtx, values: &[i64]) -> c_int {
-    let (Some(array), Some(int)) = (unsafe { raw::RedisModule_ReplyWithArray }, unsafe {
-        raw::RedisModule_ReplyWithLongLong
-    }) else {
-        return raw::Status::Err as c_int;
-    };
+pub fn reply_integers(ctx: *mut raw::RedisModuleCtx, values: &[i64]) {
+    let len = c_long::try_from(values.len()).unwrap_or(c_long::MAX);
+    // SAFETY: `ctx` is the live context of the running command; an array of `len` elements
+    // is followed by exactly `len` integer replies.
     unsafe {
-        array(ctx, values.len() as std::ffi::c_long);
+        let (Some(array), Some(int)) = (
+            raw::RedisModule_ReplyWithArray,
+            raw::RedisModule_ReplyWithLongLong,
+        ) else {
+            return;
+        };
+        array(ctx, len);
         for &v in values {
             int(ctx, v);
         }
     }
-    raw::Status::Ok as c_int
 }
 
 /// Replies with a simple string (`+OK`).
-pub fn reply_simple(ctx: *mut raw::RedisModuleCtx, text: &CStr) -> c_int {
-    if let Some(reply) = unsafe { raw::RedisModule_ReplyWithSimpleString } {
-        unsafe { reply(ctx, text.as_ptr()) };
+pub fn reply_simple(ctx: *mut raw::RedisModuleCtx, text: &CStr) {
+    // SAFETY: `ctx` is the live context of the running command; `text` is NUL-terminated.
+    unsafe {
+        if let Some(reply) = raw::RedisModule_ReplyWithSimpleString {
+            reply(ctx, text.as_ptr());
+        }
     }
-    raw::Status::Ok as c_int
 }
 
 /// Returns the context flags (`REDISMODULE_CTX_FLAGS_*`), 0 if unavailable.
 pub fn context_flags(ctx: *mut raw::RedisModuleCtx) -> u32 {
-    match unsafe { raw::RedisModule_GetContextFlags } {
-        Some(flags) => unsafe { flags(ctx) as u32 },
-        None => 0,
-    }
-}
-
-/// A C string pointer for a static name.
-pub const fn cstr(s: &'static CStr) -> *const c_char {
-    s.as_ptr()
+    // SAFETY: `ctx` is the live context of the running command.
+    let flags: c_int = unsafe {
+        match raw::RedisModule_GetContextFlags {
+            Some(flags) => flags(ctx),
+            None => 0,
+        }
+    };
+    flags as u32
 }

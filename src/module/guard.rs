@@ -2,10 +2,7 @@
 //! becomes an error reply (or a failed load) and a log line, never a dead server.
 
 use std::any::Any;
-use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
-use redis_module::raw;
 
 use super::error::CommandError;
 use super::ffi::{self, Level};
@@ -20,28 +17,27 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Runs a command body; its error (or a caught panic) becomes the error reply.
-pub fn command(
-    ctx: *mut raw::RedisModuleCtx,
+/// Runs a command body; a caught panic is logged and becomes [`CommandError::Panic`].
+pub fn command<T>(
     name: &'static str,
-    body: impl FnOnce() -> Result<c_int, CommandError>,
-) -> c_int {
+    body: impl FnOnce() -> Result<T, CommandError>,
+) -> Result<T, CommandError> {
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(status)) => status,
-        Ok(Err(e)) => ffi::reply_error(ctx, &e.reply_text()),
+        Ok(result) => result,
         Err(payload) => {
             let msg = panic_message(payload.as_ref());
             ffi::log(
-                ctx,
+                std::ptr::null_mut(),
                 Level::Warning,
                 &format!("redis-rl: panic in {name}: {msg}"),
             );
-            ffi::reply_error(ctx, &CommandError::Panic(msg).reply_text())
+            Err(CommandError::Panic(msg))
         }
     }
 }
 
-/// Runs a type callback; a caught panic is logged and `fallback` is returned.
+/// Runs a callback (type callbacks, INFO, load); a caught panic is logged and `fallback` is
+/// returned.
 pub fn callback<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,

@@ -1,8 +1,38 @@
 //! The Redis glue: the only code that names `redis_module`, raw pointers, `unsafe` or a
-//! clock. Entry points: `RedisModule_OnLoad`, the command handlers and the type callbacks,
-//! each behind the panic boundary in [`guard`].
+//! clock. Entry points: `RedisModule_OnLoad`, one trampoline per command ([`call`]), and the
+//! type callbacks ([`data_type`]), each behind the panic boundary in [`guard`].
+//!
+//! # Why the raw module API
+//!
+//! The `redis-module` crate supplies the bindings (`raw::`) and the allocator; the glue calls
+//! the raw API directly instead of the crate's safe wrappers where those cost or cannot do
+//! what the module needs:
+//!
+//! * **Arguments.** The crate turns every argument into a retained `RedisString` in a `Vec`:
+//!   an allocation and a reference count per argument per call. Here arguments are borrowed
+//!   byte slices ([`call::Arg`]) for the command's duration.
+//! * **Panics.** The crate's command wrapper has no `catch_unwind`, so a panic would abort
+//!   the server (a Rust panic cannot unwind through C). Every entry point here runs inside
+//!   [`guard`].
+//! * **Registration.** The crate's `#[command]` macro makes the module fail to load on Redis
+//!   7.0 (it needs `SetCommandACLCategories`, a 7.2 API). Commands are registered with
+//!   `CreateCommand` + `SetCommandInfo` (key-specs, `COMMAND DOCS`), and ACL categories are
+//!   set only where the server has the API ([`command`], [`docs`]).
+//! * **Values.** A key's value is a tagged pointer to an allocation of exactly its
+//!   algorithm's size (16 bytes for most GCRA keys), which the crate's typed
+//!   `get_value`/`set_value` cannot express ([`value`]).
+//! * **Keys.** Absolute expiry (`SetAbsExpire`), explicit `SignalModifiedKey` under
+//!   `NO_IMPLICIT_SIGNAL_MODIFIED` (denials must not touch `WATCH`), `WRONGTYPE` rather than
+//!   the crate's generic error, and effect replication with two arguments ([`keys`]).
+//!
+//! `unsafe` is confined to the files that touch the raw API (`call`, `keys`, `value`,
+//! `data_type`, `command`, `docs`, `ffi`, `clock`, `config`, `stats` and this one), each
+//! block with a `// SAFETY:` comment; the command handlers under `commands/` are compiled
+//! with `#![forbid(unsafe_code)]`.
 
+mod call;
 mod clock;
+mod command;
 mod commands;
 mod config;
 mod data_type;
@@ -11,12 +41,12 @@ mod error;
 mod ffi;
 mod guard;
 mod keys;
+mod limits;
 mod params_table;
 mod stats;
 mod value;
 
 use std::ffi::{c_int, CStr};
-use std::mem::MaybeUninit;
 
 use redis_module::raw;
 
@@ -54,21 +84,25 @@ const MIN_SERVER_VERSION: c_int = 0x0007_0000;
 /// Entry point called by `MODULE LOAD` / `loadmodule`.
 ///
 /// # Safety
-/// Called by Redis with a valid context and argument vector.
+/// Called by Redis with a valid context and `argc` module arguments at `argv`.
 #[no_mangle]
 pub unsafe extern "C" fn RedisModule_OnLoad(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    // Nothing may allocate before this call: it installs the allocator's functions.
-    if raw::Export_RedisModule_Init(
-        ctx,
-        MODULE_NAME.as_ptr(),
-        MODULE_VERSION,
-        raw::REDISMODULE_APIVER_1 as c_int,
-    ) == raw::Status::Err as c_int
-    {
+    // Nothing may allocate before this call: it installs the allocator's functions and fills
+    // the API table.
+    // SAFETY: `ctx` is the load context; the name is a NUL-terminated static.
+    let init = unsafe {
+        raw::Export_RedisModule_Init(
+            ctx,
+            MODULE_NAME.as_ptr(),
+            MODULE_VERSION,
+            raw::REDISMODULE_APIVER_1 as c_int,
+        )
+    };
+    if init == raw::Status::Err as c_int {
         // The API table is filled before the name check, so logging works here.
         ffi::log(
             ctx,
@@ -77,9 +111,17 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         );
         return raw::Status::Err as c_int;
     }
-    let args = args(argv, argc);
+    let args: Vec<&[u8]> = match usize::try_from(argc) {
+        // SAFETY: Redis passes `argc` live module arguments at `argv`, valid during OnLoad.
+        Ok(n) if n > 0 && !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) }
+            .iter()
+            // SAFETY: each entry is a live argument string, unmodified during OnLoad.
+            .map(|&a| unsafe { ffi::bytes(a) })
+            .collect(),
+        _ => Vec::new(),
+    };
     let loaded = guard::callback("OnLoad", Err("panic during load".to_owned()), || {
-        on_load(ctx, args)
+        on_load(ctx, &args)
     });
     match loaded {
         Ok(()) => {
@@ -105,15 +147,9 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
     }
 }
 
-fn args<'a>(argv: *mut *mut raw::RedisModuleString, argc: c_int) -> commands::Args<'a> {
-    match usize::try_from(argc) {
-        Ok(n) if n > 0 && !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
-        _ => &[],
-    }
-}
-
-fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<(), String> {
-    let version = unsafe { raw::RedisModule_GetServerVersion }.map(|f| unsafe { f() });
+fn on_load(ctx: *mut raw::RedisModuleCtx, args: &[&[u8]]) -> Result<(), String> {
+    // SAFETY: the API table is filled; GetServerVersion takes no arguments.
+    let version = unsafe { raw::RedisModule_GetServerVersion.map(|f| f()) };
     match version {
         Some(v) if v >= MIN_SERVER_VERSION => {}
         Some(v) => {
@@ -128,286 +164,19 @@ fn on_load(ctx: *mut raw::RedisModuleCtx, args: commands::Args<'_>) -> Result<()
             return Err("this server is older than 7.0; redis-rl needs Redis 7.0 or newer".into())
         }
     }
-    let arg_bytes: Vec<&[u8]> = args.iter().map(|&a| unsafe { ffi::bytes(a) }).collect();
-    config::apply_module_args(&arg_bytes)?;
-    if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
-        let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
-            | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
-            | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD;
-        unsafe { set_options(ctx, options as c_int) };
+    config::apply_module_args(args)?;
+    let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
+        | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD;
+    // SAFETY: `ctx` is the load context; the options are flags this server version knows.
+    unsafe {
+        if let Some(set_options) = raw::RedisModule_SetModuleOptions {
+            set_options(ctx, options as c_int);
+        }
     }
     data_type::register(ctx)?;
     config::register(ctx)?;
     stats::register(ctx)?;
     let ratelimit_category = docs::add_acl_category(ctx);
-    for spec in COMMANDS {
-        register_command(ctx, spec, ratelimit_category)?;
-    }
-    #[cfg(debug_assertions)]
-    register_command(ctx, &PANIC_COMMAND, false)?;
-    Ok(())
-}
-
-/// Where a command's keys are.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Keys {
-    /// No key.
-    None,
-    /// Argument 1 is the only key.
-    First,
-    /// Argument 1 is `numkeys`, the keys follow.
-    NumKeys,
-}
-
-/// One command's registration data.
-struct CommandSpec {
-    name: &'static CStr,
-    handler: unsafe extern "C" fn(
-        *mut raw::RedisModuleCtx,
-        *mut *mut raw::RedisModuleString,
-        c_int,
-    ) -> c_int,
-    flags: &'static CStr,
-    /// Redis arity: positive = exact, negative = at least.
-    arity: c_int,
-    /// Where the keys are.
-    keys: Keys,
-    summary: &'static CStr,
-    complexity: &'static CStr,
-    /// Arguments for COMMAND DOCS.
-    args: &'static [docs::Arg],
-    /// ACL categories where the server supports setting them (`ratelimit` is added when the
-    /// server could register it).
-    acl: &'static CStr,
-}
-
-macro_rules! handler {
-    ($name:literal, $run:path) => {{
-        unsafe extern "C" fn handle(
-            ctx: *mut raw::RedisModuleCtx,
-            argv: *mut *mut raw::RedisModuleString,
-            argc: c_int,
-        ) -> c_int {
-            guard::command(ctx, $name, || $run(ctx, args(argv, argc)))
-        }
-        handle
-    }};
-    ($name:literal, $run:path, $stat:expr) => {{
-        unsafe extern "C" fn handle(
-            ctx: *mut raw::RedisModuleCtx,
-            argv: *mut *mut raw::RedisModuleString,
-            argc: c_int,
-        ) -> c_int {
-            guard::command(ctx, $name, || {
-                let outcome = $run(ctx, args(argv, argc));
-                stats::record($stat, outcome.as_ref().ok().map(|(_, allowed)| *allowed));
-                outcome.map(|(status, _)| status)
-            })
-        }
-        handle
-    }};
-}
-
-/// RL.ALL's entry point: key-position requests (cluster routing on Redis 7.0) are answered
-/// before anything else and are not counted as calls.
-unsafe extern "C" fn rl_all(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    let counted = handler!("RL.ALL", commands::all::run, stats::Command::All);
-    let positions = guard::callback("RL.ALL keys", false, || {
-        commands::all::report_key_positions(ctx, args(argv, argc))
-    });
-    if positions {
-        return raw::Status::Ok as c_int;
-    }
-    counted(ctx, argv, argc)
-}
-
-const COMMANDS: &[CommandSpec] = &[
-    CommandSpec {
-        name: c"RL.GCRA",
-        handler: handler!("RL.GCRA", commands::gcra::run, stats::Command::Gcra),
-        flags: c"write deny-oom fast",
-        arity: -5,
-        keys: Keys::First,
-        summary: c"GCRA (token bucket) rate limit: admit or deny a request of QUANTITY",
-        complexity: c"O(1)",
-        args: docs::GCRA,
-        acl: c"write fast",
-    },
-    CommandSpec {
-        name: c"RL.WINDOW",
-        handler: handler!("RL.WINDOW", commands::window::run, stats::Command::Window),
-        flags: c"write deny-oom fast",
-        arity: -4,
-        keys: Keys::First,
-        summary:
-            c"Window rate limit (FIXED, SLIDING counter or exact LOG): admit or deny a request",
-        complexity: c"O(1); LOG: O(1) amortised, O(entries that left the window)",
-        args: docs::WINDOW,
-        acl: c"write fast",
-    },
-    CommandSpec {
-        name: c"RL.ALL",
-        handler: rl_all,
-        flags: c"write deny-oom getkeys-api",
-        arity: -5,
-        keys: Keys::NumKeys,
-        summary: c"Several limits in one atomic decision: admit on all keys or on none",
-        complexity: c"O(N) for N keys (LOG: plus the entries that left the window)",
-        args: docs::ALL,
-        acl: c"write",
-    },
-    CommandSpec {
-        name: c"RL.REFUND",
-        handler: handler!("RL.REFUND", commands::refund::run, stats::Command::Refund),
-        flags: c"write deny-oom fast",
-        arity: 3,
-        keys: Keys::First,
-        summary: c"Gives back requests to a limiter key of any algorithm",
-        complexity: c"O(1); LOG: O(requests given back)",
-        args: docs::REFUND,
-        acl: c"write fast",
-    },
-    CommandSpec {
-        name: c"CL.THROTTLE",
-        handler: handler!(
-            "CL.THROTTLE",
-            commands::throttle::run,
-            stats::Command::Throttle
-        ),
-        flags: c"write deny-oom fast",
-        arity: -5,
-        keys: Keys::First,
-        summary: c"redis-cell compatible GCRA: capacity max_burst + 1, count per period seconds",
-        complexity: c"O(1)",
-        args: docs::THROTTLE,
-        acl: c"write fast",
-    },
-    CommandSpec {
-        name: c"RL.APPLY",
-        handler: handler!("RL.APPLY", commands::apply::run),
-        flags: c"write deny-oom",
-        arity: 3,
-        keys: Keys::First,
-        summary: c"Internal: stores a limiter state from the replication stream or AOF",
-        complexity: c"O(1)",
-        args: docs::APPLY,
-        acl: c"write",
-    },
-];
-
-#[cfg(debug_assertions)]
-const PANIC_COMMAND: CommandSpec = CommandSpec {
-    name: c"RL.PANIC",
-    handler: handler!("RL.PANIC", commands::panic::run),
-    flags: c"readonly",
-    arity: 1,
-    keys: Keys::None,
-    summary: c"Debug builds only: panics on purpose",
-    complexity: c"O(1)",
-    args: &[],
-    acl: c"",
-};
-
-fn register_command(
-    ctx: *mut raw::RedisModuleCtx,
-    spec: &CommandSpec,
-    ratelimit_category: bool,
-) -> Result<(), String> {
-    let name = spec.name.to_string_lossy();
-    let create = unsafe { raw::RedisModule_CreateCommand }.ok_or("no CreateCommand API")?;
-    let key_pos = c_int::from(spec.keys == Keys::First);
-    let status = unsafe {
-        create(
-            ctx,
-            spec.name.as_ptr(),
-            Some(spec.handler),
-            spec.flags.as_ptr(),
-            key_pos,
-            key_pos,
-            key_pos,
-        )
-    };
-    if status != raw::Status::Ok as c_int {
-        return Err(format!("cannot create command {name}"));
-    }
-    let (Some(get), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
-        raw::RedisModule_SetCommandInfo
-    }) else {
-        return Err("no SetCommandInfo API".into());
-    };
-    let command = unsafe { get(ctx, spec.name.as_ptr()) };
-    if command.is_null() {
-        return Err(format!("cannot find command {name} after creating it"));
-    }
-    let version = raw::RedisModuleCommandInfoVersion {
-        version: 1,
-        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
-        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
-        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
-    };
-    // SAFETY: all-zero is the API's "end of array" marker and a valid bit pattern for these
-    // plain C structs.
-    let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe {
-        [
-            MaybeUninit::zeroed().assume_init(),
-            MaybeUninit::zeroed().assume_init(),
-        ]
-    };
-    if spec.keys != Keys::None {
-        let ks = &mut key_specs[0];
-        ks.flags = u64::from(
-            raw::REDISMODULE_CMD_KEY_RW
-                | raw::REDISMODULE_CMD_KEY_ACCESS
-                | raw::REDISMODULE_CMD_KEY_UPDATE,
-        );
-        ks.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-        ks.bs.index.pos = 1;
-        if spec.keys == Keys::First {
-            ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-            ks.fk.range.lastkey = 0;
-            ks.fk.range.keystep = 1;
-            ks.fk.range.limit = 0;
-        } else {
-            // numkeys at the begin index (offset 0), the first key right after it.
-            ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
-            ks.fk.keynum.keynumidx = 0;
-            ks.fk.keynum.firstkey = 1;
-            ks.fk.keynum.keystep = 1;
-        }
-    }
-    let mut info: raw::RedisModuleCommandInfo = unsafe { MaybeUninit::zeroed().assume_init() };
-    info.version = &version;
-    info.summary = spec.summary.as_ptr();
-    info.complexity = spec.complexity.as_ptr();
-    info.since = c"0.1.0".as_ptr();
-    info.arity = spec.arity;
-    info.key_specs = if spec.keys != Keys::None {
-        key_specs.as_mut_ptr()
-    } else {
-        std::ptr::null_mut()
-    };
-    let mut arena = Vec::new();
-    info.args = if spec.args.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        docs::build(spec.args, 0, &mut arena)
-    };
-    if unsafe { set_info(command, &info) } != raw::Status::Ok as c_int {
-        return Err(format!("cannot set command info of {name}"));
-    }
-    drop(arena);
-    if !spec.acl.is_empty() {
-        let categories = if ratelimit_category && spec.name != c"RL.APPLY" {
-            std::ffi::CString::new(format!("{} ratelimit", spec.acl.to_string_lossy()))
-                .unwrap_or_default()
-        } else {
-            spec.acl.to_owned()
-        };
-        docs::set_acl_categories(ctx, command, &categories);
-    }
-    Ok(())
+    commands::register_all(ctx, ratelimit_category)
 }

@@ -10,18 +10,26 @@
 //! | 3 | [`SlidingState`] | 48 |
 //! | 4 | [`LogState`] (plus its log buffer) | 64 + log |
 //!
-//! Everything outside this file sees plain states; the codec's encoding is the same for both
-//! GCRA forms.
+//! Everything outside this file sees [`StateRef`]s, [`Write`]s and [`State`]s; the codec's
+//! encoding is the same for both GCRA forms.
+//!
+//! A value is a `*mut c_void` made here and handed to Redis, which gives it back to the type
+//! callbacks and to `ModuleTypeGetValue` until it frees it through [`free`]. The functions
+//! that take one are `unsafe` with one contract, stated once: **`raw` is null or a live value
+//! made by this file (by [`new_value`] or [`from_state`]), not freed, and not accessed by
+//! anything else while the call (and any reference it returns) lasts.**
 
 use std::ffi::c_void;
 
 use super::params_table;
-use super::stats::{self, Kind};
+use super::stats;
 use crate::algo::fixed_window::FixedState;
 use crate::algo::gcra::GcraState;
 use crate::algo::sliding_log::LogState;
 use crate::algo::sliding_window::SlidingState;
-use crate::codec::{self, State};
+use crate::params::WindowParams;
+use crate::state::{Algorithm, State, StateRef, Write};
+use crate::time::Span;
 
 const TAG_MASK: usize = 0b111;
 const TAG_GCRA_COMPACT: usize = 0;
@@ -30,7 +38,7 @@ const TAG_FIXED: usize = 2;
 const TAG_SLIDING: usize = 3;
 const TAG_LOG: usize = 4;
 
-/// Bits of [`CompactGcra::packed`] that hold `tat − updated` in ns (about 78 hours).
+/// Bits of [`CompactGcra::packed`] that hold `tat − updated_at` in ns (about 78 hours).
 const IN_USE_BITS: u32 = 48;
 const IN_USE_MASK: u64 = (1 << IN_USE_BITS) - 1;
 
@@ -45,13 +53,13 @@ pub struct CompactGcra {
 
 impl CompactGcra {
     fn pack(g: &GcraState) -> Option<Self> {
-        let in_use = g.tat_ns.checked_sub(g.updated_ns)?;
+        let in_use = g.tat.checked_since(g.updated_at)?.as_ns();
         if in_use > IN_USE_MASK {
             return None;
         }
-        let id = params_table::id_for(g.emission_interval_ns, g.burst)?;
+        let id = params_table::id_for(g.emission_interval.as_ns(), g.burst)?;
         Some(Self {
-            tat_ns: g.tat_ns,
+            tat_ns: g.tat.as_ns(),
             packed: (u64::from(id) << IN_USE_BITS) | in_use,
         })
     }
@@ -59,37 +67,13 @@ impl CompactGcra {
     fn unpack(&self) -> Option<GcraState> {
         let id = (self.packed >> IN_USE_BITS) as u16;
         let (emission_interval_ns, burst) = params_table::get(id)?;
+        let tat = crate::time::Instant::from_ns(self.tat_ns);
         Some(GcraState {
-            tat_ns: self.tat_ns,
-            emission_interval_ns,
+            tat,
+            emission_interval: Span::from_ns(emission_interval_ns),
             burst,
-            updated_ns: self.tat_ns - (self.packed & IN_USE_MASK),
+            updated_at: tat.saturating_sub(Span::from_ns(self.packed & IN_USE_MASK)),
         })
-    }
-}
-
-/// A key's value, seen through its tagged pointer. GCRA is a copy (it is rebuilt from the
-/// compact form); the others are borrowed in place.
-pub enum Value<'a> {
-    /// A GCRA state.
-    Gcra(GcraState),
-    /// A FIXED window state.
-    Fixed(&'a mut FixedState),
-    /// A SLIDING window state.
-    Sliding(&'a mut SlidingState),
-    /// A LOG window state.
-    Log(&'a mut LogState),
-}
-
-impl Value<'_> {
-    /// What the key holds, as users see it in errors.
-    pub fn describe(&self) -> &'static str {
-        match self {
-            Self::Gcra(_) => "GCRA limiter",
-            Self::Fixed(_) => "FIXED window",
-            Self::Sliding(_) => "SLIDING window",
-            Self::Log(_) => "LOG window",
-        }
     }
 }
 
@@ -101,146 +85,179 @@ fn untag<T>(raw: *mut c_void) -> *mut T {
     (raw as usize & !TAG_MASK) as *mut T
 }
 
-fn kind_of(tag: usize) -> Option<Kind> {
+fn algorithm_of(tag: usize) -> Option<Algorithm> {
     match tag {
-        TAG_GCRA_COMPACT | TAG_GCRA_WIDE => Some(Kind::Gcra),
-        TAG_FIXED => Some(Kind::Fixed),
-        TAG_SLIDING => Some(Kind::Sliding),
-        TAG_LOG => Some(Kind::Log),
+        TAG_GCRA_COMPACT | TAG_GCRA_WIDE => Some(Algorithm::Gcra),
+        TAG_FIXED => Some(Algorithm::Fixed),
+        TAG_SLIDING => Some(Algorithm::Sliding),
+        TAG_LOG => Some(Algorithm::Log),
         _ => None,
     }
 }
 
 fn tagged<T>(b: Box<T>, tag: usize) -> *mut c_void {
-    if let Some(kind) = kind_of(tag) {
-        stats::key_created(kind);
+    if let Some(algorithm) = algorithm_of(tag) {
+        stats::key_created(algorithm);
     }
     let p = Box::into_raw(b) as usize;
     debug_assert_eq!(p & TAG_MASK, 0);
     (p | tag) as *mut c_void
 }
 
-/// Views a value made by this module.
+/// Views a value where it lies (None for null).
 ///
 /// # Safety
-/// `raw` must be null or a pointer made by [`into_raw`] / [`gcra_into_raw`] and not freed,
-/// and nothing else may access it while the result lives.
-pub unsafe fn view<'a>(raw: *mut c_void) -> Option<Value<'a>> {
+/// See the module documentation.
+pub unsafe fn view<'a>(raw: *mut c_void) -> Option<StateRef<'a>> {
     if raw.is_null() {
         return None;
     }
-    match tag(raw) {
-        TAG_GCRA_COMPACT => (*untag::<CompactGcra>(raw)).unpack().map(Value::Gcra),
-        TAG_GCRA_WIDE => Some(Value::Gcra(*untag::<GcraState>(raw))),
-        TAG_FIXED => untag::<FixedState>(raw).as_mut().map(Value::Fixed),
-        TAG_SLIDING => untag::<SlidingState>(raw).as_mut().map(Value::Sliding),
-        TAG_LOG => untag::<LogState>(raw).as_mut().map(Value::Log),
-        _ => None,
+    // SAFETY: per the contract, `raw` was made by `tagged` with this tag, so the untagged
+    // pointer addresses a live, aligned allocation of the tag's type, not aliased mutably.
+    unsafe {
+        match tag(raw) {
+            TAG_GCRA_COMPACT => (*untag::<CompactGcra>(raw)).unpack().map(StateRef::Gcra),
+            TAG_GCRA_WIDE => Some(StateRef::Gcra(*untag::<GcraState>(raw))),
+            TAG_FIXED => untag::<FixedState>(raw).as_ref().map(StateRef::Fixed),
+            TAG_SLIDING => untag::<SlidingState>(raw).as_ref().map(StateRef::Sliding),
+            TAG_LOG => untag::<LogState>(raw).as_ref().map(StateRef::Log),
+            _ => None,
+        }
     }
 }
 
 /// Allocates the value for a GCRA state: compact when it fits, else wide.
-pub fn gcra_into_raw(g: &GcraState) -> *mut c_void {
+fn gcra_value(g: &GcraState) -> *mut c_void {
     match CompactGcra::pack(g) {
         Some(c) => tagged(Box::new(c), TAG_GCRA_COMPACT),
         None => tagged(Box::new(*g), TAG_GCRA_WIDE),
     }
 }
 
-/// Overwrites a GCRA value in place when its form can hold `g`; returns false otherwise (the
-/// caller then replaces the value).
+/// Applies `write` to the value in place when the value can hold the result; returns false
+/// otherwise (another algorithm, or a GCRA state the compact form cannot hold), and the
+/// caller replaces the value with [`new_value`].
 ///
 /// # Safety
-/// As for [`view`].
-pub unsafe fn update_gcra(raw: *mut c_void, g: &GcraState) -> bool {
-    match tag(raw) {
-        TAG_GCRA_COMPACT => match CompactGcra::pack(g) {
-            Some(c) => {
-                *untag::<CompactGcra>(raw) = c;
+/// See the module documentation; `raw` must not be null.
+pub unsafe fn write_in_place(raw: *mut c_void, write: &Write) -> bool {
+    // SAFETY: per the contract, the untagged pointer addresses a live allocation of the
+    // tag's type that nothing else accesses during this call.
+    unsafe {
+        match (tag(raw), write) {
+            (TAG_GCRA_COMPACT, Write::Gcra(g)) => match CompactGcra::pack(g) {
+                Some(c) => {
+                    *untag::<CompactGcra>(raw) = c;
+                    true
+                }
+                None => false,
+            },
+            (TAG_GCRA_WIDE, Write::Gcra(g)) => {
+                *untag::<GcraState>(raw) = *g;
                 true
             }
-            None => false,
-        },
-        TAG_GCRA_WIDE => {
-            *untag::<GcraState>(raw) = *g;
-            true
+            (TAG_FIXED, Write::Fixed(s)) => {
+                *untag::<FixedState>(raw) = *s;
+                true
+            }
+            (TAG_SLIDING, Write::Sliding(s)) => {
+                *untag::<SlidingState>(raw) = *s;
+                true
+            }
+            (TAG_LOG, Write::Log(w)) => {
+                (*untag::<LogState>(raw)).apply(w);
+                true
+            }
+            (TAG_LOG, Write::LogRefund { at, quantity }) => {
+                (*untag::<LogState>(raw)).refund(*at, *quantity);
+                true
+            }
+            _ => false,
         }
-        _ => false,
     }
 }
 
-/// Allocates the value for any state.
-pub fn into_raw(state: State) -> *mut c_void {
+/// Allocates a value holding what `write` makes of a missing key (a LOG refund of a missing
+/// key makes nothing: null).
+pub fn new_value(write: &Write) -> *mut c_void {
+    match write {
+        Write::Gcra(g) => gcra_value(g),
+        Write::Fixed(s) => tagged(Box::new(*s), TAG_FIXED),
+        Write::Sliding(s) => tagged(Box::new(*s), TAG_SLIDING),
+        Write::Log(w) => {
+            let mut state = LogState::new(&WindowParams {
+                limit: w.limit,
+                window: w.window,
+            });
+            state.apply(w);
+            tagged(Box::new(state), TAG_LOG)
+        }
+        Write::LogRefund { .. } => std::ptr::null_mut(),
+    }
+}
+
+/// Allocates the value for an owned state.
+pub fn from_state(state: State) -> *mut c_void {
     match state {
-        State::Gcra(g) => gcra_into_raw(&g),
+        State::Gcra(g) => gcra_value(&g),
         State::Fixed(b) => tagged(b, TAG_FIXED),
         State::Sliding(b) => tagged(b, TAG_SLIDING),
         State::Log(b) => tagged(b, TAG_LOG),
     }
 }
 
+/// Whether a LOG value holds no request any more (a key to delete).
+///
+/// # Safety
+/// See the module documentation.
+pub unsafe fn is_empty_log(raw: *mut c_void) -> bool {
+    // SAFETY: per the contract.
+    match unsafe { view(raw) } {
+        Some(StateRef::Log(s)) => s.log.total() == 0,
+        _ => false,
+    }
+}
+
 /// Frees a value. Needs no shared state, so it is safe from Redis's lazy-free thread.
 ///
 /// # Safety
-/// `raw` must be null or a live value made by this module; it is invalid afterwards.
+/// See the module documentation; `raw` is invalid afterwards.
 pub unsafe fn free(raw: *mut c_void) {
     if raw.is_null() {
         return;
     }
-    if let Some(kind) = kind_of(tag(raw)) {
-        stats::key_freed(kind);
+    if let Some(algorithm) = algorithm_of(tag(raw)) {
+        stats::key_freed(algorithm);
     }
-    match tag(raw) {
-        TAG_GCRA_COMPACT => drop(Box::from_raw(untag::<CompactGcra>(raw))),
-        TAG_GCRA_WIDE => drop(Box::from_raw(untag::<GcraState>(raw))),
-        TAG_FIXED => drop(Box::from_raw(untag::<FixedState>(raw))),
-        TAG_SLIDING => drop(Box::from_raw(untag::<SlidingState>(raw))),
-        TAG_LOG => drop(Box::from_raw(untag::<LogState>(raw))),
-        _ => {}
+    // SAFETY: per the contract, the untagged pointer came from `Box::into_raw` of the tag's
+    // type in `tagged`, and this is its only release.
+    unsafe {
+        match tag(raw) {
+            TAG_GCRA_COMPACT => drop(Box::from_raw(untag::<CompactGcra>(raw))),
+            TAG_GCRA_WIDE => drop(Box::from_raw(untag::<GcraState>(raw))),
+            TAG_FIXED => drop(Box::from_raw(untag::<FixedState>(raw))),
+            TAG_SLIDING => drop(Box::from_raw(untag::<SlidingState>(raw))),
+            TAG_LOG => drop(Box::from_raw(untag::<LogState>(raw))),
+            _ => {}
+        }
     }
 }
 
 /// Bytes allocated for a value.
 ///
 /// # Safety
-/// As for [`view`].
+/// See the module documentation.
 pub unsafe fn heap_bytes(raw: *mut c_void) -> usize {
     match tag(raw) {
         TAG_GCRA_COMPACT => std::mem::size_of::<CompactGcra>(),
         TAG_GCRA_WIDE => std::mem::size_of::<GcraState>(),
         TAG_FIXED => std::mem::size_of::<FixedState>(),
         TAG_SLIDING => std::mem::size_of::<SlidingState>(),
-        TAG_LOG => match untag::<LogState>(raw).as_ref() {
+        // SAFETY: per the contract, a LOG tag addresses a live `LogState`.
+        TAG_LOG => match unsafe { untag::<LogState>(raw).as_ref() } {
             Some(l) => std::mem::size_of::<LogState>() + l.log.allocated_bytes(),
             None => 0,
         },
         _ => 0,
     }
-}
-
-/// Appends the codec encoding of a value.
-///
-/// # Safety
-/// As for [`view`].
-pub unsafe fn encode_into(raw: *mut c_void, out: &mut Vec<u8>) {
-    match view(raw) {
-        Some(Value::Gcra(g)) => codec::encode_gcra_into(&g, out),
-        Some(Value::Fixed(s)) => codec::encode_fixed_into(s, out),
-        Some(Value::Sliding(s)) => codec::encode_sliding_into(s, out),
-        Some(Value::Log(s)) => codec::encode_log_into(s, out),
-        None => {}
-    }
-}
-
-/// Returns an owned copy of a value.
-///
-/// # Safety
-/// As for [`view`].
-pub unsafe fn to_state(raw: *mut c_void) -> Option<State> {
-    Some(match view(raw)? {
-        Value::Gcra(g) => State::Gcra(g),
-        Value::Fixed(s) => State::Fixed(Box::new(*s)),
-        Value::Sliding(s) => State::Sliding(Box::new(*s)),
-        Value::Log(s) => State::Log(Box::new(s.clone())),
-    })
 }

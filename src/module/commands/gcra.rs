@@ -1,76 +1,96 @@
-//! `RL.GCRA key burst rate period [QUANTITY n] [PEEK] [MAXWAIT ms]`.
+//! `RL.GCRA key burst rate period [QUANTITY n] [PEEK] [MAXWAIT ms]`: a GCRA (token bucket)
+//! limit. Reply: the five integers.
 
-use std::ffi::c_int;
-
-use redis_module::raw;
-
-use super::limit::{self, Spec};
-use super::{five, once, unknown, Args, Options, RequestOptions};
-use crate::algo::gcra::GcraRequest;
+use super::{five, once, unknown, Options, RequestOptions};
+use crate::limit::{Limit, Request};
+use crate::module::call::{Arg, Call};
 use crate::module::clock;
+use crate::module::command::{Command, CommandSpec, Counted, Keys};
+use crate::module::docs::{self, arg, opt, Arg as DocArg, INTEGER};
 use crate::module::error::CommandError;
-use crate::module::ffi;
-use crate::module::keys::LimiterKey;
+use crate::module::limits;
+use crate::module::stats::Counters;
 use crate::params::{self, GcraParams};
-use crate::time::NANOS_PER_MILLI;
+use crate::time::Span;
+
+/// RL.GCRA.
+pub struct Gcra;
+
+static COUNTERS: Counters = Counters::new(c"gcra");
+
+const ARGS: &[DocArg] = &[
+    docs::KEY_ARG,
+    arg(c"burst", INTEGER, c"requests an idle key admits at once"),
+    arg(c"rate", INTEGER, c"requests per period"),
+    docs::SECONDS_PERIOD,
+    docs::QUANTITY,
+    docs::PEEK,
+    opt(
+        c"maxwait",
+        INTEGER,
+        c"MAXWAIT",
+        c"reserve a slot that frees within this many ms",
+    ),
+];
 
 /// A fully validated RL.GCRA call.
-struct GcraCall {
-    key: *mut raw::RedisModuleString,
-    params: GcraParams,
-    request: GcraRequest,
+struct GcraCall<'a> {
+    key: Arg<'a>,
+    limit: Limit,
+    request: Request,
     peek: bool,
 }
 
-fn parse(args: Args<'_>) -> Result<GcraCall, CommandError> {
+fn parse<'a>(args: &'a [Arg<'a>]) -> Result<GcraCall<'a>, CommandError> {
     let [_, key, burst, rate, period, rest @ ..] = args else {
         return Err(CommandError::Arity("rl.gcra"));
     };
-    let burst = params::positive(unsafe { ffi::bytes(*burst) }, "burst")?;
-    let rate = params::positive(unsafe { ffi::bytes(*rate) }, "rate")?;
-    let period_ns = params::seconds(unsafe { ffi::bytes(*period) }, "period")?;
-    let params = GcraParams::new(burst, rate, period_ns)?;
-    let (mut max_wait_ns, mut seen_max_wait) = (None, false);
-    let mut request = RequestOptions::default();
-    let mut options = Options::new(rest);
-    while let Some(keyword) = options.next_keyword() {
-        if request.take(keyword, &mut options)? {
+    let limit = Limit::Gcra(GcraParams::parse(burst.bytes(), rate.bytes(), period.bytes())?);
+    let (mut max_wait, mut seen_max_wait) = (None, false);
+    let mut options = RequestOptions::default();
+    let mut words = Options::new(rest);
+    while let Some(keyword) = words.next() {
+        if options.take(keyword, &mut words)? {
             continue;
         } else if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
             once(&mut seen_max_wait, "MAXWAIT")?;
-            let ms = params::non_negative(options.value("MAXWAIT")?, "MAXWAIT")?;
-            max_wait_ns = Some(ms.saturating_mul(NANOS_PER_MILLI));
+            let ms = params::non_negative(words.value("MAXWAIT")?, "MAXWAIT")?;
+            max_wait = Some(Span::from_ms_saturating(ms));
         } else {
             return Err(unknown(keyword));
         }
     }
-    let gcra_request = GcraRequest {
-        quantity: request.quantity,
-        max_wait_ns,
-    };
     Ok(GcraCall {
         key: *key,
-        params,
-        request: gcra_request,
-        peek: request.peek,
+        limit,
+        request: Request {
+            quantity: options.quantity,
+            max_wait,
+        },
+        peek: options.peek,
     })
 }
 
-/// Runs RL.GCRA (see SPEC.md). The reply is the five-integer array.
-pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
-    let call = parse(args)?;
-    let now_ns = clock::now_ns();
-    let may_write = !call.peek && call.request.quantity > 0;
-    let mut key = LimiterKey::open(ctx, call.key, may_write);
-    let spec = Spec::Gcra {
-        params: call.params,
-        max_wait_ns: call.request.max_wait_ns,
+impl Command for Gcra {
+    const SPEC: CommandSpec = CommandSpec {
+        name: c"RL.GCRA",
+        display: "RL.GCRA",
+        flags: c"write deny-oom fast",
+        arity: -5,
+        keys: Keys::First,
+        summary: c"GCRA (token bucket) rate limit: admit or deny a request of QUANTITY",
+        complexity: c"O(1)",
+        args: ARGS,
+        acl: c"write fast",
+        in_ratelimit_category: true,
+        counters: Some(&COUNTERS),
     };
-    let evaluated = limit::evaluate(&mut key, &spec, now_ns, call.request.quantity)?;
-    if let (true, Some(write)) = (may_write, &evaluated.write) {
-        limit::commit(&mut key, write, evaluated.expire_at_ms, c"rl.gcra");
+
+    fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
+        let c = parse(call.args())?;
+        let now = clock::now();
+        let decided = limits::decide(call, &[(c.key, c.limit)], c.request, c.peek, now, c"rl.gcra")?;
+        call.reply_integers(&five(&decided.combined));
+        Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
     }
-    drop(key);
-    let status = ffi::reply_integers(ctx, &five(&evaluated.decision));
-    Ok((status, evaluated.decision.verdict.is_allowed()))
 }

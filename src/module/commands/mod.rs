@@ -1,54 +1,85 @@
-//! The command handlers: parse → now → load → decide → store/replicate/notify → reply.
+//! The commands, one file each: its handler (parse → now → decide → commit → reply), its
+//! `COMMAND DOCS` metadata and its `INFO rl` counters. Handlers are safe code: they see the
+//! call only through [`Call`](super::call::Call) and [`Arg`](super::call::Arg).
+//!
+//! Adding a command: a file implementing [`Command`](super::command::Command), and one line
+//! in the list below.
 
-pub mod all;
-pub mod apply;
-pub mod gcra;
-pub mod limit;
-#[cfg(debug_assertions)]
-pub mod panic;
-pub mod refund;
-pub mod throttle;
-pub mod window;
+#![forbid(unsafe_code)]
 
-use redis_module::raw;
-
+use super::call::Arg;
+use super::command::Command;
 use super::error::CommandError;
-use super::ffi;
+use super::stats::Counters;
 use crate::decision::{Decision, Verdict};
-use crate::time::ceil_ms;
+use crate::limit::shown;
 
-/// The arguments of one call, `args[0]` being the command name.
-pub type Args<'a> = &'a [*mut raw::RedisModuleString];
+/// Declares the command files and the list of commands registered at load.
+macro_rules! commands {
+    ($($(#[$attr:meta])* $file:ident :: $command:ident,)*) => {
+        $($(#[$attr])* mod $file;)*
 
-/// Reads the optional trailing keywords of a command: each may come once, in any order,
-/// case-insensitively.
+        /// Registers every command with the server (`OnLoad`).
+        pub fn register_all(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            ratelimit_category: bool,
+        ) -> Result<(), String> {
+            $(
+                $(#[$attr])*
+                super::command::register::<$file::$command>(ctx, ratelimit_category)?;
+            )*
+            Ok(())
+        }
+
+        /// The `INFO rl` counters of every counted command, in registration order.
+        pub fn counters() -> impl Iterator<Item = &'static Counters> {
+            [$($(#[$attr])* <$file::$command as Command>::SPEC.counters,)*]
+                .into_iter()
+                .flatten()
+        }
+    };
+}
+
+commands! {
+    gcra::Gcra,
+    window::Window,
+    all::All,
+    refund::Refund,
+    throttle::Throttle,
+    apply::Apply,
+    #[cfg(debug_assertions)]
+    panic::Panic,
+}
+
+/// Reads the optional trailing keywords of a command (each may come once, in any order,
+/// case-insensitively), or any other run of words: an iterator over the arguments' bytes.
+#[derive(Clone)]
 pub struct Options<'a> {
-    rest: std::slice::Iter<'a, *mut raw::RedisModuleString>,
+    rest: std::slice::Iter<'a, Arg<'a>>,
+}
+
+impl<'a> Iterator for Options<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        self.rest.next().map(|a| a.bytes())
+    }
 }
 
 impl<'a> Options<'a> {
     /// Starts reading at `args` (the part after the positional arguments).
-    pub fn new(args: Args<'a>) -> Self {
+    pub fn new(args: &'a [Arg<'a>]) -> Self {
         Self { rest: args.iter() }
-    }
-
-    /// Returns the next keyword's bytes, or `None` at the end.
-    pub fn next_keyword(&mut self) -> Option<&'a [u8]> {
-        self.rest.next().map(|&s| unsafe { ffi::bytes(s) })
     }
 
     /// Returns the value following `keyword`.
     pub fn value(&mut self, keyword: &'static str) -> Result<&'a [u8], CommandError> {
-        self.next_keyword()
-            .ok_or(CommandError::MissingValue(keyword))
+        self.next().ok_or(CommandError::MissingValue(keyword))
     }
 
-    /// Returns the next argument without taking it.
-    pub fn peek(&self) -> Option<&'a [u8]> {
-        self.rest
-            .as_slice()
-            .first()
-            .map(|&s| unsafe { ffi::bytes(s) })
+    /// Whether no argument is left.
+    pub fn is_empty(&self) -> bool {
+        self.rest.len() == 0
     }
 }
 
@@ -90,11 +121,6 @@ impl RequestOptions {
             Ok(false)
         }
     }
-
-    /// Whether the request may write (not a PEEK, not QUANTITY 0).
-    pub fn may_write(&self) -> bool {
-        !self.peek && self.quantity > 0
-    }
 }
 
 /// Marks a keyword as seen, failing if it was already.
@@ -103,11 +129,6 @@ pub fn once(seen: &mut bool, keyword: &'static str) -> Result<(), CommandError> 
         return Err(CommandError::Duplicate(keyword));
     }
     Ok(())
-}
-
-/// Client bytes as they appear in an error: lossy UTF-8, at most 64 characters.
-pub fn shown(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).chars().take(64).collect()
 }
 
 /// The error for an argument that is no keyword of the command.
@@ -120,23 +141,18 @@ pub fn as_reply_int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The SPEC five-integer reply: allowed, limit, remaining, retry_after_ms, reset_after_ms.
+/// The five-integer reply: allowed, limit, remaining, retry_after_ms, reset_after_ms.
 pub fn five(decision: &Decision) -> [i64; 5] {
     let retry_after_ms = match decision.verdict {
         Verdict::Allowed | Verdict::Never => -1,
-        Verdict::Denied { retry_after_ns } => as_reply_int(ceil_ms(retry_after_ns).max(1)),
-        Verdict::Reserved { delay_ns } => as_reply_int(ceil_ms(delay_ns)),
+        Verdict::Denied { retry_after } => as_reply_int(retry_after.ceil_ms().max(1)),
+        Verdict::Reserved { delay } => as_reply_int(delay.ceil_ms()),
     };
     [
         i64::from(decision.verdict.is_allowed()),
         as_reply_int(decision.limit),
         as_reply_int(decision.remaining),
         retry_after_ms,
-        as_reply_int(ceil_ms(decision.reset_after_ns)),
+        as_reply_int(decision.reset_after.ceil_ms()),
     ]
-}
-
-/// The absolute expiry for a key that is idle at `idle_at_ns`: ms since the epoch, rounded up.
-pub fn expire_at_ms(idle_at_ns: u64) -> i64 {
-    i64::try_from(ceil_ms(idle_at_ns)).unwrap_or(i64::MAX)
 }

@@ -5,72 +5,96 @@
 //! `[limited (0 allowed, 1 limited), limit (= max_burst + 1), remaining, retry_after_s (-1 when
 //! allowed), reset_after_s]`, seconds rounded up.
 
-use std::ffi::c_int;
-
-use redis_module::raw;
-
-use super::limit::{self, Spec};
-use super::{as_reply_int, Args};
+use super::as_reply_int;
 use crate::decision::Verdict;
+use crate::limit::{Limit, Request};
+use crate::module::call::Call;
 use crate::module::clock;
+use crate::module::command::{Command, CommandSpec, Counted, Keys};
+use crate::module::docs::{self, arg, Arg as DocArg, INTEGER};
 use crate::module::error::CommandError;
-use crate::module::ffi;
-use crate::module::keys::LimiterKey;
+use crate::module::limits;
+use crate::module::stats::Counters;
 use crate::params::{self, GcraParams, ParamError};
-use crate::time::{ceil_s, MAX_PERIOD_NS, NANOS_PER_SEC};
+use crate::time::{Span, MAX_PERIOD, NANOS_PER_SEC};
 
-/// Runs CL.THROTTLE.
-pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
-    let (key, max_burst, count, period, quantity) = match args {
-        [_, k, b, c, p] => (*k, *b, *c, *p, None),
-        [_, k, b, c, p, q] => (*k, *b, *c, *p, Some(*q)),
-        _ => return Err(CommandError::Arity("cl.throttle")),
+/// CL.THROTTLE.
+pub struct Throttle;
+
+static COUNTERS: Counters = Counters::new(c"throttle");
+
+const ARGS: &[DocArg] = &[
+    docs::KEY_ARG,
+    arg(c"max_burst", INTEGER, c"capacity is max_burst + 1"),
+    arg(c"count_per_period", INTEGER, c"requests per period"),
+    arg(c"period", INTEGER, c"whole seconds"),
+    DocArg {
+        name: c"quantity",
+        kind: INTEGER,
+        token: None,
+        flags: docs::OPTIONAL,
+        subargs: &[],
+        summary: Some(c"default 1"),
+    },
+];
+
+impl Command for Throttle {
+    const SPEC: CommandSpec = CommandSpec {
+        name: c"CL.THROTTLE",
+        display: "CL.THROTTLE",
+        flags: c"write deny-oom fast",
+        arity: -5,
+        keys: Keys::First,
+        summary: c"redis-cell compatible GCRA: capacity max_burst + 1, count per period seconds",
+        complexity: c"O(1)",
+        args: ARGS,
+        acl: c"write fast",
+        in_ratelimit_category: true,
+        counters: Some(&COUNTERS),
     };
-    let max_burst = params::non_negative(unsafe { ffi::bytes(max_burst) }, "max_burst")?;
-    let burst = max_burst.checked_add(1).ok_or(ParamError::BurstTooLarge)?;
-    let count = params::positive(unsafe { ffi::bytes(count) }, "count_per_period")?;
-    let period_s = params::positive(unsafe { ffi::bytes(period) }, "period")?;
-    let period_ns = period_s
-        .checked_mul(NANOS_PER_SEC)
-        .filter(|&ns| ns <= MAX_PERIOD_NS)
-        .ok_or(CommandError::Syntax(
-            "period must be whole seconds from 1 to 315360000".into(),
-        ))?;
-    let quantity = match quantity {
-        Some(q) => params::non_negative(unsafe { ffi::bytes(q) }, "quantity")?,
-        None => 1,
-    };
-    let params = GcraParams::new(burst, count, period_ns)?;
-    let now_ns = clock::now_ns();
-    let may_write = quantity > 0;
-    let mut key = LimiterKey::open(ctx, key, may_write);
-    let evaluated = limit::evaluate(
-        &mut key,
-        &Spec::Gcra {
-            params,
-            max_wait_ns: None,
-        },
-        now_ns,
-        quantity,
-    )?;
-    if let (true, Some(write)) = (may_write, &evaluated.write) {
-        limit::commit(&mut key, write, evaluated.expire_at_ms, c"cl.throttle");
-    }
-    drop(key);
-    let d = evaluated.decision;
-    let retry_after_s = match d.verdict {
-        Verdict::Denied { retry_after_ns } => as_reply_int(ceil_s(retry_after_ns).max(1)),
-        _ => -1,
-    };
-    let status = ffi::reply_integers(
-        ctx,
-        &[
+
+    fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
+        let (key, max_burst, count, period, quantity) = match call.args() {
+            [_, k, b, c, p] => (*k, *b, *c, *p, None),
+            [_, k, b, c, p, q] => (*k, *b, *c, *p, Some(*q)),
+            _ => return Err(CommandError::Arity("cl.throttle")),
+        };
+        let max_burst = params::non_negative(max_burst.bytes(), "max_burst")?;
+        let burst = max_burst.checked_add(1).ok_or(ParamError::BurstTooLarge)?;
+        let count = params::positive(count.bytes(), "count_per_period")?;
+        let period_s = params::positive(period.bytes(), "period")?;
+        let period = Span::from_ns(period_s)
+            .checked_mul(NANOS_PER_SEC)
+            .filter(|&p| p <= MAX_PERIOD)
+            .ok_or(CommandError::Syntax(
+                "period must be whole seconds from 1 to 315360000".into(),
+            ))?;
+        let quantity = match quantity {
+            Some(q) => params::non_negative(q.bytes(), "quantity")?,
+            None => 1,
+        };
+        let limit = Limit::Gcra(GcraParams::new(burst, count, period)?);
+        let now = clock::now();
+        let d = limits::decide(
+            call,
+            &[(key, limit)],
+            Request::of(quantity),
+            false,
+            now,
+            c"cl.throttle",
+        )?
+        .combined;
+        let retry_after_s = match d.verdict {
+            Verdict::Denied { retry_after } => as_reply_int(retry_after.ceil_s().max(1)),
+            _ => -1,
+        };
+        call.reply_integers(&[
             i64::from(!d.verdict.is_allowed()),
             as_reply_int(d.limit),
             as_reply_int(d.remaining),
             retry_after_s,
-            as_reply_int(ceil_s(d.reset_after_ns)),
-        ],
-    );
-    Ok((status, d.verdict.is_allowed()))
+            as_reply_int(d.reset_after.ceil_s()),
+        ]);
+        Ok(Counted::from_allowed(d.verdict.is_allowed()))
+    }
 }

@@ -1,72 +1,118 @@
-//! `RL.WINDOW key limit window [FIXED | SLIDING | LOG] [QUANTITY n] [PEEK]`.
+//! `RL.WINDOW key limit window [FIXED | SLIDING | LOG] [QUANTITY n] [PEEK]`: a window limit
+//! (SLIDING by default). Reply: the five integers.
 
-use std::ffi::c_int;
-
-use redis_module::raw;
-
-use super::limit::{self, Algorithm, Spec};
-use super::{five, once, unknown, Args, Options, RequestOptions};
+use super::{five, once, unknown, Options, RequestOptions};
+use crate::limit::{Limit, Request, WindowKind};
+use crate::params::WindowParams;
+use crate::module::call::{Arg, Call};
 use crate::module::clock;
+use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::config;
+use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, ONEOF, OPTIONAL};
 use crate::module::error::CommandError;
-use crate::module::ffi;
-use crate::module::keys::LimiterKey;
-use crate::params::{self, WindowParams};
+use crate::module::limits;
+use crate::module::stats::Counters;
 
-/// Checks LOG's limit against `rl.log-max-limit`.
-pub fn check_log_limit(algorithm: Algorithm, limit: u64) -> Result<(), CommandError> {
+/// RL.WINDOW.
+pub struct Window;
+
+static COUNTERS: Counters = Counters::new(c"window");
+
+const ALGORITHMS: &[DocArg] = &[
+    docs::token(c"fixed", c"FIXED"),
+    docs::token(c"sliding", c"SLIDING"),
+    docs::token(c"log", c"LOG"),
+];
+
+const ARGS: &[DocArg] = &[
+    docs::KEY_ARG,
+    arg(c"limit", INTEGER, c"requests allowed per window"),
+    docs::SECONDS_WINDOW,
+    DocArg {
+        name: c"algorithm",
+        kind: ONEOF,
+        token: None,
+        flags: OPTIONAL,
+        subargs: ALGORITHMS,
+        summary: Some(c"default SLIDING"),
+    },
+    docs::QUANTITY,
+    docs::PEEK,
+];
+
+/// Checks a LOG limit against `rl.log-max-limit`.
+pub fn check_log_limit(limit: &Limit) -> Result<(), CommandError> {
     let max = config::log_max_limit();
-    if algorithm == Algorithm::Log && limit > max {
-        return Err(CommandError::LogLimitTooHigh { limit, max });
+    match limit {
+        Limit::Log(p) if p.limit > max => Err(CommandError::LogLimitTooHigh {
+            limit: p.limit,
+            max,
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// A fully validated RL.WINDOW call.
-struct WindowCall {
-    key: *mut raw::RedisModuleString,
-    spec: Spec,
-    request: RequestOptions,
+struct WindowCall<'a> {
+    key: Arg<'a>,
+    limit: Limit,
+    options: RequestOptions,
 }
 
-fn parse(args: Args<'_>) -> Result<WindowCall, CommandError> {
+fn parse<'a>(args: &'a [Arg<'a>]) -> Result<WindowCall<'a>, CommandError> {
     let [_, key, limit, window, rest @ ..] = args else {
         return Err(CommandError::Arity("rl.window"));
     };
-    let limit = params::positive(unsafe { ffi::bytes(*limit) }, "limit")?;
-    let window_ns = params::seconds(unsafe { ffi::bytes(*window) }, "window")?;
-    let params = WindowParams::new(limit, window_ns)?;
-    let (mut algorithm, mut seen_algorithm) = (None, false);
-    let mut request = RequestOptions::default();
-    let mut options = Options::new(rest);
-    while let Some(keyword) = options.next_keyword() {
-        if let Some(a) = Algorithm::parse(keyword) {
-            once(&mut seen_algorithm, "the algorithm (FIXED | SLIDING | LOG)")?;
-            algorithm = Some(a);
-        } else if !request.take(keyword, &mut options)? {
+    let params = WindowParams::parse(limit.bytes(), window.bytes())?;
+    let (mut kind, mut seen_kind) = (WindowKind::Sliding, false);
+    let mut options = RequestOptions::default();
+    let mut words = Options::new(rest);
+    while let Some(keyword) = words.next() {
+        if let Some(k) = WindowKind::parse(keyword) {
+            once(&mut seen_kind, "the algorithm (FIXED | SLIDING | LOG)")?;
+            kind = k;
+        } else if !options.take(keyword, &mut words)? {
             return Err(unknown(keyword));
         }
     }
-    let algorithm = algorithm.unwrap_or(Algorithm::Sliding);
-    check_log_limit(algorithm, limit)?;
+    let limit = kind.with(params);
+    check_log_limit(&limit)?;
     Ok(WindowCall {
         key: *key,
-        spec: Spec::Window { params, algorithm },
-        request,
+        limit,
+        options,
     })
 }
 
-/// Runs RL.WINDOW (see SPEC.md). The reply is the five-integer array.
-pub fn run(ctx: *mut raw::RedisModuleCtx, args: Args<'_>) -> Result<(c_int, bool), CommandError> {
-    let call = parse(args)?;
-    let now_ns = clock::now_ns();
-    let may_write = call.request.may_write();
-    let mut key = LimiterKey::open(ctx, call.key, may_write);
-    let evaluated = limit::evaluate(&mut key, &call.spec, now_ns, call.request.quantity)?;
-    if let (true, Some(write)) = (may_write, &evaluated.write) {
-        limit::commit(&mut key, write, evaluated.expire_at_ms, c"rl.window");
+impl Command for Window {
+    const SPEC: CommandSpec = CommandSpec {
+        name: c"RL.WINDOW",
+        display: "RL.WINDOW",
+        flags: c"write deny-oom fast",
+        arity: -4,
+        keys: Keys::First,
+        summary:
+            c"Window rate limit (FIXED, SLIDING counter or exact LOG): admit or deny a request",
+        complexity: c"O(1); LOG: O(1) amortised, O(entries that left the window)",
+        args: ARGS,
+        acl: c"write fast",
+        in_ratelimit_category: true,
+        counters: Some(&COUNTERS),
+    };
+
+    fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
+        let c = parse(call.args())?;
+        let now = clock::now();
+        let request = Request::of(c.options.quantity);
+        let decided = limits::decide(
+            call,
+            &[(c.key, c.limit)],
+            request,
+            c.options.peek,
+            now,
+            c"rl.window",
+        )?;
+        call.reply_integers(&five(&decided.combined));
+        Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
     }
-    drop(key);
-    let status = ffi::reply_integers(ctx, &five(&evaluated.decision));
-    Ok((status, evaluated.decision.verdict.is_allowed()))
 }

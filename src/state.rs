@@ -1,0 +1,227 @@
+//! The stored value of one limiter key, in every form the rest of the crate needs: owned
+//! ([`State`]), borrowed where it lies ([`StateRef`]), the writes a decision makes
+//! ([`Write`]) and the effects replicas and the AOF apply ([`Effect`]).
+//!
+//! Every question about a stored value that does not depend on its algorithm (which
+//! algorithm, its limit, what it reports at `now`) is answered here, once.
+
+use crate::algo::fixed_window::{self, FixedState};
+use crate::algo::gcra::{self, GcraRequest, GcraState};
+use crate::algo::sliding_log::{self, LogState, LogWrite};
+use crate::algo::sliding_window::{self, SlidingState};
+use crate::decision::{Decision, Overflow};
+use crate::params::{GcraParams, WindowParams};
+use crate::time::Instant;
+
+/// Algorithm names what a key holds: it is part of the key's state, and a call with another
+/// algorithm is an error, never a silent reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// GCRA (`RL.GCRA`, `CL.THROTTLE`, `GCRA` specs).
+    Gcra,
+    /// Fixed window counter.
+    Fixed,
+    /// Sliding window counter.
+    Sliding,
+    /// Exact sliding log.
+    Log,
+}
+
+impl Algorithm {
+    /// What a key of this algorithm holds, as errors name it (`FIXED window`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Gcra => "GCRA limiter",
+            Self::Fixed => "FIXED window",
+            Self::Sliding => "SLIDING window",
+            Self::Log => "LOG window",
+        }
+    }
+}
+
+/// State is the owned value of one limiter key. The window states are boxed so that a GCRA
+/// key, the most common, stays small.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum State {
+    /// A GCRA key.
+    Gcra(GcraState),
+    /// A FIXED window key.
+    Fixed(Box<FixedState>),
+    /// A SLIDING window key.
+    Sliding(Box<SlidingState>),
+    /// A LOG window key.
+    Log(Box<LogState>),
+}
+
+/// StateRef is a key's value seen where it lies (GCRA by value: its stored form is packed).
+#[derive(Debug, Clone, Copy)]
+pub enum StateRef<'a> {
+    /// A GCRA key.
+    Gcra(GcraState),
+    /// A FIXED window key.
+    Fixed(&'a FixedState),
+    /// A SLIDING window key.
+    Sliding(&'a SlidingState),
+    /// A LOG window key.
+    Log(&'a LogState),
+}
+
+impl State {
+    /// Returns a borrowed view.
+    pub fn as_ref(&self) -> StateRef<'_> {
+        match self {
+            Self::Gcra(g) => StateRef::Gcra(*g),
+            Self::Fixed(s) => StateRef::Fixed(s),
+            Self::Sliding(s) => StateRef::Sliding(s),
+            Self::Log(s) => StateRef::Log(s),
+        }
+    }
+}
+
+impl StateRef<'_> {
+    /// Which algorithm the key holds.
+    pub fn algorithm(self) -> Algorithm {
+        match self {
+            Self::Gcra(_) => Algorithm::Gcra,
+            Self::Fixed(_) => Algorithm::Fixed,
+            Self::Sliding(_) => Algorithm::Sliding,
+            Self::Log(_) => Algorithm::Log,
+        }
+    }
+
+    /// The limit (burst for GCRA) of the key's last write.
+    pub fn limit(self) -> u64 {
+        match self {
+            Self::Gcra(g) => g.burst,
+            Self::Fixed(s) => s.limit,
+            Self::Sliding(s) => s.limit,
+            Self::Log(s) => s.limit,
+        }
+    }
+
+    /// What `QUANTITY 0` would report at `now` under the parameters of the key's last write
+    /// (used where a command has no parameters of its own, e.g. RL.REFUND).
+    ///
+    /// Errors: [`Overflow`] if the stored state's arithmetic leaves 64-bit nanoseconds (not
+    /// possible for a state that decodes).
+    pub fn report(self, now: Instant) -> Result<Decision, Overflow> {
+        let window = |limit, window| WindowParams::new(limit, window).map_err(|_| Overflow);
+        Ok(match self {
+            Self::Gcra(g) => {
+                let p = GcraParams::from_interval(g.burst, g.emission_interval)
+                    .map_err(|_| Overflow)?;
+                gcra::decide(&p, Some(&g), now, GcraRequest::of(0))?.decision
+            }
+            Self::Fixed(s) => {
+                fixed_window::decide(&window(s.limit, s.window)?, Some(s), now, 0)?.decision
+            }
+            Self::Sliding(s) => {
+                sliding_window::decide(&window(s.limit, s.window)?, Some(s), now, 0)?.decision
+            }
+            Self::Log(s) => {
+                sliding_log::decide(&window(s.limit, s.window)?, Some(s), now, 0)?.decision
+            }
+        })
+    }
+
+    /// Gives back up to `quantity` requests at `now` (RL.REFUND): GCRA moves its TAT back,
+    /// FIXED and SLIDING lower the current window's count, LOG removes its most recent
+    /// requests. Pure: the returned action is the caller's to carry out.
+    pub fn refund(self, now: Instant, quantity: u64) -> Refund {
+        let decided = |refunded: u64, after: Option<Write>| Refund {
+            refunded,
+            action: match (refunded, after) {
+                (0, _) => RefundAction::Nothing,
+                (_, None) => RefundAction::Delete,
+                (_, Some(write)) => RefundAction::Store(write),
+            },
+        };
+        match self {
+            Self::Gcra(g) => {
+                let (after, n) = gcra::refund(&g, now, quantity);
+                decided(n, after.map(Write::Gcra))
+            }
+            Self::Fixed(s) => {
+                let (after, n) = fixed_window::refund(s, now, quantity);
+                decided(n, after.map(Write::Fixed))
+            }
+            Self::Sliding(s) => {
+                let (after, n) = sliding_window::refund(s, now, quantity);
+                decided(n, after.map(Write::Sliding))
+            }
+            Self::Log(s) => {
+                // Requests already out of the window are dropped by the refund; nothing in
+                // the window means nothing to give back and nothing touched (so master and
+                // replicas keep identical logs).
+                let in_window = s.in_window(now);
+                let refunded = quantity.min(in_window);
+                let after =
+                    (refunded < in_window).then_some(Write::LogRefund { at: now, quantity });
+                decided(refunded, after)
+            }
+        }
+    }
+
+    /// Returns an owned copy.
+    pub fn to_state(self) -> State {
+        match self {
+            Self::Gcra(g) => State::Gcra(g),
+            Self::Fixed(s) => State::Fixed(Box::new(*s)),
+            Self::Sliding(s) => State::Sliding(Box::new(*s)),
+            Self::Log(s) => State::Log(Box::new(s.clone())),
+        }
+    }
+}
+
+/// Refund is what RL.REFUND does to a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refund {
+    /// Requests actually given back.
+    pub refunded: u64,
+    /// What to do to the key.
+    pub action: RefundAction,
+}
+
+/// RefundAction is the change a refund makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundAction {
+    /// Nothing to give back: the key is not touched.
+    Nothing,
+    /// The key is idle again: delete it, exactly as if it had expired.
+    Delete,
+    /// Store this write.
+    Store(Write),
+}
+
+/// Write is what a command does to one key: a new state for GCRA and the counters (stored in
+/// place), an append or a refund for a LOG (applied in place). It is deterministic (every
+/// instant explicit), so it is also the effect replicas and the AOF apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// Store this GCRA state.
+    Gcra(GcraState),
+    /// Store this FIXED state.
+    Fixed(FixedState),
+    /// Store this SLIDING state.
+    Sliding(SlidingState),
+    /// Apply this admitted request to the LOG (creating it if missing).
+    Log(LogWrite),
+    /// Give back up to `quantity` of the most recent requests of a LOG at `at` (a missing
+    /// key stays missing).
+    LogRefund {
+        /// The refund's instant.
+        at: Instant,
+        /// Requests to give back.
+        quantity: u64,
+    },
+}
+
+/// Effect is what replicas and the AOF apply to a key (`RL.APPLY`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Replace the key's value with a whole state (AOF rewrite, and writes of GCRA and the
+    /// counters, whose encoding is their whole state).
+    Replace(State),
+    /// Apply a LOG write (append or refund) to the key's log.
+    Apply(Write),
+}
