@@ -3,49 +3,65 @@
 //! The log is one byte string of LEB128 varints: the oldest entry's count, then
 //! `(delta_ns, count)` per later instant, with run-length counts for requests at the same
 //! instant (two requests at one instant are one entry of count 2). Requests microseconds apart
-//! cost about 3–4 bytes each, against about 100 for a sorted-set member. Appending is O(1)
-//! amortised; dropping expired entries is O(entries dropped); scans for the first entry after
-//! a cutoff resume where the last one stopped (amortised O(1) while time moves forward).
+//! cost about 3–4 bytes each, against about 100 for a sorted-set member.
+//!
+//! Beside the bytes, an index of *marks* (the position, instant and running request count of
+//! every [`MARK_EVERY`]-th entry, about half a byte per entry) lets every question be answered
+//! by a binary search over the marks and a walk of at most [`MARK_EVERY`] entries, whatever
+//! the log holds: the first entry after an instant ([`RequestLog::count_after`], dropping what
+//! left the window), the entry holding the n-th request (a denial's `retry_after`), the
+//! newest requests (a refund). Two cached cursors make the usual patterns — time moving
+//! forward through one or two window lengths — amortised O(1): a scan resumes where the last
+//! scan for a nearby cutoff stopped.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
 
 use crate::time::Instant;
 
-/// RequestLog is a compact queue of `(instant_ns, count)` entries with strictly increasing
+/// Every `MARK_EVERY`-th entry is indexed: a walk between two marks decodes at most this
+/// many entries.
+pub const MARK_EVERY: u64 = 64;
+
+/// The position of one entry: its absolute number (entries appended since the log was last
+/// empty), the absolute byte position of its count varint (bytes written since then), its
+/// instant, and the absolute number of requests recorded before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Pos {
+    entry: u64,
+    count_at: usize,
+    at_ns: u64,
+    before: u64,
+}
+
+/// RequestLog is a compact queue of `(instant, count)` entries with strictly increasing
 /// instants.
 #[derive(Debug, Clone, Default)]
 pub struct RequestLog {
-    /// Instant of the oldest entry (meaningless when empty).
-    first_ns: u64,
-    /// Instant of the newest entry (meaningless when empty).
-    last_ns: u64,
-    /// Requests recorded (sum of counts).
-    total: u64,
-    /// Number of entries (distinct instants).
-    entries: u64,
-    /// The encoded entries start at `head`.
+    /// The encoded entries; the live ones start at the head's count varint.
     buf: Vec<u8>,
-    head: usize,
-    /// Where the last scan for expired entries stopped, so that calls which do not write
-    /// (PEEK, QUANTITY 0, denials) resume there instead of re-reading entries that already
-    /// left the window: amortised O(1) per call while time moves forward. A cache, not state:
-    /// it is not encoded, compared or hashed, and any change but an append resets it.
-    cursor: std::cell::Cell<Cursor>,
-}
-
-/// A position at the start of an entry: byte offset from `head`, the instant of the entry
-/// before it, and the requests recorded before it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Cursor {
-    offset: usize,
-    prev_at: u64,
-    before: u64,
+    /// Absolute byte position of `buf[0]` (bytes compacted away before it).
+    origin: usize,
+    /// The oldest entry (meaningful when the log is not empty).
+    head: Pos,
+    /// The newest entry (meaningful when the log is not empty).
+    tail: Pos,
+    /// Absolute number of requests recorded up to the newest entry, inclusive.
+    end_before: u64,
+    /// Every entry whose number is a multiple of [`MARK_EVERY`], oldest first.
+    marks: VecDeque<Pos>,
+    /// Recent scans, most recent first: a cutoff (ns) and the first entry after it. A cache,
+    /// not state: not encoded, compared or hashed; checked against the live range before
+    /// use, and reset when requests are taken back.
+    cursors: Cell<[Option<(u64, Pos)>; 2]>,
 }
 
 impl PartialEq for RequestLog {
     fn eq(&self, other: &Self) -> bool {
-        self.total == other.total
+        self.total() == other.total()
             && self.bytes() == other.bytes()
-            && (self.total == 0
-                || (self.first_ns == other.first_ns && self.last_ns == other.last_ns))
+            && (self.total() == 0
+                || (self.head.at_ns == other.head.at_ns && self.tail.at_ns == other.tail.at_ns))
     }
 }
 
@@ -53,7 +69,7 @@ impl Eq for RequestLog {}
 
 impl std::hash::Hash for RequestLog {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.total.hash(state);
+        self.total().hash(state);
         self.bytes().hash(state);
     }
 }
@@ -67,7 +83,8 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// Reads one LEB128 value at `*pos`, advancing it. None on truncation or overflow.
+/// Reads one LEB128 value at `*pos`, advancing it. None on truncation, overflow or a
+/// non-minimal encoding (so every log has exactly one byte form).
 fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
     let mut value: u64 = 0;
     let mut shift = 0u32;
@@ -80,7 +97,6 @@ fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
         }
         value |= bits.checked_shl(shift)?;
         if byte & 0x80 == 0 {
-            // Reject non-minimal encodings so every log has exactly one byte form.
             if byte == 0 && shift > 0 {
                 return None;
             }
@@ -93,181 +109,227 @@ fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
     }
 }
 
-/// Start index of the varint that ends at `end` (exclusive), not before `floor`.
-fn varint_start(buf: &[u8], floor: usize, end: usize) -> usize {
-    let mut i = end - 1;
-    while i > floor && buf[i - 1] & 0x80 != 0 {
-        i -= 1;
-    }
-    i
-}
-
 impl RequestLog {
     /// Requests recorded.
     pub fn total(&self) -> u64 {
-        self.total
+        self.end_before - self.head.before
     }
 
     /// Distinct instants recorded.
     pub fn entries(&self) -> u64 {
-        self.entries
+        if self.total() == 0 {
+            0
+        } else {
+            self.tail.entry - self.head.entry + 1
+        }
     }
 
     /// Instant of the newest entry, if any.
     pub fn last(&self) -> Option<Instant> {
-        (self.total > 0).then_some(Instant::from_ns(self.last_ns))
+        (self.total() > 0).then_some(Instant::from_ns(self.tail.at_ns))
     }
 
     /// Instant of the oldest entry, if any.
     pub fn first(&self) -> Option<Instant> {
-        (self.total > 0).then_some(Instant::from_ns(self.first_ns))
+        (self.total() > 0).then_some(Instant::from_ns(self.head.at_ns))
     }
 
     /// The encoded entries (the codec stores exactly these bytes).
     pub fn bytes(&self) -> &[u8] {
-        self.buf.get(self.head..).unwrap_or(&[])
+        if self.total() == 0 {
+            return &[];
+        }
+        self.buf.get(self.index(self.head)..).unwrap_or(&[])
     }
 
-    /// Bytes allocated for the log.
+    /// Bytes allocated for the log (entries and index).
     pub fn allocated_bytes(&self) -> usize {
-        self.buf.capacity()
+        self.buf.capacity() + self.marks.capacity() * std::mem::size_of::<Pos>()
+    }
+
+    /// Index into `buf` of an entry's count varint.
+    fn index(&self, p: Pos) -> usize {
+        p.count_at.saturating_sub(self.origin)
+    }
+
+    /// The count of the entry at `p`, and the index just after it.
+    fn count_of(&self, p: Pos) -> (u64, usize) {
+        let mut i = self.index(p);
+        let count = get_varint(&self.buf, &mut i).unwrap_or(0);
+        (count, i)
+    }
+
+    /// The entry after `p`, if `p` is not the newest.
+    fn next(&self, p: Pos) -> Option<Pos> {
+        if p.entry >= self.tail.entry {
+            return None;
+        }
+        #[cfg(test)]
+        tests::DECODED.with(|d| d.set(d.get() + 1));
+        let (count, mut i) = self.count_of(p);
+        let delta = get_varint(&self.buf, &mut i)?;
+        Some(Pos {
+            entry: p.entry + 1,
+            count_at: self.origin + i,
+            at_ns: p.at_ns.saturating_add(delta),
+            before: p.before.saturating_add(count),
+        })
+    }
+
+    /// Whether a cached position still names a live entry.
+    fn is_live(&self, p: Pos) -> bool {
+        self.total() > 0 && p.entry >= self.head.entry && p.entry <= self.tail.entry
+    }
+
+    /// The first entry after `cutoff_ns`, or None when every entry is at or before it.
+    /// Resumes from a cached cursor when one is close, else searches the marks; decodes at
+    /// most about 2 × [`MARK_EVERY`] entries.
+    fn seek_after(&self, cutoff_ns: u64) -> Option<Pos> {
+        if self.total() == 0 || self.tail.at_ns <= cutoff_ns {
+            return None;
+        }
+        if self.head.at_ns > cutoff_ns {
+            return Some(self.head);
+        }
+        // Here head.at ≤ cutoff < tail.at: the answer exists and is not the head. Every
+        // entry before a cursor's answer is at or before the cursor's cutoff, so for any
+        // later cutoff the answer is that entry or after it.
+        let cursors = self.cursors.get();
+        let resume = cursors
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, c)| c.map(|(cut, p)| (slot, cut, p)))
+            .filter(|&(_, cut, p)| cut <= cutoff_ns && self.is_live(p))
+            .max_by_key(|&(_, _, p)| p.entry);
+        // Walks forward from `p` (every entry before `p` at or before the cutoff) to the
+        // first entry after the cutoff, giving up after `steps`.
+        let walk = |mut p: Pos, steps: u64| -> Option<Pos> {
+            for _ in 0..=steps {
+                if p.at_ns > cutoff_ns {
+                    return Some(p);
+                }
+                p = self.next(p)?;
+            }
+            None
+        };
+        let used = resume.map(|(slot, _, _)| slot);
+        let found = resume
+            .and_then(|(_, _, p)| walk(p, MARK_EVERY))
+            .or_else(|| {
+                let start = self
+                    .last_mark(|m| m.at_ns <= cutoff_ns)
+                    .filter(|m| m.entry >= self.head.entry)
+                    .unwrap_or(self.head);
+                walk(start, MARK_EVERY + 1)
+            })?;
+        // Most recent first; a new stream of cutoffs evicts the older cursor.
+        let other = match used {
+            Some(0) => cursors[1],
+            _ => cursors[0],
+        };
+        self.cursors.set([Some((cutoff_ns, found)), other]);
+        Some(found)
+    }
+
+    /// The last mark satisfying `pred`, which must be monotone (true, then false).
+    fn last_mark(&self, pred: impl Fn(&Pos) -> bool) -> Option<Pos> {
+        let n = self.marks.partition_point(|m| pred(m));
+        n.checked_sub(1).and_then(|i| self.marks.get(i)).copied()
+    }
+
+    /// The entry holding the request of absolute number `r` (`head.before < r ≤ end`).
+    fn entry_holding(&self, r: u64) -> Option<Pos> {
+        if r <= self.head.before || r > self.end_before {
+            return None;
+        }
+        let mut p = self
+            .last_mark(|m| m.before < r)
+            .filter(|m| m.entry >= self.head.entry)
+            .unwrap_or(self.head);
+        loop {
+            let (count, _) = self.count_of(p);
+            if p.before.saturating_add(count) >= r {
+                return Some(p);
+            }
+            p = self.next(p)?;
+        }
     }
 
     /// Iterates `(instant, count)` from the oldest entry.
     pub fn iter(&self) -> impl Iterator<Item = (Instant, u64)> + '_ {
-        let bytes = self.bytes();
-        let mut pos = 0usize;
-        let mut at = self.first_ns;
-        let mut first = true;
+        let mut p = (self.total() > 0).then_some(self.head);
         std::iter::from_fn(move || {
-            if pos >= bytes.len() {
-                return None;
-            }
-            if !first {
-                at = at.saturating_add(get_varint(bytes, &mut pos)?);
-            }
-            first = false;
-            let count = get_varint(bytes, &mut pos)?;
-            Some((Instant::from_ns(at), count))
+            let here = p?;
+            p = self.next(here);
+            Some((Instant::from_ns(here.at_ns), self.count_of(here).0))
         })
     }
 
-    /// Requests recorded at instants after `cutoff` (None: all). O(entries at or before it),
-    /// amortised O(1) while cutoffs move forward.
+    /// Requests recorded at instants after `cutoff` (None: all).
     pub fn count_after(&self, cutoff: Option<Instant>) -> u64 {
         let Some(cutoff) = cutoff else {
-            return self.total;
+            return self.total();
         };
-        self.total.saturating_sub(self.seek(cutoff.as_ns()).before)
-    }
-
-    /// Returns the position of the first entry after `cutoff_ns`, resuming from the last
-    /// scan when time has not gone back.
-    fn seek(&self, cutoff_ns: u64) -> Cursor {
-        let bytes = self.bytes();
-        let mut c = self.cursor.get();
-        if c.offset > bytes.len() || (c.offset > 0 && c.prev_at > cutoff_ns) {
-            c = Cursor::default();
+        match self.seek_after(cutoff.as_ns()) {
+            Some(p) => self.end_before - p.before,
+            None => 0,
         }
-        while c.offset < bytes.len() {
-            let mut pos = c.offset;
-            let at = if c.offset == 0 {
-                self.first_ns
-            } else {
-                match get_varint(bytes, &mut pos) {
-                    Some(delta) => c.prev_at.saturating_add(delta),
-                    None => break,
-                }
-            };
-            if at > cutoff_ns {
-                break;
-            }
-            let Some(count) = get_varint(bytes, &mut pos) else {
-                break;
-            };
-            c = Cursor {
-                offset: pos,
-                prev_at: at,
-                before: c.before.saturating_add(count),
-            };
-        }
-        self.cursor.set(c);
-        c
     }
 
-    /// Iterates `(instant, count)` of the entries after `cutoff` (all with `None`).
-    pub fn iter_after(&self, cutoff: Option<Instant>) -> impl Iterator<Item = (Instant, u64)> + '_ {
-        let start = cutoff.map_or(Cursor::default(), |c| self.seek(c.as_ns()));
-        let bytes = self.bytes();
-        let mut pos = start.offset;
-        let mut prev = start.prev_at;
-        std::iter::from_fn(move || {
-            if pos >= bytes.len() {
-                return None;
-            }
-            let at = if pos == 0 {
-                self.first_ns
-            } else {
-                prev.saturating_add(get_varint(bytes, &mut pos)?)
-            };
-            let count = get_varint(bytes, &mut pos)?;
-            prev = at;
-            Some((Instant::from_ns(at), count))
-        })
+    /// The instant of the `n`-th request (1-based, oldest first) among those recorded after
+    /// `cutoff` (None: all), if there are that many.
+    pub fn nth_after(&self, cutoff: Option<Instant>, n: u64) -> Option<Instant> {
+        let first = match cutoff {
+            Some(c) => self.seek_after(c.as_ns())?,
+            None if self.total() > 0 => self.head,
+            None => return None,
+        };
+        let p = self.entry_holding(first.before.checked_add(n)?)?;
+        Some(Instant::from_ns(p.at_ns))
     }
 
-    fn reset_cursor(&self) {
-        self.cursor.set(Cursor::default());
-    }
-
-    /// Removes every entry at or before `cutoff`. O(entries removed), amortised.
+    /// Removes every entry at or before `cutoff`.
     pub fn drop_until(&mut self, cutoff: Instant) {
         let cutoff_ns = cutoff.as_ns();
-        if self.total > 0 && self.first_ns <= cutoff_ns {
-            self.reset_cursor();
+        if self.total() == 0 || self.head.at_ns > cutoff_ns {
+            return;
         }
-        while self.total > 0 && self.first_ns <= cutoff_ns {
-            let mut pos = self.head;
-            let Some(count) = get_varint(&self.buf, &mut pos) else {
-                self.clear();
-                return;
-            };
-            self.total = self.total.saturating_sub(count);
-            self.entries = self.entries.saturating_sub(1);
-            if self.total == 0 || pos >= self.buf.len() {
-                self.clear();
-                return;
-            }
-            let Some(delta) = get_varint(&self.buf, &mut pos) else {
-                self.clear();
-                return;
-            };
-            self.first_ns = self.first_ns.saturating_add(delta);
-            self.head = pos;
+        let Some(first_kept) = self.seek_after(cutoff_ns) else {
+            // Everything left the window: O(1), whatever the log held.
+            self.clear();
+            return;
+        };
+        self.head = first_kept;
+        while self
+            .marks
+            .front()
+            .is_some_and(|m| m.entry < first_kept.entry)
+        {
+            self.marks.pop_front();
         }
         self.compact();
     }
 
+    /// Empties the log and gives its memory back.
     fn clear(&mut self) {
-        self.reset_cursor();
-        self.total = 0;
-        self.entries = 0;
-        self.head = 0;
-        self.buf.clear();
-        self.buf.shrink_to(16);
+        *self = Self::default();
     }
 
-    /// Moves the live bytes to the front once the dead prefix is at least half the buffer, and
-    /// gives back memory when the log shrank a lot. O(1) amortised.
+    /// Moves the live bytes to the front once the dead prefix is at least half the buffer,
+    /// and gives back memory when the log shrank a lot. Amortised O(1) per byte dropped.
     fn compact(&mut self) {
-        if self.head > 0 && self.head * 2 >= self.buf.len() {
-            self.reset_cursor();
-            self.buf.drain(..self.head);
-            self.head = 0;
-            let len = self.buf.len();
-            if self.buf.capacity() > 2 * len + 64 {
-                self.buf.shrink_to(len + len / 2 + 16);
-            }
+        let head = self.index(self.head);
+        if head > 0 && head * 2 >= self.buf.len() {
+            self.buf.drain(..head);
+            self.origin += head;
+        }
+        let len = self.buf.len();
+        if self.buf.capacity() > 2 * len + 64 {
+            self.buf.shrink_to(len + len / 2 + 16);
+        }
+        if self.marks.capacity() > 2 * self.marks.len() + 8 {
+            self.marks
+                .shrink_to(self.marks.len() + self.marks.len() / 2 + 4);
         }
     }
 
@@ -283,70 +345,72 @@ impl RequestLog {
     /// earlier after a clock step back) joins the newest entry, which keeps instants strictly
     /// increasing and never lets a request leave the window early.
     pub fn push(&mut self, at: Instant, count: u64) {
-        let at_ns = at.as_ns();
         if count == 0 {
             return;
         }
-        if self.total == 0 {
+        let at_ns = at.as_ns();
+        if self.total() == 0 {
             self.clear();
             self.reserve(10);
             put_varint(&mut self.buf, count);
-            self.first_ns = at_ns;
-            self.last_ns = at_ns;
-            self.total = count;
-            self.entries = 1;
+            self.head = Pos {
+                entry: 0,
+                count_at: 0,
+                at_ns,
+                before: 0,
+            };
+            self.tail = self.head;
+            self.end_before = count;
+            self.marks.push_back(self.head);
             return;
         }
-        if at_ns <= self.last_ns {
-            // Merging rewrites the last entry's count, which a cursor may have passed.
-            self.reset_cursor();
-            let start = varint_start(&self.buf, self.head, self.buf.len());
-            let mut pos = start;
-            let old = get_varint(&self.buf, &mut pos).unwrap_or(0);
-            self.buf.truncate(start);
+        if at_ns <= self.tail.at_ns {
+            let i = self.index(self.tail);
+            let (old, _) = self.count_of(self.tail);
+            self.buf.truncate(i);
             self.reserve(10);
             put_varint(&mut self.buf, old.saturating_add(count));
         } else {
             self.reserve(20);
-            put_varint(&mut self.buf, at_ns - self.last_ns);
+            put_varint(&mut self.buf, at_ns - self.tail.at_ns);
+            let count_at = self.origin + self.buf.len();
             put_varint(&mut self.buf, count);
-            self.last_ns = at_ns;
-            self.entries += 1;
+            self.tail = Pos {
+                entry: self.tail.entry + 1,
+                count_at,
+                at_ns,
+                before: self.end_before,
+            };
+            if self.tail.entry % MARK_EVERY == 0 {
+                self.marks.push_back(self.tail);
+            }
         }
-        self.total = self.total.saturating_add(count);
+        self.end_before = self.end_before.saturating_add(count);
     }
 
     /// Removes up to `count` of the most recent requests; returns how many were removed.
-    pub fn pop_back(&mut self, mut count: u64) -> u64 {
-        self.reset_cursor();
-        let mut removed = 0;
-        while count > 0 && self.total > 0 {
-            let end = self.buf.len();
-            let count_start = varint_start(&self.buf, self.head, end);
-            let mut pos = count_start;
-            let last = get_varint(&self.buf, &mut pos).unwrap_or(0);
-            if last > count {
-                self.buf.truncate(count_start);
-                put_varint(&mut self.buf, last - count);
-                self.total -= count;
-                removed += count;
-                break;
-            }
-            removed += last;
-            count -= last;
-            self.total = self.total.saturating_sub(last);
-            self.entries = self.entries.saturating_sub(1);
-            if count_start <= self.head || self.total == 0 {
-                self.clear();
-                break;
-            }
-            let delta_start = varint_start(&self.buf, self.head, count_start);
-            let mut pos = delta_start;
-            let delta = get_varint(&self.buf, &mut pos).unwrap_or(0);
-            self.buf.truncate(delta_start);
-            self.last_ns = self.last_ns.saturating_sub(delta);
+    pub fn pop_back(&mut self, count: u64) -> u64 {
+        let total = self.total();
+        if count >= total {
+            self.clear();
+            return total;
         }
-        removed
+        self.cursors.set([None, None]);
+        let keep_through = self.end_before - count;
+        let Some(last) = self.entry_holding(keep_through) else {
+            self.clear();
+            return total;
+        };
+        let i = self.index(last);
+        self.buf.truncate(i);
+        put_varint(&mut self.buf, keep_through - last.before);
+        self.tail = last;
+        self.end_before = keep_through;
+        while self.marks.back().is_some_and(|m| m.entry > last.entry) {
+            self.marks.pop_back();
+        }
+        self.compact();
+        count
     }
 
     /// Rebuilds a log from its codec fields, validating everything: entries parse exactly,
@@ -356,41 +420,45 @@ impl RequestLog {
         if total == 0 {
             return bytes.is_empty().then(Self::default);
         }
-        let (first_ns, last_ns) = (first.as_ns(), last.as_ns());
+        let mut log = Self {
+            buf: Vec::with_capacity(bytes.len()),
+            ..Self::default()
+        };
+        log.buf.extend_from_slice(bytes);
         let mut pos = 0usize;
-        let mut at = first_ns;
-        let mut sum = 0u64;
-        let mut entries = 0u64;
-        while pos < bytes.len() {
-            if entries > 0 {
-                let delta = get_varint(bytes, &mut pos)?;
-                if delta == 0 {
-                    return None;
-                }
-                at = at.checked_add(delta)?;
-            }
+        let mut p = Pos {
+            entry: 0,
+            count_at: 0,
+            at_ns: first.as_ns(),
+            before: 0,
+        };
+        loop {
             let count = get_varint(bytes, &mut pos)?;
             if count == 0 {
                 return None;
             }
-            sum = sum.checked_add(count)?;
-            entries += 1;
+            if p.entry % MARK_EVERY == 0 {
+                log.marks.push_back(p);
+            }
+            let end = p.before.checked_add(count)?;
+            if pos == bytes.len() {
+                log.head = log.marks.front().copied()?;
+                log.tail = p;
+                log.end_before = end;
+                break;
+            }
+            let delta = get_varint(bytes, &mut pos)?;
+            if delta == 0 {
+                return None;
+            }
+            p = Pos {
+                entry: p.entry + 1,
+                count_at: pos,
+                at_ns: p.at_ns.checked_add(delta)?,
+                before: end,
+            };
         }
-        if sum != total || at != last_ns {
-            return None;
-        }
-        let mut buf = Vec::new();
-        buf.reserve_exact(bytes.len());
-        buf.extend_from_slice(bytes);
-        Some(Self {
-            first_ns,
-            last_ns,
-            total,
-            entries,
-            buf,
-            head: 0,
-            cursor: Default::default(),
-        })
+        (log.end_before == total && log.tail.at_ns == last.as_ns()).then_some(log)
     }
 }
 
@@ -399,8 +467,79 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    thread_local! {
+        /// Entries stepped over by `next`, to prove the work bounds.
+        pub static DECODED: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Entries decoded by `f`.
+    fn decoded_by<R>(f: impl FnOnce() -> R) -> (R, u64) {
+        DECODED.with(|d| d.set(0));
+        let r = f();
+        (r, DECODED.with(Cell::get))
+    }
+
     fn t(ns: u64) -> Instant {
         Instant::from_ns(ns)
+    }
+
+    /// 200,000 entries 1 ms apart: an hour-long window of a busy key.
+    fn long_log() -> RequestLog {
+        let mut log = RequestLog::default();
+        for i in 0..200_000u64 {
+            log.push(t(1_000_000_000 + i * 1_000_000), 1);
+        }
+        log
+    }
+
+    #[test]
+    fn any_seek_decodes_a_bounded_number_of_entries_whatever_the_log_holds() {
+        let log = long_log();
+        let last = log.last().unwrap().as_ns();
+        for cut_ms in [0u64, 1, 63, 64, 65, 99_999, 150_000, 199_998] {
+            let cut = t(1_000_000_000 + cut_ms * 1_000_000);
+            let (n, work) = decoded_by(|| log.count_after(Some(cut)));
+            assert_eq!(n, 199_999 - cut_ms);
+            assert!(work <= 2 * MARK_EVERY + 2, "count_after: {work} entries");
+            // The n-th request after the cutoff, for any n (a lowered limit's denial).
+            for nth in [1u64, 2, 1_000, 99_000] {
+                let (at, work) = decoded_by(|| log.nth_after(Some(cut), nth));
+                let expected =
+                    (cut_ms + nth < 200_000).then(|| t(1_000_000_000 + (cut_ms + nth) * 1_000_000));
+                assert_eq!(at, expected);
+                assert!(work <= 3 * MARK_EVERY + 4, "nth_after: {work} entries");
+            }
+        }
+        assert!(last > 0);
+    }
+
+    #[test]
+    fn reading_through_two_windows_alternately_is_amortised_constant() {
+        let log = long_log();
+        let start = 1_000_000_000 + 100_000 * 1_000_000;
+        let (_, work) = decoded_by(|| {
+            for step in 0..10_000u64 {
+                let now = start + step * 1_000_000;
+                log.count_after(Some(t(now - 60_000 * 1_000_000))); // the last minute
+                log.count_after(Some(t(now - 3_600_000 * 1_000_000 / 40))); // 90 s
+            }
+        });
+        // 20,000 reads moving 10,000 entries forward in each window.
+        assert!(
+            work <= 3 * 10_000 + 4 * MARK_EVERY,
+            "{work} entries for 20,000 reads"
+        );
+    }
+
+    #[test]
+    fn refunds_and_drops_touch_a_bounded_number_of_entries() {
+        let mut log = long_log();
+        let (_, work) = decoded_by(|| log.pop_back(150_000));
+        assert!(work <= 2 * MARK_EVERY + 2, "pop_back: {work} entries");
+        assert_eq!(log.total(), 50_000);
+        let (_, work) = decoded_by(|| log.drop_until(t(1_000_000_000 + 30_000 * 1_000_000)));
+        assert!(work <= 2 * MARK_EVERY + 2, "drop_until: {work} entries");
+        assert_eq!(log.total(), 19_999);
     }
 
     #[test]
@@ -436,8 +575,9 @@ mod tests {
         }
         // 37 µs apart: 3 bytes of delta + 1 byte of count.
         assert_eq!(log.bytes().len(), 40_000 - 3);
+        // Entries, slack under one third, and the index at about half a byte per entry.
         assert!(
-            log.allocated_bytes() <= 4 * 10_000 * 3 / 2 + 64,
+            log.allocated_bytes() <= 4 * 10_000 * 3 / 2 + 10_000 / 2 + 64,
             "{}",
             log.allocated_bytes()
         );
@@ -466,44 +606,116 @@ mod tests {
         ); // non-minimal
     }
 
+    #[test]
+    fn dropping_a_whole_log_gives_its_memory_back() {
+        let mut log = RequestLog::default();
+        for i in 0..100_000u64 {
+            log.push(t(1_000 + i * 1_000), 1);
+        }
+        assert!(log.allocated_bytes() > 200_000);
+        log.drop_until(t(u64::MAX / 2));
+        assert_eq!(log.total(), 0);
+        assert_eq!(log.allocated_bytes(), 0);
+    }
+
+    /// A brute-force model: one `(instant, count)` per entry.
+    #[derive(Default, Debug)]
+    struct Model(Vec<(u64, u64)>);
+
+    impl Model {
+        fn push(&mut self, at: u64, c: u64) {
+            match self.0.last_mut() {
+                Some(last) if at <= last.0 => last.1 += c,
+                _ => self.0.push((at, c)),
+            }
+        }
+        fn total(&self) -> u64 {
+            self.0.iter().map(|e| e.1).sum()
+        }
+        fn after(&self, cutoff: u64) -> Vec<(u64, u64)> {
+            self.0.iter().copied().filter(|e| e.0 > cutoff).collect()
+        }
+        fn drop_until(&mut self, cutoff: u64) {
+            self.0.retain(|e| e.0 > cutoff);
+        }
+        fn pop_back(&mut self, mut n: u64) -> u64 {
+            let mut removed = 0;
+            while n > 0 {
+                let Some(last) = self.0.last_mut() else { break };
+                let k = n.min(last.1);
+                last.1 -= k;
+                n -= k;
+                removed += k;
+                if last.1 == 0 {
+                    self.0.pop();
+                }
+            }
+            removed
+        }
+    }
+
+    fn check(log: &RequestLog, model: &Model) -> Result<(), TestCaseError> {
+        let listed: Vec<(u64, u64)> = log.iter().map(|(a, c)| (a.as_ns(), c)).collect();
+        prop_assert_eq!(&listed, &model.0);
+        prop_assert_eq!(log.total(), model.total());
+        prop_assert_eq!(log.entries(), model.0.len() as u64);
+        let rebuilt = RequestLog::from_parts(
+            log.first().unwrap_or_default(),
+            log.last().unwrap_or_default(),
+            log.total(),
+            log.bytes(),
+        );
+        prop_assert_eq!(rebuilt.as_ref(), Some(log));
+        Ok(())
+    }
+
     proptest! {
+        /// Every operation, with cutoffs that go back and forth (the cursor cache and the
+        /// marks in play), agrees with a brute-force model.
         #[test]
-        fn scans_that_resume_count_like_a_full_scan(
-            ops in prop::collection::vec((0u8..4, 0u64..2_000, 1u64..4), 1..120),
+        fn every_operation_agrees_with_a_brute_force_model(
+            ops in prop::collection::vec((0u8..6, 0u64..4_000, 1u64..4), 1..400),
         ) {
-            // Pushes, pops, drops and count queries with cutoffs that go back and forth: the
-            // resumable scan always agrees with counting from the start.
             let mut log = RequestLog::default();
+            let mut model = Model::default();
             let mut now = 10_000u64;
             for (op, x, c) in ops {
                 match op {
-                    0 => { now += x % 50; log.push(t(now), c); }
-                    1 => { log.pop_back(c); }
-                    2 => { log.drop_until(t(now.saturating_sub(x))); }
+                    0 | 1 => { now += x % 50; log.push(t(now), c); model.push(now, c); }
+                    2 => { prop_assert_eq!(log.pop_back(c), model.pop_back(c)); }
+                    3 => { let cut = now.saturating_sub(x); log.drop_until(t(cut)); model.drop_until(cut); }
+                    4 => {
+                        let cut = now.saturating_sub(x);
+                        let after = model.after(cut);
+                        prop_assert_eq!(log.count_after(Some(t(cut))), after.iter().map(|e| e.1).sum::<u64>());
+                    }
                     _ => {
-                        let cutoff = t(now.saturating_sub(x));
-                        let brute: u64 = log.iter().filter(|e| e.0 > cutoff).map(|e| e.1).sum();
-                        prop_assert_eq!(log.count_after(Some(cutoff)), brute);
-                        let listed: Vec<_> = log.iter_after(Some(cutoff)).collect();
-                        let expected: Vec<_> = log.iter().filter(|e| e.0 > cutoff).collect();
-                        prop_assert_eq!(listed, expected);
+                        let cut = now.saturating_sub(x);
+                        let after = model.after(cut);
+                        let n = 1 + x % 7;
+                        let mut seen = 0;
+                        let expected = after.iter().find(|e| { seen += e.1; seen >= n }).map(|e| t(e.0));
+                        prop_assert_eq!(log.nth_after(Some(t(cut)), n), expected);
                     }
                 }
+                check(&log, &model)?;
             }
         }
 
+        /// Long logs (many marks) with two window lengths read alternately.
         #[test]
-        fn log_round_trips_through_parts(pushes in prop::collection::vec((0u64..1_000_000, 1u64..4), 0..50),
-                                         pops in 0u64..20, drop_at in 0u64..30_000_000) {
+        fn alternating_cutoffs_on_a_long_log_count_exactly(
+            gaps in prop::collection::vec(1u64..1_000, 200..3_000),
+            reads in prop::collection::vec((0u64..3, 0u64..2_000_000), 1..60),
+        ) {
             let mut log = RequestLog::default();
-            let mut now = 1_000u64;
-            for (gap, c) in pushes { now += gap; log.push(t(now), c); }
-            log.drop_until(t(drop_at));
-            log.pop_back(pops);
-            let (first, last) = (log.first().unwrap_or_default(), log.last().unwrap_or_default());
-            let rebuilt = RequestLog::from_parts(first, last, log.total(), log.bytes());
-            prop_assert_eq!(rebuilt.as_ref(), Some(&log));
-            prop_assert_eq!(log.iter().map(|e| e.1).sum::<u64>(), log.total());
+            let mut model = Model::default();
+            let mut now = 1_000_000u64;
+            for g in gaps { now += g; log.push(t(now), 1); model.push(now, 1); }
+            for (which, back) in reads {
+                let cut = now.saturating_sub(match which { 0 => 1_000 + back / 100, 1 => 500_000 + back / 10, _ => back });
+                prop_assert_eq!(log.count_after(Some(t(cut))), model.after(cut).len() as u64);
+            }
         }
     }
 }

@@ -138,20 +138,15 @@ pub fn decide(
             write: Some(write),
         });
     }
-    // Denied: wait until `need` of the oldest requests in the window have left it.
+    // Denied: wait until `need` of the oldest requests in the window have left it, i.e. the
+    // `need`-th of them. Found through the log's index: bounded work whatever the log holds
+    // (even when a lowered limit leaves almost the whole log to wait for).
     let need = after - params.limit;
-    let mut freed = 0u64;
-    let mut leaves_at = None;
-    if let Some(l) = log {
-        for (at, count) in l.iter_after(cutoff) {
-            freed += count;
-            if freed >= need {
-                leaves_at = Some(at.checked_add(params.window).ok_or(Overflow)?);
-                break;
-            }
-        }
-    }
-    // `need` ≤ in_window, so some entry frees enough; the fallback is only defensive.
+    let leaves_at = match log.and_then(|l| l.nth_after(cutoff, need)) {
+        Some(at) => Some(at.checked_add(params.window).ok_or(Overflow)?),
+        None => None,
+    };
+    // `need` ≤ in_window, so the log holds that request; the fallback is only defensive.
     let at = leaves_at.unwrap_or(now.saturating_add(params.window));
     let verdict = Verdict::Denied {
         retry_after: at.saturating_since(now).max(Span::from_ns(1)),
