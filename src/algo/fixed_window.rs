@@ -40,9 +40,17 @@ pub fn current_count(stored: Option<&FixedState>, window_start: Instant) -> u64 
     }
 }
 
+/// The instant a state is judged at: `now`, or the state's last write if that is later (a
+/// clock that stepped back, a failover to a host whose clock is behind). A stored state is
+/// never re-dated into an earlier window, so a step back never admits more than the limit.
+pub fn judged_at(stored: Option<&FixedState>, now: Instant) -> Instant {
+    stored.map_or(now, |s| now.max(s.updated_at))
+}
+
 /// Decides one FIXED request of `quantity` at `now` (the RL.WINDOW FIXED rule of
 /// `docs/reference.md`): admitted iff `count + quantity ≤ limit`. `retry_after` and
-/// `reset_after` run to the window's end.
+/// `reset_after` run to the window's end. A state written later than `now` is judged at its
+/// last write ([`judged_at`]), and the durations still count from `now`.
 ///
 /// Errors: [`Overflow`] if the window's end leaves 64-bit nanoseconds.
 pub fn decide(
@@ -51,7 +59,8 @@ pub fn decide(
     now: Instant,
     quantity: u64,
 ) -> Result<Outcome<FixedState>, Overflow> {
-    let window_start = now.floor_to(params.window);
+    let at = judged_at(stored, now);
+    let window_start = at.floor_to(params.window);
     let window_end = window_start.checked_add(params.window).ok_or(Overflow)?;
     let to_end = window_end.saturating_since(now);
     let count = current_count(stored, window_start);
@@ -89,7 +98,7 @@ pub fn decide(
         limit: params.limit,
         window_start,
         count: count_after,
-        updated_at: now,
+        updated_at: at,
     };
     Ok(Outcome {
         decision: report(Verdict::Allowed, count_after),
@@ -100,7 +109,7 @@ pub fn decide(
 /// Gives back up to `quantity` requests to the current window at `now`; returns the new
 /// state (None when nothing is counted any more) and how many were given back.
 pub fn refund(state: &FixedState, now: Instant, quantity: u64) -> (Option<FixedState>, u64) {
-    let window_start = now.floor_to(state.window);
+    let window_start = judged_at(Some(state), now).floor_to(state.window);
     let count = current_count(Some(state), window_start);
     let refunded = quantity.min(count);
     let left = count - refunded;
@@ -208,6 +217,66 @@ mod tests {
         assert_eq!(refund(&s, at(10 * S), 1), (None, 0));
     }
 
+    #[test]
+    fn clock_stepping_back_never_admits_more_than_the_limit() {
+        // Limit 5 per 60 s: 3 requests; the clock steps back an hour; 2 more, then denied;
+        // the clock is corrected: still denied. 5 in all, not 10.
+        let p = WindowParams::new(5, span(60 * S)).unwrap();
+        let mut stored = None;
+        let mut admitted = 0;
+        let mut ask = |now: Instant| {
+            let out = decide(&p, stored.as_ref(), now, 1).unwrap();
+            if let Some(w) = out.write {
+                stored = Some(w);
+                admitted += 1;
+            }
+            out.decision
+        };
+        let t0 = at(10 * S);
+        for _ in 0..3 {
+            assert!(ask(t0).verdict.is_allowed());
+        }
+        let back = t0.saturating_sub(span(3600 * S));
+        assert!(ask(back).verdict.is_allowed());
+        assert!(ask(back).verdict.is_allowed());
+        let denied_back = ask(back);
+        assert!(!denied_back.verdict.is_allowed());
+        for i in 0..5 {
+            assert!(!ask(t0.saturating_add(span(100 * MS + i)))
+                .verdict
+                .is_allowed());
+        }
+        assert_eq!(admitted, 5);
+    }
+
+    #[test]
+    fn a_key_exhausted_before_a_step_back_reports_an_honest_retry() {
+        let p = WindowParams::new(5, span(60 * S)).unwrap();
+        let s = decide(&p, None, at(4 * S), 5).unwrap().write.unwrap();
+        let back = at(4 * S).saturating_sub(span(3600 * S));
+        let out = decide(&p, Some(&s), back, 1).unwrap();
+        let Verdict::Denied { retry_after } = out.decision.verdict else {
+            panic!("expected a denial, got {:?}", out.decision.verdict)
+        };
+        // Denied until the stored window has passed in real time: about an hour, not 56 s.
+        assert!(retry_after > span(3600 * S), "{retry_after:?}");
+        let then = back.saturating_add(retry_after);
+        assert!(!decide(&p, Some(&s), then.saturating_sub(span(1)), 1)
+            .unwrap()
+            .decision
+            .verdict
+            .is_allowed());
+        assert!(decide(&p, Some(&s), then, 1)
+            .unwrap()
+            .decision
+            .verdict
+            .is_allowed());
+        assert_eq!(
+            out.decision.reset_after,
+            retry_after.max(out.decision.reset_after)
+        );
+    }
+
     proptest! {
         #[test]
         fn retry_after_is_honest(limit in 1u64..20, window_ms in 1u64..5000,
@@ -236,6 +305,25 @@ mod tests {
                 }
             }
             prop_assert!(per_window.values().all(|&c| c <= limit));
+        }
+
+        #[test]
+        fn retry_after_is_honest_under_clock_steps(limit in 1u64..20, window_ms in 1u64..5000,
+                                 steps in prop::collection::vec((0u64..3_000_000_000, 0u64..6, any::<bool>()), 1..40),
+                                 qty in 1u64..6) {
+            // The clock moves forward, or steps back by up to two windows.
+            let p = WindowParams::new(limit, span(window_ms * MS)).unwrap();
+            let mut now = at(3600 * S);
+            let mut stored = None;
+            for (gap, q, back) in steps {
+                now = if back { now.saturating_sub(span(gap % (2 * window_ms * MS))) } else { now.saturating_add(span(gap)) };
+                if let Some(w) = decide(&p, stored.as_ref(), now, q).unwrap().write {
+                    stored = Some(w);
+                }
+            }
+            let out = decide(&p, stored.as_ref(), now, qty).unwrap();
+            prop_assert!(out.decision.remaining <= limit);
+            check_retry_honest(out.decision.verdict, now, |t| decide(&p, stored.as_ref(), t, qty).unwrap().decision.verdict)?;
         }
     }
 }

@@ -89,11 +89,20 @@ fn earliest_offset(prev: u64, room: u128, from: Span, window: Span) -> Option<Sp
     (e < window).then_some(e.max(from))
 }
 
+/// The instant a state is judged at: `now`, or the state's last write if that is later (a
+/// clock that stepped back, a failover to a host whose clock is behind). A stored state is
+/// never re-dated into an earlier window, so a step back never admits more than the limit.
+pub fn judged_at(stored: Option<&SlidingState>, now: Instant) -> Instant {
+    stored.map_or(now, |s| now.max(s.updated_at))
+}
+
 /// Decides one SLIDING request of `quantity` at `now` (the RL.WINDOW SLIDING rule of
 /// `docs/reference.md`): admitted iff `estimate + quantity ≤ limit`;
 /// `remaining = floor(limit − estimate)` after the request; the key is idle at the end of the
 /// next window while `curr > 0`, at the end of the current one while only `prev > 0`;
-/// `retry_after` is the earliest instant the estimate admits the request.
+/// `retry_after` is the earliest instant the estimate admits the request. A state written
+/// later than `now` is judged at its last write ([`judged_at`]), and the durations still
+/// count from `now`.
 ///
 /// Errors: [`Overflow`] if a window end leaves 64-bit nanoseconds.
 pub fn decide(
@@ -103,11 +112,12 @@ pub fn decide(
     quantity: u64,
 ) -> Result<Outcome<SlidingState>, Overflow> {
     let w = params.window;
-    let start = now.floor_to(w);
-    let elapsed = now.saturating_since(start);
+    let at = judged_at(stored, now);
+    let start = at.floor_to(w);
+    let elapsed = at.saturating_since(start);
     let end = start.checked_add(w).ok_or(Overflow)?;
     let next_end = end.checked_add(w).ok_or(Overflow)?;
-    let counts = current_counts(stored, now, w);
+    let counts = current_counts(stored, at, w);
     let w_ns = u128::from(w.as_ns());
     let limit_scaled = u128::from(params.limit) * w_ns;
     let report = |verdict: Verdict, c: Counts| {
@@ -151,7 +161,7 @@ pub fn decide(
             window_start: start,
             prev: after.prev,
             curr: after.curr,
-            updated_at: now,
+            updated_at: at,
         };
         return Ok(Outcome {
             decision: report(Verdict::Allowed, after),
@@ -162,7 +172,7 @@ pub fn decide(
     let room_now =
         u128::from(params.limit).checked_sub(u128::from(counts.curr) + u128::from(quantity));
     let in_this_window = room_now.and_then(|room| earliest_offset(counts.prev, room, elapsed, w));
-    let at = match in_this_window {
+    let admits_at = match in_this_window {
         Some(offset) => start.saturating_add(offset),
         None => {
             // Next window: the current count becomes the previous one, nothing is current.
@@ -174,7 +184,7 @@ pub fn decide(
         }
     };
     let verdict = Verdict::Denied {
-        retry_after: at.saturating_since(now).max(Span::from_ns(1)),
+        retry_after: admits_at.saturating_since(now).max(Span::from_ns(1)),
     };
     Ok(Outcome {
         decision: report(verdict, counts),
@@ -186,19 +196,10 @@ pub fn decide(
 /// new state (None when both counts are gone) and how many were given back.
 pub fn refund(state: &SlidingState, now: Instant, quantity: u64) -> (Option<SlidingState>, u64) {
     let w = state.window;
-    let start = now.floor_to(w);
-    if state.window_start > start || state.updated_at >= start.saturating_add(w) {
-        // Written in a window later than now's (a clock that stepped back, a failover to a
-        // host whose clock is behind): give back from the stored current count, in the
-        // stored windows, so the state keeps every invariant it was written with.
-        let refunded = quantity.min(state.curr);
-        let curr = state.curr - refunded;
-        if curr == 0 && state.prev == 0 {
-            return (None, refunded);
-        }
-        return (Some(SlidingState { curr, ..*state }), refunded);
-    }
-    let counts = current_counts(Some(state), now, w);
+    // Judged at the last write if that is later than now: the state stays in its windows.
+    let at = judged_at(Some(state), now);
+    let start = at.floor_to(w);
+    let counts = current_counts(Some(state), at, w);
     let refunded = quantity.min(counts.curr);
     let curr = counts.curr - refunded;
     if curr == 0 && counts.prev == 0 {
@@ -315,6 +316,66 @@ mod tests {
         assert_eq!((after, n), (None, 5));
     }
 
+    #[test]
+    fn clock_stepping_back_never_admits_more_than_the_limit() {
+        // Limit 5 per 60 s: 3 requests; the clock steps back an hour; 2 more, then denied;
+        // the clock is corrected: still denied. 5 in all, not 10.
+        let p = WindowParams::new(5, span(60 * S)).unwrap();
+        let mut stored = None;
+        let mut admitted = 0;
+        let mut ask = |now: Instant| {
+            let out = decide(&p, stored.as_ref(), now, 1).unwrap();
+            if let Some(w) = out.write {
+                stored = Some(w);
+                admitted += 1;
+            }
+            out.decision
+        };
+        let t0 = at(10 * S);
+        for _ in 0..3 {
+            assert!(ask(t0).verdict.is_allowed());
+        }
+        let back = t0.saturating_sub(span(3600 * S));
+        assert!(ask(back).verdict.is_allowed());
+        assert!(ask(back).verdict.is_allowed());
+        let denied_back = ask(back);
+        assert!(!denied_back.verdict.is_allowed());
+        for i in 0..5 {
+            assert!(!ask(t0.saturating_add(span(100 * MS + i)))
+                .verdict
+                .is_allowed());
+        }
+        assert_eq!(admitted, 5);
+    }
+
+    #[test]
+    fn a_key_exhausted_before_a_step_back_reports_an_honest_retry() {
+        let p = WindowParams::new(5, span(60 * S)).unwrap();
+        let s = decide(&p, None, at(4 * S), 5).unwrap().write.unwrap();
+        let back = at(4 * S).saturating_sub(span(3600 * S));
+        let out = decide(&p, Some(&s), back, 1).unwrap();
+        let Verdict::Denied { retry_after } = out.decision.verdict else {
+            panic!("expected a denial, got {:?}", out.decision.verdict)
+        };
+        // Denied until the stored window has passed in real time: about an hour, not 56 s.
+        assert!(retry_after > span(3600 * S), "{retry_after:?}");
+        let then = back.saturating_add(retry_after);
+        assert!(!decide(&p, Some(&s), then.saturating_sub(span(1)), 1)
+            .unwrap()
+            .decision
+            .verdict
+            .is_allowed());
+        assert!(decide(&p, Some(&s), then, 1)
+            .unwrap()
+            .decision
+            .verdict
+            .is_allowed());
+        assert_eq!(
+            out.decision.reset_after,
+            retry_after.max(out.decision.reset_after)
+        );
+    }
+
     proptest! {
         #[test]
         fn retry_after_is_honest(limit in 1u64..20, window_ms in 1u64..5000,
@@ -342,6 +403,25 @@ mod tests {
                     prop_assert_eq!(idle.decision.reset_after, Span::ZERO);
                 }
             }
+        }
+
+        #[test]
+        fn retry_after_is_honest_under_clock_steps(limit in 1u64..20, window_ms in 1u64..5000,
+                                 steps in prop::collection::vec((0u64..3_000_000_000, 0u64..6, any::<bool>()), 1..40),
+                                 qty in 1u64..6) {
+            // The clock moves forward, or steps back by up to two windows.
+            let p = WindowParams::new(limit, span(window_ms * MS)).unwrap();
+            let mut now = at(3600 * S);
+            let mut stored = None;
+            for (gap, q, back) in steps {
+                now = if back { now.saturating_sub(span(gap % (2 * window_ms * MS))) } else { now.saturating_add(span(gap)) };
+                if let Some(w) = decide(&p, stored.as_ref(), now, q).unwrap().write {
+                    stored = Some(w);
+                }
+            }
+            let out = decide(&p, stored.as_ref(), now, qty).unwrap();
+            prop_assert!(out.decision.remaining <= limit);
+            check_retry_honest(out.decision.verdict, now, |t| decide(&p, stored.as_ref(), t, qty).unwrap().decision.verdict)?;
         }
     }
 }
