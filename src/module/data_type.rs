@@ -66,6 +66,11 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The scratch buffer keeps at most this much between calls: enough for every effect and
+/// every state but a large LOG, whose encoding is freed once used (so a `DUMP` of a big log
+/// does not keep its size in `used_memory`).
+const SCRATCH_KEEP: usize = 1024;
+
 /// Calls `f` with the bytes that `encode` writes into a reused buffer (no allocation per
 /// call in the steady state).
 pub fn with_scratch<R>(encode: impl FnOnce(&mut Vec<u8>), f: impl FnOnce(&[u8]) -> R) -> R {
@@ -73,7 +78,11 @@ pub fn with_scratch<R>(encode: impl FnOnce(&mut Vec<u8>), f: impl FnOnce(&[u8]) 
         Ok(mut buf) => {
             buf.clear();
             encode(&mut buf);
-            f(&buf)
+            let result = f(&buf);
+            if buf.capacity() > SCRATCH_KEEP {
+                *buf = Vec::new();
+            }
+            result
         }
         Err(_) => {
             let mut buf = Vec::new();

@@ -99,6 +99,11 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
                 c"gcra_parameter_sets".as_ptr(),
                 params_table::len() as u64,
             );
+            field(
+                ctx,
+                c"gcra_parameter_table_static_bytes".as_ptr(),
+                params_table::STATIC_BYTES as u64,
+            );
         }
     })
 }

@@ -99,6 +99,9 @@ fn tagged<T>(b: Box<T>, tag: usize) -> *mut c_void {
     if let Some(algorithm) = algorithm_of(tag) {
         stats::key_created(algorithm);
     }
+    if tag == TAG_GCRA_COMPACT {
+        params_table::value_created();
+    }
     let p = Box::into_raw(b) as usize;
     debug_assert_eq!(p & TAG_MASK, 0);
     (p | tag) as *mut c_void
@@ -228,6 +231,9 @@ pub unsafe fn free(raw: *mut c_void) {
     }
     if let Some(algorithm) = algorithm_of(tag(raw)) {
         stats::key_freed(algorithm);
+    }
+    if tag(raw) == TAG_GCRA_COMPACT {
+        params_table::value_freed();
     }
     // SAFETY: per the contract, the untagged pointer came from `Box::into_raw` of the tag's
     // type in `tagged`, and this is its only release.
