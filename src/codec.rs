@@ -40,15 +40,18 @@ use crate::algo::sliding_log::{LogState, LogWrite};
 use crate::algo::sliding_window::SlidingState;
 use crate::params::{GcraParams, WindowParams};
 use crate::request_log::RequestLog;
-use crate::state::{Effect, State, StateRef, Write};
+use crate::state::{Effect, Event, State, StateRef, Write};
 use crate::time::{Instant, Span};
 
 /// Version 1: GCRA only, without the instant of the last write.
 pub const VERSION_GCRA_ONLY: u8 = 1;
 /// Version 2: GCRA with its last write; FIXED, SLIDING and LOG; LOG append/refund effects.
 pub const VERSION_WINDOWS: u8 = 2;
+/// Version 3: effects name the command that made them (so replicas and AOF loading emit the
+/// master's keyspace events) and can delete a key; LEASE states.
+pub const VERSION_LEASES: u8 = 3;
 /// The newest encoding version this build writes. Every older version stays decodable.
-pub const ENCODING_VERSION: u8 = VERSION_WINDOWS;
+pub const ENCODING_VERSION: u8 = VERSION_LEASES;
 
 const TAG_GCRA: u8 = 1;
 const TAG_FIXED: u8 = 2;
@@ -56,7 +59,9 @@ const TAG_SLIDING: u8 = 3;
 const TAG_LOG: u8 = 4;
 const TAG_LOG_APPEND: u8 = 0x81;
 const TAG_LOG_REFUND: u8 = 0x82;
+const TAG_DELETE: u8 = 0x83;
 const TAG_EXPIRY: u8 = 0x90;
+const TAG_EVENT: u8 = 0x91;
 
 /// DecodeError says why bytes are not a valid state or effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,11 +207,18 @@ pub fn encode_expiry_prefix_into(expire_at_ms: i64, out: &mut Vec<u8>) {
     out.extend_from_slice(&expire_at_ms.to_le_bytes());
 }
 
+/// Appends the event prefix (tag 0x91): the effect that follows was made by the command
+/// whose keyspace event is `event`.
+pub fn encode_event_prefix_into(event: Event, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_EVENT, event.code()]);
+}
+
 /// Appends the encoding of `effect` to `out`.
 pub fn encode_effect_into(effect: &Effect, out: &mut Vec<u8>) {
     match effect {
         Effect::Replace(state) => encode_state_into(state.as_ref(), out),
         Effect::Apply(write) => encode_write_into(write, out),
+        Effect::Delete => out.extend_from_slice(&[ENCODING_VERSION, TAG_DELETE]),
     }
 }
 
@@ -375,20 +387,52 @@ pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
     Ok(state)
 }
 
-/// Decodes an `RL.APPLY` blob: an optional expiry prefix, then an effect. Returns the effect
-/// and the absolute expiry (ms since the epoch), if any.
+/// Applied is a decoded `RL.APPLY` blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// What to do to the key.
+    pub effect: Effect,
+    /// The key's absolute expiry, ms since the epoch, if the blob sets one.
+    pub expire_at_ms: Option<i64>,
+    /// The command that made the effect, if the blob names it (version 3 on).
+    pub event: Option<Event>,
+}
+
+/// Decodes an `RL.APPLY` blob: optional prefixes (an expiry, an event; each at most once, in
+/// any order), then an effect.
 ///
 /// Errors: see [`DecodeError`]. Never panics, whatever the input.
-pub fn decode_applied(bytes: &[u8]) -> Result<(Effect, Option<i64>), DecodeError> {
-    let (_, tag, mut r) = header(bytes)?;
-    if tag != TAG_EXPIRY {
-        return Ok((decode_effect(bytes)?, None));
+pub fn decode_applied(bytes: &[u8]) -> Result<Applied, DecodeError> {
+    let mut rest = bytes;
+    let (mut expire_at_ms, mut event) = (None, None);
+    loop {
+        let (version, tag, mut r) = header(rest)?;
+        match tag {
+            TAG_EXPIRY if expire_at_ms.is_none() => {
+                let ms = r.u64()? as i64;
+                if ms < 0 {
+                    return Err(DecodeError::OutOfRange("expire_at_ms"));
+                }
+                expire_at_ms = Some(ms);
+            }
+            TAG_EVENT if version >= VERSION_LEASES && event.is_none() => {
+                let [code, tail @ ..] = r.rest else {
+                    return Err(DecodeError::Truncated);
+                };
+                event = Some(Event::from_code(*code).ok_or(DecodeError::OutOfRange("event"))?);
+                r.rest = tail;
+            }
+            TAG_EXPIRY | TAG_EVENT => return Err(DecodeError::UnknownAlgorithm(tag)),
+            _ => {
+                return Ok(Applied {
+                    effect: decode_effect(rest)?,
+                    expire_at_ms,
+                    event,
+                })
+            }
+        }
+        rest = r.rest;
     }
-    let expire_at_ms = r.u64()? as i64;
-    if expire_at_ms < 0 {
-        return Err(DecodeError::OutOfRange("expire_at_ms"));
-    }
-    Ok((decode_effect(r.rest)?, Some(expire_at_ms)))
 }
 
 /// Decodes and validates an effect (a state, or a LOG append/refund).
@@ -410,6 +454,7 @@ pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
                 quantity,
             }))
         }
+        (VERSION_LEASES.., TAG_DELETE) => Effect::Delete,
         (VERSION_WINDOWS.., TAG_LOG_REFUND) => {
             let (at_ns, quantity) = (r.u64()?, r.u64()?);
             Effect::Apply(Write::LogRefund {
@@ -557,28 +602,60 @@ mod tests {
                 quantity: 1
             }))
         );
+        let refund = Effect::Apply(Write::LogRefund {
+            at: Instant::from_ns(1),
+            quantity: 1,
+        });
         let mut applied = Vec::new();
         encode_expiry_prefix_into(1234, &mut applied);
         applied.extend_from_slice(&effect);
         assert_eq!(
             decode_applied(&applied),
-            Ok((
-                Effect::Apply(Write::LogRefund {
-                    at: Instant::from_ns(1),
-                    quantity: 1
-                }),
-                Some(1234)
-            ))
+            Ok(Applied {
+                effect: refund.clone(),
+                expire_at_ms: Some(1234),
+                event: None
+            })
         );
         assert_eq!(
             decode_applied(&effect),
-            Ok((
-                Effect::Apply(Write::LogRefund {
-                    at: Instant::from_ns(1),
-                    quantity: 1
-                }),
-                None
-            ))
+            Ok(Applied {
+                effect: refund.clone(),
+                expire_at_ms: None,
+                event: None
+            })
+        );
+        // Version 3: the event, in either order with the expiry; each prefix once.
+        let mut named = Vec::new();
+        encode_event_prefix_into(Event::Refund, &mut named);
+        named.extend_from_slice(&applied);
+        assert_eq!(
+            decode_applied(&named),
+            Ok(Applied {
+                effect: refund,
+                expire_at_ms: Some(1234),
+                event: Some(Event::Refund)
+            })
+        );
+        let mut twice = Vec::new();
+        encode_event_prefix_into(Event::Refund, &mut twice);
+        twice.extend_from_slice(&named);
+        assert!(decode_applied(&twice).is_err());
+        let mut deleted = Vec::new();
+        encode_event_prefix_into(Event::Refund, &mut deleted);
+        encode_effect_into(&Effect::Delete, &mut deleted);
+        assert_eq!(
+            decode_applied(&deleted).map(|a| a.effect),
+            Ok(Effect::Delete)
+        );
+        assert_eq!(
+            decode(&deleted[3..]),
+            Err(DecodeError::UnknownAlgorithm(TAG_DELETE))
+        );
+        deleted[2] = 200;
+        assert_eq!(
+            decode_applied(&deleted),
+            Err(DecodeError::OutOfRange("event"))
         );
         assert_eq!(decode_applied(&applied[..12]), Err(DecodeError::Truncated));
     }

@@ -224,4 +224,75 @@ pub enum Effect {
     Replace(State),
     /// Apply a LOG write (append or refund) to the key's log.
     Apply(Write),
+    /// Delete the key (a refund back to idle).
+    Delete,
+}
+
+impl Effect {
+    /// The keyspace event for an effect that does not name the command that made it (an
+    /// AOF rewrite's snapshot of a key, or a blob from a version before events were
+    /// recorded): the command that writes such a state.
+    pub fn default_event(&self) -> Event {
+        match self {
+            Self::Replace(State::Gcra(_)) => Event::Gcra,
+            Self::Replace(_) | Self::Apply(Write::Log(_)) => Event::Window,
+            Self::Apply(Write::Gcra(_)) => Event::Gcra,
+            Self::Apply(Write::Fixed(_) | Write::Sliding(_)) => Event::Window,
+            Self::Apply(Write::LogRefund { .. }) | Self::Delete => Event::Refund,
+        }
+    }
+}
+
+/// Event is the keyspace notification a write emits, named after the command that made it;
+/// replicas and AOF loading emit the same (the effect carries it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// `rl.gcra`
+    Gcra,
+    /// `rl.window`
+    Window,
+    /// `rl.all`
+    All,
+    /// `rl.refund`
+    Refund,
+    /// `cl.throttle`
+    Throttle,
+}
+
+impl Event {
+    /// Every event, by its code.
+    const ALL: [Event; 5] = [
+        Event::Gcra,
+        Event::Window,
+        Event::All,
+        Event::Refund,
+        Event::Throttle,
+    ];
+
+    /// The event's name, as subscribers see it.
+    pub fn name(self) -> &'static std::ffi::CStr {
+        match self {
+            Self::Gcra => c"rl.gcra",
+            Self::Window => c"rl.window",
+            Self::All => c"rl.all",
+            Self::Refund => c"rl.refund",
+            Self::Throttle => c"cl.throttle",
+        }
+    }
+
+    /// The event's one-byte code in effects (stable: written to AOF files).
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Gcra => 1,
+            Self::Window => 2,
+            Self::All => 3,
+            Self::Refund => 4,
+            Self::Throttle => 5,
+        }
+    }
+
+    /// The event of a code, if known.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.code() == code)
+    }
 }

@@ -83,6 +83,13 @@ impl Instant {
         }
     }
 
+    /// Whether this instant lies within 20 years (twice the longest period) of the end of
+    /// 64-bit nanosecond time, in the year 2554: a server clock this late, not the request,
+    /// is what makes time arithmetic overflow.
+    pub fn is_near_the_end_of_time(self) -> bool {
+        self.0 > u64::MAX - 2 * MAX_PERIOD.0
+    }
+
     /// Returns the milliseconds since the epoch, rounded up (an absolute expiry is never
     /// early), saturating at `i64::MAX`.
     pub fn ceil_unix_ms(self) -> i64 {

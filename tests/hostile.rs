@@ -50,7 +50,7 @@ fn forged_restore_payloads_are_refused() {
         ("trailing bytes", [good_gcra.clone(), vec![0]].concat()),
         (
             "future encoding version",
-            [vec![3], good_gcra[1..].to_vec()].concat(),
+            [vec![4], good_gcra[1..].to_vec()].concat(),
         ),
         ("version 0", [vec![0], good_gcra[1..].to_vec()].concat()),
         (

@@ -8,7 +8,7 @@ use redis_rl::codec;
 fuzz_target!(|data: &[u8]| {
     if let Ok(state) = codec::decode(data) {
         let again = codec::encode(&state);
-        // Version-1 input re-encodes as version 2; anything else round-trips exactly.
+        // Input of an older version re-encodes as the newest; the newest round-trips exactly.
         if data.first() == Some(&codec::ENCODING_VERSION) {
             assert_eq!(again, data);
         }

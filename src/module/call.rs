@@ -116,6 +116,13 @@ impl<'a> Call<'a> {
         ffi::context_flags(self.ctx) & gate != 0
     }
 
+    /// Whether the server is out of memory: `maxmemory` is reached and eviction could not
+    /// make room. Limiting commands check it themselves (they are not flagged `deny-oom`) so
+    /// that denials and reports still answer while only writes are refused.
+    pub fn is_out_of_memory(&self) -> bool {
+        ffi::context_flags(self.ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
+    }
+
     /// Propagates this command as received to the AOF and sub-replicas (a replica applying
     /// its master's effect records the same effect).
     pub fn replicate_verbatim(&self) {

@@ -5,6 +5,7 @@ use crate::decision::Overflow;
 use crate::limit::SpecError;
 use crate::params::ParamError;
 use crate::state::Algorithm;
+use crate::time::{Instant, NANOS_PER_SEC};
 
 /// Everything a command can fail with. Each becomes exactly one reply string in
 /// [`CommandError::reply_text`].
@@ -12,8 +13,14 @@ use crate::state::Algorithm;
 pub enum CommandError {
     /// A bad argument value; the error names it.
     Param(ParamError),
-    /// Time arithmetic would overflow 64-bit nanoseconds.
+    /// Time arithmetic would overflow 64-bit nanoseconds because of the request's parameters.
     Overflow(Overflow),
+    /// Time arithmetic would overflow because the server's clock reads a time within 20 years
+    /// of the end of 64-bit nanosecond time (the year 2554).
+    ClockOverflow {
+        /// The clock's reading, seconds since the epoch.
+        now_s: u64,
+    },
     /// The key holds another Redis type.
     WrongType,
     /// The key holds a limiter of another algorithm.
@@ -44,6 +51,9 @@ pub enum CommandError {
     MissingValue(&'static str),
     /// Wrong number of arguments (checked again here although Redis checks the arity).
     Arity(&'static str),
+    /// A write refused because the server is out of memory (`maxmemory` reached, nothing to
+    /// evict).
+    OutOfMemory,
     /// An internal command sent by a normal client.
     InternalOnly(&'static str),
     /// A replicated state that does not decode.
@@ -66,18 +76,29 @@ impl From<SpecError> for CommandError {
     }
 }
 
-impl From<Overflow> for CommandError {
-    fn from(e: Overflow) -> Self {
-        Self::Overflow(e)
-    }
-}
-
 impl CommandError {
+    /// The error for an arithmetic overflow at `now`: the clock's fault when it reads a time
+    /// near the end of 64-bit nanosecond time, else the request's.
+    pub fn overflow(overflow: Overflow, now: Instant) -> Self {
+        if now.is_near_the_end_of_time() {
+            Self::ClockOverflow {
+                now_s: now.as_ns() / NANOS_PER_SEC,
+            }
+        } else {
+            Self::Overflow(overflow)
+        }
+    }
+
     /// Returns the full error reply, code included.
     pub fn reply_text(&self) -> String {
         match self {
             Self::Param(e) => format!("ERR {e}"),
             Self::Overflow(e) => format!("ERR {e}"),
+            Self::ClockOverflow { now_s } => format!(
+                "ERR arithmetic overflow: the server's clock reads {now_s} s since the epoch, too \
+                 close to the year 2554 where 64-bit nanosecond time ends; check the server's \
+                 clock"
+            ),
             Self::WrongType => {
                 "WRONGTYPE Operation against a key holding the wrong kind of value".to_owned()
             }
@@ -97,6 +118,10 @@ impl CommandError {
             Self::Syntax(what) => format!("ERR syntax error: {what}"),
             Self::MissingValue(kw) => format!("ERR syntax error: {kw} needs a value"),
             Self::Arity(cmd) => format!("ERR wrong number of arguments for '{cmd}' command"),
+            // The server's own text for commands refused under `maxmemory`.
+            Self::OutOfMemory => {
+                "OOM command not allowed when used memory > 'maxmemory'.".to_owned()
+            }
             Self::InternalOnly(cmd) => format!(
                 "ERR {cmd} is internal: it is accepted only from the replication stream or AOF"
             ),

@@ -1,7 +1,7 @@
 //! Opening a limiter key, loading its state (WRONGTYPE here), storing a write with an
 //! absolute expiry, and telling the server about it (replication, WATCH, keyspace event).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 
 use redis_module::raw;
 
@@ -11,7 +11,7 @@ use super::error::CommandError;
 use super::value;
 use crate::codec;
 use crate::limit::shown;
-use crate::state::{State, StateRef, Write};
+use crate::state::{Effect, Event, State, StateRef, Write};
 
 /// LimiterKey is a key opened by the running command, closed on drop.
 ///
@@ -145,17 +145,38 @@ impl<'a> LimiterKey<'a> {
         }
     }
 
-    /// After a write: propagates the effect that `encode` writes, with the expiry
-    /// `expire_at_ms` (`RL.APPLY key <blob>`), to replicas and the AOF, signals the
-    /// modification (WATCH) and emits the keyspace event `event`.
-    pub fn announce(&self, encode: impl FnOnce(&mut Vec<u8>), expire_at_ms: i64, event: &CStr) {
-        // Two arguments only (the key and one blob holding expiry and effect): every extra
-        // argument costs the server an allocation per write.
-        let encode_all = |buf: &mut Vec<u8>| {
-            codec::encode_expiry_prefix_into(expire_at_ms, buf);
-            encode(buf);
-        };
-        with_scratch(encode_all, |bytes| {
+    /// After a write: propagates `write` with the expiry `expire_at_ms` and the event
+    /// (`RL.APPLY key <blob>`) to replicas and the AOF, signals the modification (WATCH) and
+    /// emits the keyspace event `event`.
+    pub fn announce(&self, write: &Write, expire_at_ms: i64, event: Event) {
+        self.replicate(
+            |buf| {
+                codec::encode_event_prefix_into(event, buf);
+                codec::encode_expiry_prefix_into(expire_at_ms, buf);
+                codec::encode_write_into(write, buf);
+            },
+            event,
+        );
+    }
+
+    /// After a deletion: propagates it (`RL.APPLY key <blob>`, so replicas emit the same
+    /// event), signals the modification and emits the event.
+    pub fn announce_delete(&self, event: Event) {
+        self.replicate(
+            |buf| {
+                codec::encode_event_prefix_into(event, buf);
+                codec::encode_effect_into(&Effect::Delete, buf);
+            },
+            event,
+        );
+    }
+
+    /// Propagates `RL.APPLY key <blob>` with the blob that `encode` writes, then signals the
+    /// modification and emits `event`.
+    fn replicate(&self, encode: impl FnOnce(&mut Vec<u8>), event: Event) {
+        // Two arguments only (the key and one blob holding event, expiry and effect): every
+        // extra argument costs the server an allocation per write.
+        with_scratch(encode, |bytes| {
             // SAFETY: `ctx` is the live context of the running command; the format "sb"
             // takes the key string and a (pointer, length) pair that outlives the call.
             unsafe {
@@ -174,20 +195,8 @@ impl<'a> LimiterKey<'a> {
         self.signal(event);
     }
 
-    /// After a deletion: propagates `DEL key`, signals the modification and emits the event.
-    pub fn announce_delete(&self, event: &CStr) {
-        // SAFETY: `ctx` is the live context of the running command; the format "s" takes
-        // the key string.
-        unsafe {
-            if let Some(replicate) = raw::RedisModule_Replicate {
-                replicate(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name.raw());
-            }
-        }
-        self.signal(event);
-    }
-
     /// Signals the modification (WATCH) and emits the keyspace event `event`.
-    pub fn signal(&self, event: &CStr) {
+    pub fn signal(&self, event: Event) {
         // SAFETY: `ctx` is the live context of the running command; `event` is
         // NUL-terminated and the key name is one of its arguments.
         unsafe {
@@ -198,7 +207,7 @@ impl<'a> LimiterKey<'a> {
                 notify(
                     self.ctx,
                     raw::REDISMODULE_NOTIFY_MODULE,
-                    event.as_ptr(),
+                    event.name().as_ptr(),
                     self.name.raw(),
                 );
             }

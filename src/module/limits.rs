@@ -3,8 +3,6 @@
 //! on every key and may write, store each write with its absolute expiry → announce it
 //! (replicate the effect, signal WATCH, emit the keyspace event).
 
-use std::ffi::CStr;
-
 use smallvec::SmallVec;
 
 use super::call::{Access, Arg, Call};
@@ -14,7 +12,7 @@ use super::keys::LimiterKey;
 use crate::codec;
 use crate::decision::{combine, Decision};
 use crate::limit::{Limit, LimitError, Request};
-use crate::state::Write;
+use crate::state::{Event, Write};
 use crate::time::Instant;
 
 /// Per-key results, inline for the usual one or two keys.
@@ -32,16 +30,19 @@ pub struct Decided {
 /// writes when every limit admits it, emitting `event` for each key written.
 ///
 /// Errors (nothing is written): WRONGTYPE, a key of another algorithm, arithmetic overflow,
-/// a state that would not load back.
+/// a state that would not load back, out of memory for a write.
 pub fn decide<'a>(
     call: &Call<'a>,
     checks: &[(Arg<'a>, Limit)],
     request: Request,
     peek: bool,
     now: Instant,
-    event: &CStr,
+    event: Event,
 ) -> Result<Decided, CommandError> {
     let may_write = !peek && request.quantity > 0;
+    // Memory is judged as the command starts (as the server judges `deny-oom` commands,
+    // after its eviction attempt), before this call's own allocations.
+    let out_of_memory = may_write && call.is_out_of_memory();
     let access = if may_write {
         Access::Write
     } else {
@@ -77,6 +78,11 @@ pub fn decide<'a>(
         all => combine(all),
     };
     if may_write && combined.verdict.is_allowed() {
+        // Out of memory, a limiter still denies (above, as usual) but refuses to write: a
+        // fail-open client would otherwise admit everyone exactly when Redis is full.
+        if out_of_memory && writes.iter().any(Option::is_some) {
+            return Err(CommandError::OutOfMemory);
+        }
         for (key, write) in keys.iter_mut().zip(&writes) {
             if let Some((write, expire_at_ms)) = write {
                 commit(key, write, *expire_at_ms, event);
@@ -88,14 +94,10 @@ pub fn decide<'a>(
 
 /// Makes a decided write: stores it (in place where possible), sets the absolute expiry,
 /// replicates the effect and emits the keyspace event `event`.
-pub fn commit(key: &mut LimiterKey<'_>, write: &Write, expire_at_ms: i64, event: &CStr) {
+pub fn commit(key: &mut LimiterKey<'_>, write: &Write, expire_at_ms: i64, event: Event) {
     key.store(write);
     key.set_expire_at(expire_at_ms);
-    key.announce(
-        |buf| codec::encode_write_into(write, buf),
-        expire_at_ms,
-        event,
-    );
+    key.announce(write, expire_at_ms, event);
 }
 
 /// Refuses a write whose state would not load back (RDB, replica, AOF): a safety net under

@@ -12,6 +12,7 @@ use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, KEY, MULTIPLE, STRI
 use crate::module::error::CommandError;
 use crate::module::limits::{self, PerKey};
 use crate::module::stats::Counters;
+use crate::state::Event;
 use crate::params;
 
 /// RL.ALL.
@@ -43,6 +44,21 @@ const ARGS: &[DocArg] = &[
     docs::PEEK,
 ];
 
+/// Words that begin a spec.
+fn is_spec_kind(word: &[u8]) -> bool {
+    word.eq_ignore_ascii_case(b"GCRA") || word.eq_ignore_ascii_case(b"WINDOW")
+}
+
+/// When `numkeys` swallowed spec words as keys: the words after the keys cannot hold one
+/// spec per key (each spec has at least 3 words) and a spec keyword stands among the keys.
+/// Returns how many keys come before that keyword.
+fn specs_start_early(keys: &[Arg<'_>], words_after: usize) -> Option<usize> {
+    if words_after >= keys.len().saturating_mul(3) {
+        return None;
+    }
+    keys.iter().position(|k| is_spec_kind(k.bytes()))
+}
+
 /// A fully validated RL.ALL call.
 struct AllCall<'a> {
     checks: PerKey<(Arg<'a>, Limit)>,
@@ -61,6 +77,12 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
             "numkeys is larger than the number of arguments".into(),
         ))?;
     let (keys, rest) = rest.split_at(n);
+    if let Some(after) = specs_start_early(keys, rest.len()) {
+        return Err(CommandError::Syntax(format!(
+            "numkeys is {n}, but the specs do not match it: the first spec starts after {after} \
+             key(s) (give numkeys keys, then one spec per key)"
+        )));
+    }
     // O(n): a hash set of the key bytes (n is bounded only by the argument count).
     let mut seen = std::collections::HashSet::with_capacity(keys.len());
     for key in keys {
@@ -99,7 +121,7 @@ impl Command for All {
     const SPEC: CommandSpec = CommandSpec {
         name: c"RL.ALL",
         display: "RL.ALL",
-        flags: c"write deny-oom getkeys-api",
+        flags: c"write getkeys-api",
         arity: -5,
         keys: Keys::AfterNumkeys,
         summary: c"Several limits in one atomic decision: admit on all keys or on none",
@@ -114,7 +136,7 @@ impl Command for All {
         let c = parse(call.args())?;
         let now = clock::now();
         let request = Request::of(c.options.quantity);
-        let decided = limits::decide(call, &c.checks, request, c.options.peek, now, c"rl.all")?;
+        let decided = limits::decide(call, &c.checks, request, c.options.peek, now, Event::All)?;
         call.reply_array(2);
         call.reply_integers(&five(&decided.combined));
         call.reply_array(decided.per_key.len());
@@ -125,16 +147,23 @@ impl Command for All {
     }
 
     /// The keys are arguments `2 ..= numkeys + 1` (Redis 7.0 routes movable keys in a
-    /// cluster through this callback only).
+    /// cluster through this callback only). A call whose `numkeys` the arguments cannot hold,
+    /// or whose specs do not match it, has no keys: it fails with a syntax error wherever it
+    /// runs, and no spec word is reported as a key.
     fn key_positions(call: &Call<'_>) {
         let args = call.args();
+        let rest = args.get(2..).unwrap_or(&[]);
         let n = args
             .get(1)
             .and_then(|a| crate::time::parse_count(a.bytes()))
             .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= rest.len())
             .unwrap_or(0);
-        let last = n.saturating_add(1).min(args.len().saturating_sub(1));
-        for pos in 2..=last {
+        let keys = rest.get(..n).unwrap_or(&[]);
+        if specs_start_early(keys, rest.len().saturating_sub(n)).is_some() {
+            return;
+        }
+        for pos in 2..2 + n {
             call.key_at(pos);
         }
     }

@@ -27,7 +27,7 @@ impl Command for Apply {
     const SPEC: CommandSpec = CommandSpec {
         name: c"RL.APPLY",
         display: "RL.APPLY",
-        flags: c"write deny-oom",
+        flags: c"write",
         arity: 3,
         keys: Keys::First,
         summary: c"Internal: stores a limiter state from the replication stream or AOF",
@@ -45,20 +45,30 @@ impl Command for Apply {
         let [_, key, blob] = call.args() else {
             return Err(CommandError::Arity("rl.apply"));
         };
-        let (effect, expire_at_ms) =
-            codec::decode_applied(blob.bytes()).map_err(CommandError::BadState)?;
+        let applied = codec::decode_applied(blob.bytes()).map_err(CommandError::BadState)?;
+        // The master's event; an effect that does not name one (an AOF rewrite's snapshot, a
+        // blob from before version 3) gets the event of the command that writes such a state.
+        let event = applied
+            .event
+            .unwrap_or_else(|| applied.effect.default_event());
         let mut limiter = call.open(*key, Access::Write);
-        match effect {
-            Effect::Replace(state) => limiter.replace(state),
-            Effect::Apply(write) => limiter.store(&write),
-        }
-        let deleted = limiter.is_empty_log();
+        let deleted = match applied.effect {
+            Effect::Replace(state) => {
+                limiter.replace(state);
+                false
+            }
+            Effect::Apply(write) => {
+                limiter.store(&write);
+                limiter.is_empty_log()
+            }
+            Effect::Delete => true,
+        };
         if deleted {
             limiter.delete();
-        } else if let Some(ms) = expire_at_ms {
+        } else if let Some(ms) = applied.expire_at_ms {
             limiter.set_expire_at(ms);
         }
-        limiter.signal(c"rl.apply");
+        limiter.signal(event);
         drop(limiter);
         // A replica with its own AOF records the effect as is.
         call.replicate_verbatim();

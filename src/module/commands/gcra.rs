@@ -10,6 +10,7 @@ use crate::module::docs::{self, arg, opt, Arg as DocArg, INTEGER};
 use crate::module::error::CommandError;
 use crate::module::limits;
 use crate::module::stats::Counters;
+use crate::state::Event;
 use crate::params::{self, GcraParams};
 use crate::time::Span;
 
@@ -75,7 +76,7 @@ impl Command for Gcra {
     const SPEC: CommandSpec = CommandSpec {
         name: c"RL.GCRA",
         display: "RL.GCRA",
-        flags: c"write deny-oom fast",
+        flags: c"write fast",
         arity: -5,
         keys: Keys::First,
         summary: c"GCRA (token bucket) rate limit: admit or deny a request of QUANTITY",
@@ -89,7 +90,7 @@ impl Command for Gcra {
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
         let now = clock::now();
-        let decided = limits::decide(call, &[(c.key, c.limit)], c.request, c.peek, now, c"rl.gcra")?;
+        let decided = limits::decide(call, &[(c.key, c.limit)], c.request, c.peek, now, Event::Gcra)?;
         call.reply_integers(&five(&decided.combined));
         Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
     }

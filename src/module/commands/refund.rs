@@ -9,16 +9,13 @@ use crate::module::docs::{self, arg, Arg as DocArg, INTEGER};
 use crate::module::error::CommandError;
 use crate::module::limits::check_storable;
 use crate::module::stats::Counters;
-use crate::codec;
 use crate::params;
-use crate::state::RefundAction;
+use crate::state::{Event, RefundAction};
 
 /// RL.REFUND.
 pub struct Refund;
 
 static COUNTERS: Counters = Counters::new(c"refund");
-
-const EVENT: &std::ffi::CStr = c"rl.refund";
 
 const ARGS: &[DocArg] = &[
     docs::KEY_ARG,
@@ -29,7 +26,7 @@ impl Command for Refund {
     const SPEC: CommandSpec = CommandSpec {
         name: c"RL.REFUND",
         display: "RL.REFUND",
-        flags: c"write deny-oom fast",
+        flags: c"write fast",
         arity: 3,
         keys: Keys::First,
         summary: c"Gives back requests to a limiter key of any algorithm",
@@ -52,7 +49,9 @@ impl Command for Refund {
             return Ok(Counted::Denied);
         };
         let limit = stored.limit();
-        let before = stored.report(now)?;
+        let before = stored
+            .report(now)
+            .map_err(|o| CommandError::overflow(o, now))?;
         let refund = stored.refund(now, quantity);
         let reply = |refunded: u64, remaining: u64, reset_after: crate::time::Span| {
             call.reply_integers(&[
@@ -69,7 +68,7 @@ impl Command for Refund {
             RefundAction::Delete => {
                 // Back to idle: the key goes, exactly as if it had expired.
                 key.delete();
-                key.announce_delete(EVENT);
+                key.announce_delete(Event::Refund);
                 reply(refund.refunded, limit, crate::time::Span::ZERO);
                 Ok(Counted::Allowed)
             }
@@ -79,12 +78,14 @@ impl Command for Refund {
                 check_storable(&write)?;
                 key.store(&write);
                 let after = match key.load()? {
-                    Some(state) => state.report(now)?,
+                    Some(state) => state
+                        .report(now)
+                        .map_err(|o| CommandError::overflow(o, now))?,
                     None => before,
                 };
                 let expire_at_ms = now.saturating_add(after.reset_after).ceil_unix_ms();
                 key.set_expire_at(expire_at_ms);
-                key.announce(|buf| codec::encode_write_into(&write, buf), expire_at_ms, EVENT);
+                key.announce(&write, expire_at_ms, Event::Refund);
                 reply(refund.refunded, after.remaining, after.reset_after);
                 Ok(Counted::Allowed)
             }

@@ -15,6 +15,7 @@ use crate::module::docs::{self, arg, Arg as DocArg, INTEGER};
 use crate::module::error::CommandError;
 use crate::module::limits;
 use crate::module::stats::Counters;
+use crate::state::Event;
 use crate::params::{self, GcraParams, ParamError};
 use crate::time::{Span, MAX_PERIOD, NANOS_PER_SEC};
 
@@ -42,7 +43,7 @@ impl Command for Throttle {
     const SPEC: CommandSpec = CommandSpec {
         name: c"CL.THROTTLE",
         display: "CL.THROTTLE",
-        flags: c"write deny-oom fast",
+        flags: c"write fast",
         arity: -5,
         keys: Keys::First,
         summary: c"redis-cell compatible GCRA: capacity max_burst + 1, count per period seconds",
@@ -81,7 +82,7 @@ impl Command for Throttle {
             Request::of(quantity),
             false,
             now,
-            c"cl.throttle",
+            Event::Throttle,
         )?
         .combined;
         let retry_after_s = match d.verdict {

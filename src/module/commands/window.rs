@@ -12,6 +12,7 @@ use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, ONEOF, OPTIONAL};
 use crate::module::error::CommandError;
 use crate::module::limits;
 use crate::module::stats::Counters;
+use crate::state::Event;
 
 /// RL.WINDOW.
 pub struct Window;
@@ -88,7 +89,7 @@ impl Command for Window {
     const SPEC: CommandSpec = CommandSpec {
         name: c"RL.WINDOW",
         display: "RL.WINDOW",
-        flags: c"write deny-oom fast",
+        flags: c"write fast",
         arity: -4,
         keys: Keys::First,
         summary:
@@ -110,7 +111,7 @@ impl Command for Window {
             request,
             c.options.peek,
             now,
-            c"rl.window",
+            Event::Window,
         )?;
         call.reply_integers(&five(&decided.combined));
         Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
