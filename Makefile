@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run lint test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
+.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in
 
 clean: ## Remove build output
 	cargo clean
+
+bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
+	RL_MODULE=$(MODULE) cargo bench --bench worst_case
 
 bench: build ## Measure speed and memory against INCR and Lua limiters; writes BENCHMARKS.md (BENCH_QUICK=1: ~2 min)
 	python3 bench/bench.py

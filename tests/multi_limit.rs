@@ -256,3 +256,43 @@ fn regression_refund_of_an_expired_log_touches_nothing() {
     q::<()>(&mut c, &["DEBUG", "RELOAD"]);
     assert_eq!(snapshot(&mut c, "short"), before);
 }
+
+#[test]
+fn all_says_when_the_specs_do_not_match_numkeys() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // numkeys 5 swallows the spec's words as keys: the error says so, rather than that
+    // key '1' is given twice.
+    let e = err_s(&mut c, &["RL.ALL", "5", "a", "b", "GCRA", "1", "1", "1"]);
+    assert!(
+        e.starts_with("ERR syntax error: numkeys is 5, but the specs do not match it"),
+        "{e}"
+    );
+    assert!(!e.contains("more than once"), "{e}");
+    assert_eq!(q::<i64>(&mut c, &["DBSIZE"]), 0);
+}
+
+#[test]
+fn getkeys_never_reports_spec_words_as_keys() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let keys: Vec<String> = q(
+        &mut c,
+        &[
+            "COMMAND", "GETKEYS", "RL.ALL", "2", "a", "b", "GCRA", "1", "1", "1", "WINDOW", "5",
+            "1",
+        ],
+    );
+    assert_eq!(keys, ["a", "b"]);
+    // An oversized numkeys: no spec word is a key (the call has no keys at all).
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("COMMAND")
+        .arg(&["GETKEYS", "RL.ALL", "5", "a", "b", "GCRA", "1", "1", "1"])
+        .query(&mut c);
+    match reply {
+        Ok(keys) => assert!(
+            keys.iter().all(|k| k == "a" || k == "b"),
+            "spec words reported as keys: {keys:?}"
+        ),
+        Err(e) => assert!(e.to_string().contains("Invalid arguments"), "{e}"),
+    }
+}

@@ -148,3 +148,53 @@ fn promoted_replica_keeps_denying() {
     );
     assert_eq!(rl(&mut r, &["RL.GCRA", "half", "4", "1", "600"])[0], 0);
 }
+
+#[test]
+fn replicas_emit_the_masters_event_names() {
+    let master = Server::start();
+    let replica = Server::builder()
+        .replica_of(&master)
+        .arg("notify-keyspace-events", "KA")
+        .start();
+    wait_for_link(&replica);
+    let mut sub_con = replica.conn();
+    let mut pubsub = sub_con.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_millis(2000)))
+        .unwrap();
+    let mut m = master.conn();
+    rl(
+        &mut m,
+        &["RL.GCRA", "e:gcra", "5", "1", "60", "QUANTITY", "2"],
+    );
+    rl(&mut m, &["RL.WINDOW", "e:window", "5", "60", "LOG"]);
+    let _: redis::Value = q(&mut m, &["RL.ALL", "1", "e:all", "WINDOW", "5", "60"]);
+    let _: Vec<i64> = q(&mut m, &["RL.REFUND", "e:gcra", "1"]); // partial
+    let _: Vec<i64> = q(&mut m, &["RL.REFUND", "e:window", "9"]); // back to idle: deleted
+    let _: Vec<i64> = q(&mut m, &["CL.THROTTLE", "e:throttle", "4", "1", "60"]);
+    q::<()>(&mut m, &["SET", "e:marker", "1"]);
+    let mut events = Vec::new();
+    while let Ok(msg) = pubsub.get_message() {
+        let payload: String = msg.get_payload().unwrap();
+        let key = msg.get_channel_name().trim_start_matches("__keyspace@0__:");
+        events.push(format!("{key} {payload}"));
+        if key == "e:marker" {
+            break;
+        }
+    }
+    assert_eq!(
+        events,
+        [
+            "e:gcra rl.gcra",
+            "e:window rl.window",
+            "e:all rl.all",
+            "e:gcra rl.refund",
+            "e:window rl.refund",
+            "e:throttle cl.throttle",
+            "e:marker set",
+        ]
+    );
+    let mut r = replica.conn();
+    assert_eq!(q::<i64>(&mut r, &["EXISTS", "e:window"]), 0);
+}

@@ -167,6 +167,10 @@ fn set_info(command: *mut raw::RedisModuleCommand, spec: &CommandSpec) -> Result
             ks.fk.range.keystep = 1;
             ks.fk.range.limit = 0;
         } else {
+            // Where the keys end depends on more than numkeys (a call whose numkeys swallows
+            // spec words has no keys): VARIABLE_FLAGS makes the server ask the command's
+            // getkeys callback (`Command::key_positions`) instead of trusting this spec alone.
+            ks.flags |= u64::from(raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS);
             // numkeys at the begin index (offset 0), the first key right after it.
             ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
             ks.fk.keynum.keynumidx = 0;

@@ -62,7 +62,7 @@ pub fn decide<'a>(
                 held,
                 asked,
             },
-            LimitError::Overflow(o) => CommandError::Overflow(o),
+            LimitError::Overflow(o) => CommandError::overflow(o, now),
         })?;
         if let Some(write) = &outcome.write {
             check_storable(write)?;

@@ -57,6 +57,7 @@ pub struct Server {
     dir: tempfile::TempDir,
     extra: Vec<String>,
     module: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 /// Builds a server with extra configuration.
@@ -64,6 +65,7 @@ pub struct Builder {
     extra: Vec<String>,
     module: Option<PathBuf>,
     dir: Option<tempfile::TempDir>,
+    env: Vec<(String, String)>,
 }
 
 impl Builder {
@@ -98,6 +100,18 @@ impl Builder {
         self
     }
 
+    /// Runs the server with the clock shim preloaded: `clock.step_to(…)` moves its real-time
+    /// clock.
+    pub fn clock(mut self, clock: &Clock) -> Self {
+        self.env
+            .push(("LD_PRELOAD".into(), clock.shim.display().to_string()));
+        self.env.push((
+            "RL_CLOCK_OFFSET_FILE".into(),
+            clock.file.display().to_string(),
+        ));
+        self
+    }
+
     /// Starts in a directory prepared by the caller (e.g. holding an RDB fixture).
     pub fn dir(mut self, dir: tempfile::TempDir) -> Self {
         self.dir = Some(dir);
@@ -119,6 +133,7 @@ impl Builder {
             dir,
             extra: self.extra,
             module: self.module,
+            env: self.env,
         };
         server.launch_fresh_port();
         server
@@ -136,6 +151,7 @@ impl Server {
             extra: Vec::new(),
             module: Some(module_path()),
             dir: None,
+            env: Vec::new(),
         }
     }
 
@@ -194,6 +210,7 @@ impl Server {
                     .flat_map(|m| [std::ffi::OsStr::new("--loadmodule"), m.as_os_str()]),
             )
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -544,10 +561,13 @@ impl Dump {
         let mut out = self.head.clone();
         if state.len() < 64 {
             out.push(state.len() as u8);
-        } else {
-            assert!(state.len() < 16384);
+        } else if state.len() < 16384 {
             out.push(0x40 | (state.len() >> 8) as u8);
             out.push(state.len() as u8);
+        } else {
+            // RDB's 32-bit length: 0x80, then the length big-endian.
+            out.push(0x80);
+            out.extend_from_slice(&u32::try_from(state.len()).unwrap().to_be_bytes());
         }
         out.extend_from_slice(state);
         out.extend_from_slice(&self.tail);
@@ -592,4 +612,51 @@ pub fn le_u64(bytes: &[u8], offset: usize) -> u64 {
 /// Writes the little-endian u64 at `offset`.
 pub fn set_le_u64(bytes: &mut [u8], offset: usize, value: u64) {
     bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+/// Clock steps a server's real-time clock through `tests/support/clock_shim.c` (built here
+/// with the system C compiler): the shim adds the offset this value writes to a file.
+pub struct Clock {
+    shim: PathBuf,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Clock {
+    /// Builds the shim (once per test binary run) and a zero offset.
+    pub fn new() -> Clock {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let source = root.join("tests/support/clock_shim.c");
+        let dir = tempfile::Builder::new()
+            .prefix("redis-rl-clock-")
+            .tempdir()
+            .expect("temp dir");
+        let shim = dir.path().join("libclockshim.so");
+        let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-O2", "-shared", "-fPIC", "-o"])
+            .arg(&shim)
+            .arg(&source)
+            .status()
+            .expect("run the C compiler for the clock shim");
+        assert!(status.success(), "building the clock shim failed");
+        let file = dir.path().join("offset");
+        std::fs::write(&file, 0i64.to_le_bytes()).expect("write the offset file");
+        Clock {
+            shim,
+            file,
+            _dir: dir,
+        }
+    }
+
+    /// Sets the server clock to real time plus `offset_us` microseconds (negative: behind).
+    pub fn step_to(&self, offset_us: i64) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.file)
+            .expect("open the offset file");
+        // In place: the shim maps these 8 bytes; truncating would pull the page away.
+        f.write_all_at(&offset_us.to_le_bytes(), 0)
+            .expect("write the offset");
+    }
 }

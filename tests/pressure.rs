@@ -1,0 +1,261 @@
+//! What an operator meets under pressure, over the wire: LOG work that does not grow with the
+//! log (a lowered limit during an attack, one log read through two windows), memory that
+//! comes back after large values are dumped and deleted, and a server out of memory where
+//! the limiter still denies.
+
+mod common;
+
+use common::{err_s, info_field, now_ns, q, rl, Clock, Dump, Server};
+
+/// The server's mean time per call of `command` since the last `CONFIG RESETSTAT`, in µs.
+fn usec_per_call(c: &mut redis::Connection, command: &str) -> f64 {
+    let stats: String = q(c, &["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:").to_ascii_lowercase();
+    let line = stats
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no stats for {command}: {stats}"));
+    line.split(',')
+        .find_map(|f| f.strip_prefix("usec_per_call="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no usec_per_call in {line}"))
+}
+
+/// Records `n` requests on a LOG key (limit 100,000 per hour), pipelined, one instant each
+/// as far as the clock's microseconds allow.
+fn fill_log(c: &mut redis::Connection, key: &str, n: usize) {
+    for _ in 0..n / 1000 {
+        let mut pipe = redis::pipe();
+        for _ in 0..1000 {
+            pipe.cmd("RL.WINDOW")
+                .arg(key)
+                .arg(100_000)
+                .arg(3600)
+                .arg("LOG")
+                .ignore();
+        }
+        pipe.query::<()>(c).unwrap();
+    }
+}
+
+/// Codec bytes (encoding version 2) of a LOG of `n` requests one microsecond apart, ending
+/// now, in a one-hour window: about 3 bytes a request.
+fn big_log_state(n: u64) -> Vec<u8> {
+    let last = now_ns() / 1000 * 1000;
+    let first = last - (n - 1) * 1000;
+    let mut entries = vec![1u8];
+    for _ in 1..n {
+        entries.extend_from_slice(&[0xe8, 0x07, 1]); // delta 1000 ns (LEB128), count 1
+    }
+    let mut v = vec![2u8, 4];
+    for f in [
+        3_600_000_000_000,
+        100_000,
+        first,
+        last,
+        n,
+        entries.len() as u64,
+    ] {
+        v.extend_from_slice(&f.to_le_bytes());
+    }
+    v.extend_from_slice(&entries);
+    v
+}
+
+fn used_memory(c: &mut redis::Connection) -> i64 {
+    info_field(c, "memory", "used_memory")
+        .and_then(|v| v.parse().ok())
+        .expect("used_memory")
+}
+
+#[test]
+fn a_log_denial_costs_the_same_whatever_the_log_holds() {
+    let s = Server::start();
+    let mut c = s.conn();
+    fill_log(&mut c, "hot", 100_000);
+    // The limit is lowered during an attack: every call is denied, and each must cost what a
+    // denial on a small log costs, not a walk of the 99,000 requests over the new limit.
+    q::<()>(&mut c, &["CONFIG", "RESETSTAT"]);
+    for _ in 0..2000 {
+        let reply = rl(&mut c, &["RL.WINDOW", "hot", "1000", "3600", "LOG"]);
+        assert_eq!(reply[0], 0);
+        assert!(reply[3] > 3_590_000, "{reply:?}");
+    }
+    let per_call = usec_per_call(&mut c, "rl.window");
+    assert!(
+        per_call < 100.0,
+        "a denial on a 100,000-request log costs {per_call} µs of server time"
+    );
+}
+
+#[test]
+fn reading_one_log_through_two_windows_costs_no_more_than_through_one() {
+    let clock = Clock::new();
+    let s = Server::builder().clock(&clock).start();
+    let mut c = s.conn();
+    // Half the log 30 minutes old, half now: the last minute's cutoff lies inside the log,
+    // the last hour's before it.
+    clock.step_to(-1_800_000_000);
+    fill_log(&mut c, "two", 50_000);
+    clock.step_to(0);
+    fill_log(&mut c, "two", 50_000);
+    q::<()>(&mut c, &["CONFIG", "RESETSTAT"]);
+    for _ in 0..1000 {
+        let minute = rl(
+            &mut c,
+            &["RL.WINDOW", "two", "100000", "60", "LOG", "QUANTITY", "0"],
+        );
+        let hour = rl(
+            &mut c,
+            &["RL.WINDOW", "two", "100000", "3600", "LOG", "QUANTITY", "0"],
+        );
+        assert_eq!(minute[2], 50_000, "{minute:?}");
+        assert_eq!(hour[2], 0, "{hour:?}");
+    }
+    let per_call = usec_per_call(&mut c, "rl.window");
+    assert!(
+        per_call < 100.0,
+        "reads alternating two windows cost {per_call} µs each"
+    );
+}
+
+#[test]
+fn memory_comes_back_after_dump_digest_del_and_flushall() {
+    let s = Server::start();
+    let big_state = big_log_state(100_000);
+    let baseline = {
+        // Warm up: the same server paths with a plain string of the same size (RESTORE,
+        // DUMP, DIGEST, SAVE, DEL: the server keeps some of that memory for reuse), and one
+        // small key of each kind, so that whatever is allocated once is in the baseline.
+        let mut c = s.conn();
+        let plain = vec![b'x'; big_state.len()];
+        redis::cmd("SET")
+            .arg("plain")
+            .arg(&plain)
+            .query::<()>(&mut c)
+            .unwrap();
+        let dumped: Vec<u8> = q(&mut c, &["DUMP", "plain"]);
+        redis::cmd("RESTORE")
+            .arg("plain2")
+            .arg(0)
+            .arg(dumped)
+            .query::<()>(&mut c)
+            .unwrap();
+        let _: Vec<String> = q(&mut c, &["DEBUG", "DIGEST-VALUE", "plain"]);
+        q::<()>(&mut c, &["SAVE"]);
+        q::<i64>(&mut c, &["DEL", "plain", "plain2"]);
+        rl(&mut c, &["RL.GCRA", "warm:g", "5", "1", "1"]);
+        rl(&mut c, &["RL.WINDOW", "warm:l", "5", "1", "LOG"]);
+        for k in ["warm:g", "warm:l"] {
+            let _: Vec<u8> = q(&mut c, &["DUMP", k]);
+        }
+        q::<i64>(&mut c, &["DEL", "warm:g", "warm:l"]);
+        drop(c);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut c = s.conn();
+        used_memory(&mut c)
+    };
+    {
+        let mut c = s.conn();
+        // A full LOG at the default cap, one instant per request, dumped, digested and saved.
+        rl(&mut c, &["RL.WINDOW", "frame", "5", "60", "LOG"]);
+        let frame: Vec<u8> = q(&mut c, &["DUMP", "frame"]);
+        let payload = Dump::parse(&frame).with_state(&big_state);
+        redis::cmd("RESTORE")
+            .arg("big")
+            .arg(0)
+            .arg(payload)
+            .query::<()>(&mut c)
+            .unwrap();
+        let bytes: i64 = q(&mut c, &["MEMORY", "USAGE", "big"]);
+        assert!(bytes > 250_000, "{bytes} bytes");
+        let _: Vec<u8> = q(&mut c, &["DUMP", "big"]);
+        let _: Vec<String> = q(&mut c, &["DEBUG", "DIGEST-VALUE", "big"]);
+        q::<()>(&mut c, &["SAVE"]);
+        q::<i64>(&mut c, &["DEL", "big"]);
+        // 5,000 distinct GCRA parameter sets, then all keys gone.
+        let mut pipe = redis::pipe();
+        for i in 0..5000 {
+            pipe.cmd("RL.GCRA")
+                .arg(format!("p:{i}"))
+                .arg(1 + i % 50)
+                .arg(1 + i / 50)
+                .arg(60)
+                .ignore();
+        }
+        pipe.query::<()>(&mut c).unwrap();
+        q::<()>(&mut c, &["FLUSHALL", "SYNC"]);
+    }
+    // The closed connection's buffers go when the server notices the close: give it a moment.
+    let mut c = s.conn();
+    let mut after = used_memory(&mut c);
+    for _ in 0..100 {
+        if after - baseline < 64 * 1024 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        after = used_memory(&mut c);
+    }
+    assert!(
+        after - baseline < 64 * 1024,
+        "used_memory {after} after DEL and FLUSHALL, {baseline} before: {} bytes kept",
+        after - baseline
+    );
+}
+
+#[test]
+fn out_of_memory_the_limiter_refuses_writes_and_still_denies() {
+    let s = Server::builder()
+        .arg("maxmemory-policy", "noeviction")
+        .start();
+    let mut c = s.conn();
+    rl(&mut c, &["RL.GCRA", "full", "1", "1", "3600"]);
+    rl(
+        &mut c,
+        &["RL.WINDOW", "used", "5", "60", "LOG", "QUANTITY", "3"],
+    );
+    rl(
+        &mut c,
+        &["RL.GCRA", "held", "5", "1", "60", "QUANTITY", "2"],
+    );
+    // Nothing can be written any more.
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "1"]);
+    let oom = "OOM command not allowed when used memory > 'maxmemory'.";
+    for write in [
+        &["RL.GCRA", "fresh", "5", "1", "60"][..],
+        &["RL.WINDOW", "fresh", "5", "60"],
+        &["RL.WINDOW", "used", "5", "60", "LOG"],
+        &["RL.ALL", "1", "fresh", "GCRA", "5", "1", "60"],
+        &["CL.THROTTLE", "fresh", "4", "1", "60"],
+    ] {
+        assert_eq!(err_s(&mut c, write), oom, "{write:?}");
+    }
+    // Denials, reports and refunds answer as usual.
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "full", "1", "1", "3600"])[..3],
+        [0, 1, 0]
+    );
+    assert_eq!(
+        rl(&mut c, &["RL.GCRA", "fresh", "5", "1", "60", "PEEK"]),
+        [1, 5, 4, -1, 60_000]
+    );
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.GCRA", "fresh", "5", "1", "60", "QUANTITY", "0"]
+        ),
+        [1, 5, 5, -1, 0]
+    );
+    let denied = rl(
+        &mut c,
+        &["RL.WINDOW", "used", "5", "60", "LOG", "QUANTITY", "3"],
+    );
+    assert_eq!(denied[..3], [0, 5, 2]);
+    assert!(denied[3] > 59_000, "{denied:?}");
+    let refund: Vec<i64> = q(&mut c, &["RL.REFUND", "held", "1"]);
+    assert_eq!(refund[..2], [1, 4]);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "fresh"]), 0);
+    // Room again: writes go through.
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(rl(&mut c, &["RL.GCRA", "fresh", "5", "1", "60"])[0], 1);
+}
