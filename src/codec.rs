@@ -36,6 +36,7 @@ use std::fmt;
 
 use crate::algo::fixed_window::FixedState;
 use crate::algo::gcra::GcraState;
+use crate::algo::lease::{Lease, LeaseState, LeaseWrite, Token};
 use crate::algo::sliding_log::{LogState, LogWrite};
 use crate::algo::sliding_window::SlidingState;
 use crate::params::{GcraParams, WindowParams};
@@ -57,9 +58,12 @@ const TAG_GCRA: u8 = 1;
 const TAG_FIXED: u8 = 2;
 const TAG_SLIDING: u8 = 3;
 const TAG_LOG: u8 = 4;
+const TAG_LEASE: u8 = 5;
 const TAG_LOG_APPEND: u8 = 0x81;
 const TAG_LOG_REFUND: u8 = 0x82;
 const TAG_DELETE: u8 = 0x83;
+const TAG_LEASE_ACQUIRE: u8 = 0x84;
+const TAG_LEASE_RELEASE: u8 = 0x85;
 const TAG_EXPIRY: u8 = 0x90;
 const TAG_EVENT: u8 = 0x91;
 
@@ -160,6 +164,37 @@ fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
     out.extend_from_slice(bytes);
 }
 
+fn encode_lease_into(s: &LeaseState, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[ENCODING_VERSION, TAG_LEASE]);
+    let bytes = s.bytes();
+    put(out, &[s.limit, s.len() as u64, bytes.len() as u64]);
+    out.extend_from_slice(bytes);
+}
+
+fn put_token(out: &mut Vec<u8>, token: &Token) {
+    let bytes = token.as_bytes();
+    out.push(bytes.len() as u8);
+    out.extend_from_slice(bytes);
+}
+
+fn encode_lease_write_into(w: &LeaseWrite, out: &mut Vec<u8>) {
+    match w {
+        LeaseWrite::Acquire { limit, at, lease } => {
+            out.extend_from_slice(&[ENCODING_VERSION, TAG_LEASE_ACQUIRE]);
+            put(
+                out,
+                &[*limit, at.as_ns(), lease.expires_at.as_ns(), lease.slots],
+            );
+            put_token(out, &lease.token);
+        }
+        LeaseWrite::Release { at, token } => {
+            out.extend_from_slice(&[ENCODING_VERSION, TAG_LEASE_RELEASE]);
+            put(out, &[at.as_ns()]);
+            put_token(out, token);
+        }
+    }
+}
+
 fn encode_log_append_into(w: &LogWrite, out: &mut Vec<u8>) {
     out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG_APPEND]);
     put(out, &[w.window.as_ns(), w.limit, w.at.as_ns(), w.quantity]);
@@ -177,6 +212,7 @@ pub fn encode_state_into(state: StateRef<'_>, out: &mut Vec<u8>) {
         StateRef::Fixed(s) => encode_fixed_into(s, out),
         StateRef::Sliding(s) => encode_sliding_into(s, out),
         StateRef::Log(s) => encode_log_into(s, out),
+        StateRef::Lease(s) => encode_lease_into(s, out),
     }
 }
 
@@ -197,6 +233,7 @@ pub fn encode_write_into(write: &Write, out: &mut Vec<u8>) {
         Write::Sliding(s) => encode_sliding_into(s, out),
         Write::Log(w) => encode_log_append_into(w, out),
         Write::LogRefund { at, quantity } => encode_log_refund_into(*at, *quantity, out),
+        Write::Lease(w) => encode_lease_write_into(w, out),
     }
 }
 
@@ -245,6 +282,15 @@ impl<'a> Reader<'a> {
         let (head, tail) = self.rest.split_at(len);
         self.rest = tail;
         Ok(head)
+    }
+
+    fn token(&mut self) -> Result<Token, DecodeError> {
+        let [len, rest @ ..] = self.rest else {
+            return Err(DecodeError::Truncated);
+        };
+        self.rest = rest;
+        let bytes = self.bytes(u64::from(*len))?;
+        Token::new(bytes).ok_or(DecodeError::OutOfRange("token"))
     }
 
     fn finish(self) -> Result<(), DecodeError> {
@@ -306,7 +352,8 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             window_params(window_ns, limit)?;
             check_window_start(window_start_ns, updated_ns, window_ns)?;
-            if count == 0 || count > limit {
+            // FORCE records usage past the limit: any count but 0 can be stored.
+            if count == 0 {
                 return Err(DecodeError::OutOfRange("count"));
             }
             Ok(State::Fixed(Box::new(FixedState {
@@ -322,9 +369,7 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             window_params(window_ns, limit)?;
             check_window_start(window_start_ns, updated_ns, window_ns)?;
-            if curr > limit {
-                return Err(DecodeError::OutOfRange("curr"));
-            }
+            // FORCE records usage past the limit: counts above it can be stored.
             if prev == 0 && curr == 0 {
                 return Err(DecodeError::OutOfRange("prev"));
             }
@@ -362,6 +407,13 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
                 limit,
                 log,
             })))
+        }
+        (VERSION_LEASES.., TAG_LEASE) => {
+            let (limit, count, len) = (r.u64()?, r.u64()?, r.u64()?);
+            let bytes = r.bytes(len)?;
+            let state = LeaseState::from_parts(limit, count, bytes)
+                .ok_or(DecodeError::OutOfRange("leases"))?;
+            Ok(State::Lease(Box::new(state)))
         }
         (_, other) => Err(DecodeError::UnknownAlgorithm(other)),
     }
@@ -455,6 +507,30 @@ pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
             }))
         }
         (VERSION_LEASES.., TAG_DELETE) => Effect::Delete,
+        (VERSION_LEASES.., TAG_LEASE_ACQUIRE) => {
+            let (limit, at, expires_at, slots) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let token = r.token()?;
+            if limit == 0 {
+                return Err(DecodeError::OutOfRange("limit"));
+            }
+            if slots == 0 || slots > limit {
+                return Err(DecodeError::OutOfRange("slots"));
+            }
+            Effect::Apply(Write::Lease(LeaseWrite::Acquire {
+                limit,
+                at: Instant::from_ns(at),
+                lease: Lease {
+                    token,
+                    slots,
+                    expires_at: Instant::from_ns(expires_at),
+                },
+            }))
+        }
+        (VERSION_LEASES.., TAG_LEASE_RELEASE) => {
+            let at = Instant::from_ns(r.u64()?);
+            let token = r.token()?;
+            Effect::Apply(Write::Lease(LeaseWrite::Release { at, token }))
+        }
         (VERSION_WINDOWS.., TAG_LOG_REFUND) => {
             let (at_ns, quantity) = (r.u64()?, r.u64()?);
             Effect::Apply(Write::LogRefund {
@@ -552,10 +628,8 @@ mod tests {
                 updated_at: Instant::from_ns(updated),
             })))
         };
-        assert_eq!(
-            decode(&fixed(6, 100, 105)),
-            Err(DecodeError::OutOfRange("count"))
-        );
+        // A count above the limit is what FORCE records: it loads.
+        assert!(decode(&fixed(6, 100, 105)).is_ok());
         assert_eq!(
             decode(&fixed(0, 100, 105)),
             Err(DecodeError::OutOfRange("count"))
@@ -692,6 +766,7 @@ mod tests {
             Option<SlidingState>,
             Option<LogState>,
         ) = (None, None, None, None);
+        let mut ls: Option<LeaseState> = None;
         let check = |state: State| -> Result<(), TestCaseError> {
             prop_assert_eq!(
                 decode(&encode(&state)),
@@ -712,7 +787,7 @@ mod tests {
             let window = Span::from_ns((1 + b % 3) * s1 / 2);
             let wp = WindowParams::new(limit, window).unwrap();
             let gp = GcraParams::new(limit, 1 + a % 3, window).unwrap();
-            match op % 8 {
+            match op % 13 {
                 0 => {
                     if let Ok(o) = gcra::decide(
                         &gp,
@@ -782,6 +857,50 @@ mod tests {
                         let st = lg.get_or_insert_with(|| LogState::new(&wp));
                         st.apply(&w);
                         check(State::Log(Box::new(st.clone())))?;
+                    }
+                }
+                8 => {
+                    if let Ok(o) = gcra::force(&gp, g.as_ref(), now, q) {
+                        if let Some(w) = o.write {
+                            check(State::Gcra(w))?;
+                            g = Some(w);
+                        }
+                    }
+                }
+                9 => {
+                    if let Ok(Some(w)) =
+                        fixed_window::force(&wp, f.as_ref(), now, q).map(|o| o.write)
+                    {
+                        check(State::Fixed(Box::new(w)))?;
+                        f = Some(w);
+                    }
+                }
+                10 => {
+                    if let Ok(Some(w)) =
+                        sliding_window::force(&wp, sl.as_ref(), now, q).map(|o| o.write)
+                    {
+                        check(State::Sliding(Box::new(w)))?;
+                        sl = Some(w);
+                    }
+                }
+                11 | 12 => {
+                    use crate::algo::lease::{self, LeaseParams, Token};
+                    let token = Token::new(format!("t{}", a % 4).as_bytes()).unwrap();
+                    let write = if op % 13 == 11 {
+                        let p = LeaseParams {
+                            limit,
+                            lease: window,
+                        };
+                        lease::decide(&p, ls.as_ref(), now, &token, q % 4)
+                            .unwrap()
+                            .write
+                    } else {
+                        ls.as_ref().and_then(|st| lease::release(st, now, &token).1)
+                    };
+                    if let Some(w) = write {
+                        let st = ls.get_or_insert_with(LeaseState::default);
+                        st.apply(&w);
+                        check(State::Lease(Box::new(st.clone())))?;
                     }
                 }
                 _ => {
@@ -876,6 +995,31 @@ mod tests {
                     }))
                 }
             ),
+            prop::collection::vec(
+                (
+                    any::<u64>(),
+                    1u64..5,
+                    prop::collection::vec(any::<u8>(), 1..65)
+                ),
+                0..8
+            )
+            .prop_map(|leases| {
+                let mut st = LeaseState::default();
+                let limit = 5 * leases.len() as u64 + 1;
+                for (expires, slots, token) in leases {
+                    st.apply(&LeaseWrite::Acquire {
+                        limit,
+                        at: Instant::EPOCH,
+                        lease: Lease {
+                            token: Token::new(&token).unwrap(),
+                            slots,
+                            expires_at: Instant::from_ns(expires.max(1)),
+                        },
+                    });
+                }
+                st.limit = limit;
+                State::Lease(Box::new(st))
+            }),
         ]
     }
 

@@ -43,21 +43,38 @@ pub struct Decision {
     pub reset_after: Span,
 }
 
-/// Combines the decisions of several limits on one request (SPEC.md, RL.ALL): allowed only
-/// if every limit allows; `limit` and `remaining` of the limit with the smallest `remaining`
-/// (the first such limit on ties); `Never` if any limit can never pass; otherwise, when
-/// denied, the longest `retry_after` among the denying limits; the longest `reset_after`.
-/// An empty slice combines to an allowed decision with limit 0.
-pub fn combine(decisions: &[Decision]) -> Decision {
-    let binding = decisions.iter().min_by_key(|d| d.remaining);
-    let verdict = if decisions.iter().all(|d| d.verdict.is_allowed()) {
+/// Combines the decisions of several limits on one request (the RL.ALL rule of
+/// `docs/reference.md`), each with the charge it was asked (`QUANTITY`, or its `COST`).
+///
+/// Only charged limits (charge > 0) take part, unless none is charged (then all do): the
+/// request is allowed only if every charged limit allows; `Never` if any can never pass;
+/// otherwise, when denied, the longest `retry_after` among the denying limits; the longest
+/// `reset_after`. The *binding* limit, whose `limit` and `remaining` the combined decision
+/// reports, is the one that would admit the fewest further calls of this shape: the smallest
+/// `remaining / charge`, ties to the smaller `remaining`, then to the first. With equal
+/// charges this is the limit with the smallest `remaining`. An empty slice combines to an
+/// allowed decision with limit 0.
+pub fn combine(decisions: &[(Decision, u64)]) -> Decision {
+    let any_charged = decisions.iter().any(|&(_, charge)| charge > 0);
+    let taking_part = || {
+        decisions
+            .iter()
+            .filter(move |&&(_, charge)| charge > 0 || !any_charged)
+    };
+    let binding = taking_part()
+        .enumerate()
+        .min_by_key(|&(i, &(d, charge))| {
+            let calls_left = d.remaining.checked_div(charge).unwrap_or(d.remaining);
+            (calls_left, d.remaining, i)
+        })
+        .map(|(_, &(d, _))| d);
+    let verdict = if taking_part().all(|(d, _)| d.verdict.is_allowed()) {
         Verdict::Allowed
-    } else if decisions.iter().any(|d| d.verdict == Verdict::Never) {
+    } else if taking_part().any(|(d, _)| d.verdict == Verdict::Never) {
         Verdict::Never
     } else {
-        let retry_after = decisions
-            .iter()
-            .filter_map(|d| match d.verdict {
+        let retry_after = taking_part()
+            .filter_map(|(d, _)| match d.verdict {
                 Verdict::Denied { retry_after } => Some(retry_after),
                 _ => None,
             })
@@ -69,9 +86,8 @@ pub fn combine(decisions: &[Decision]) -> Decision {
         verdict,
         limit: binding.map_or(0, |d| d.limit),
         remaining: binding.map_or(0, |d| d.remaining),
-        reset_after: decisions
-            .iter()
-            .map(|d| d.reset_after)
+        reset_after: taking_part()
+            .map(|(d, _)| d.reset_after)
             .max()
             .unwrap_or(Span::ZERO),
     }
@@ -133,10 +149,29 @@ mod tests {
         let a = d(Verdict::Allowed, 10, 4, 100);
         let b = d(denied(50), 3, 0, 300);
         let c = d(denied(70), 5, 1, 200);
-        assert_eq!(combine(&[a, b, c]), d(denied(70), 3, 0, 300));
-        assert_eq!(combine(&[a, a]), d(Verdict::Allowed, 10, 4, 100));
+        assert_eq!(combine(&[(a, 1), (b, 1), (c, 1)]), d(denied(70), 3, 0, 300));
+        assert_eq!(combine(&[(a, 1), (a, 1)]), d(Verdict::Allowed, 10, 4, 100));
         let never = d(Verdict::Never, 2, 2, 0);
-        assert_eq!(combine(&[a, b, never]).verdict, Verdict::Never);
+        assert_eq!(
+            combine(&[(a, 1), (b, 1), (never, 1)]).verdict,
+            Verdict::Never
+        );
+    }
+
+    #[test]
+    fn the_binding_limit_is_the_one_that_admits_the_fewest_further_calls() {
+        // 599 requests and 1,000 tokens left: a 1,200-token call is bound by tokens.
+        let rpm = d(Verdict::Allowed, 600, 599, 100);
+        let tpm = d(denied(30), 90_000, 1_000, 200);
+        let both = combine(&[(rpm, 1), (tpm, 1200)]);
+        assert_eq!((both.limit, both.remaining), (90_000, 1_000));
+        assert_eq!(both.verdict, denied(30));
+        // A COST 0 limit is only reported: it never denies, nor binds.
+        let spent = d(denied(5), 10, 0, 900);
+        let reported = combine(&[(rpm, 1), (spent, 0)]);
+        assert_eq!(reported, d(Verdict::Allowed, 600, 599, 100));
+        // Every limit at COST 0 (or QUANTITY 0): all take part, the smallest remaining binds.
+        assert_eq!(combine(&[(rpm, 0), (spent, 0)]).remaining, 0);
     }
 
     proptest! {
@@ -156,7 +191,7 @@ mod tests {
                 now = now.saturating_add(span(gap));
                 let u = gcra::decide(&user, user_state.as_ref(), now, GcraRequest::of(q)).unwrap();
                 let i = sliding_log::decide(&ip, ip_state.as_ref(), now, q).unwrap();
-                let both = combine(&[u.decision, i.decision]);
+                let both = combine(&[(u.decision, q), (i.decision, q)]);
                 prop_assert_eq!(both.verdict.is_allowed(), u.decision.verdict.is_allowed() && i.decision.verdict.is_allowed());
                 if both.verdict.is_allowed() {
                     user_state = u.write;

@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::algo::gcra::{self, GcraRequest};
+use crate::algo::lease::{self, LeaseParams, Token};
 use crate::algo::{fixed_window, sliding_log, sliding_window};
 use crate::decision::{Outcome, Overflow};
 use crate::params::{self, GcraParams, ParamError, WindowParams};
@@ -25,6 +26,8 @@ pub enum Limit {
     Sliding(WindowParams),
     /// Exact sliding LOG.
     Log(WindowParams),
+    /// Concurrency leases, for the holder `Token`.
+    Lease(LeaseParams, Token),
 }
 
 /// WindowKind is the algorithm keyword of RL.WINDOW and of `WINDOW` specs.
@@ -65,10 +68,14 @@ impl WindowKind {
 /// Request is what one call asks of a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
-    /// Requests to admit together (`QUANTITY`, default 1); 0 only reports.
+    /// Requests to admit together (`QUANTITY`, default 1, or a spec's `COST`); 0 only
+    /// reports.
     pub quantity: u64,
     /// `MAXWAIT` (GCRA only): a denial that clears within it becomes a reservation.
     pub max_wait: Option<Span>,
+    /// `FORCE`: record usage that has already happened, past the limit if need be (GCRA,
+    /// FIXED, SLIDING only).
+    pub force: bool,
 }
 
 impl Request {
@@ -77,6 +84,7 @@ impl Request {
         Self {
             quantity,
             max_wait: None,
+            force: false,
         }
     }
 }
@@ -93,6 +101,8 @@ pub enum LimitError {
     },
     /// The request's time arithmetic would leave 64-bit nanoseconds.
     Overflow(Overflow),
+    /// `FORCE` on an algorithm that cannot record usage past its limit (LOG, LEASE).
+    CannotForce(Algorithm),
 }
 
 impl From<Overflow> for LimitError {
@@ -109,15 +119,22 @@ impl Limit {
             Self::Fixed(_) => Algorithm::Fixed,
             Self::Sliding(_) => Algorithm::Sliding,
             Self::Log(_) => Algorithm::Log,
+            Self::Lease(..) => Algorithm::Lease,
         }
     }
 
-    /// The limit's size: the burst, or the window's limit.
+    /// The limit's size: the burst, the window's limit, or the slots.
     pub fn size(&self) -> u64 {
         match self {
             Self::Gcra(p) => p.burst,
             Self::Fixed(p) | Self::Sliding(p) | Self::Log(p) => p.limit,
+            Self::Lease(p, _) => p.limit,
         }
+    }
+
+    /// Whether `FORCE` can record usage on this limit (GCRA, FIXED, SLIDING).
+    pub fn can_force(&self) -> bool {
+        matches!(self, Self::Gcra(_) | Self::Fixed(_) | Self::Sliding(_))
     }
 
     /// Decides `request` at `now` against the key's `stored` value (None: missing key). Pure:
@@ -137,29 +154,55 @@ impl Limit {
             asked: self.algorithm(),
         };
         let n = request.quantity;
+        if request.force && !self.can_force() {
+            return Err(LimitError::CannotForce(self.algorithm()));
+        }
         Ok(match (self, stored) {
             (Self::Gcra(p), None | Some(StateRef::Gcra(_))) => {
                 let stored = match stored {
                     Some(StateRef::Gcra(g)) => Some(g),
                     _ => None,
                 };
-                let request = GcraRequest {
-                    quantity: n,
-                    max_wait: request.max_wait,
+                let outcome = if request.force {
+                    gcra::force(p, stored.as_ref(), now, n)?
+                } else {
+                    let request = GcraRequest {
+                        quantity: n,
+                        max_wait: request.max_wait,
+                    };
+                    gcra::decide(p, stored.as_ref(), now, request)?
                 };
-                gcra::decide(p, stored.as_ref(), now, request)?.map_write(Write::Gcra)
+                outcome.map_write(Write::Gcra)
             }
-            (Self::Fixed(p), None) => {
-                fixed_window::decide(p, None, now, n)?.map_write(Write::Fixed)
+            (Self::Fixed(p), None | Some(StateRef::Fixed(_))) => {
+                let stored = match stored {
+                    Some(StateRef::Fixed(s)) => Some(s),
+                    _ => None,
+                };
+                let outcome = if request.force {
+                    fixed_window::force(p, stored, now, n)?
+                } else {
+                    fixed_window::decide(p, stored, now, n)?
+                };
+                outcome.map_write(Write::Fixed)
             }
-            (Self::Fixed(p), Some(StateRef::Fixed(s))) => {
-                fixed_window::decide(p, Some(s), now, n)?.map_write(Write::Fixed)
+            (Self::Sliding(p), None | Some(StateRef::Sliding(_))) => {
+                let stored = match stored {
+                    Some(StateRef::Sliding(s)) => Some(s),
+                    _ => None,
+                };
+                let outcome = if request.force {
+                    sliding_window::force(p, stored, now, n)?
+                } else {
+                    sliding_window::decide(p, stored, now, n)?
+                };
+                outcome.map_write(Write::Sliding)
             }
-            (Self::Sliding(p), None) => {
-                sliding_window::decide(p, None, now, n)?.map_write(Write::Sliding)
+            (Self::Lease(p, token), None) => {
+                lease::decide(p, None, now, token, n)?.map_write(Write::Lease)
             }
-            (Self::Sliding(p), Some(StateRef::Sliding(s))) => {
-                sliding_window::decide(p, Some(s), now, n)?.map_write(Write::Sliding)
+            (Self::Lease(p, token), Some(StateRef::Lease(s))) => {
+                lease::decide(p, Some(s), now, token, n)?.map_write(Write::Lease)
             }
             (Self::Log(p), None) => sliding_log::decide(p, None, now, n)?.map_write(Write::Log),
             (Self::Log(p), Some(StateRef::Log(s))) => {
@@ -211,7 +254,8 @@ impl fmt::Display for SpecError {
             Self::Missing(what) => write!(f, "syntax error: spec is missing its {what}"),
             Self::UnknownKind { index, of, found } => write!(
                 f,
-                "syntax error: expected GCRA or WINDOW for key {index} of {of}, got '{found}'"
+                "syntax error: expected GCRA or WINDOW or LEASE for key {index} of {of}, got \
+                 '{found}'"
             ),
         }
     }
@@ -224,22 +268,32 @@ pub fn shown(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).chars().take(64).collect()
 }
 
-/// Parses one spec from `words`: `GCRA burst rate period` or `WINDOW limit window
-/// [FIXED|SLIDING|LOG]` (SLIDING by default), the keyword case-insensitive. `index` and `of`
-/// (the 1-based key number and the number of keys) only shape the error text.
+/// Spec is one limit of RL.ALL and what it is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    /// The limit.
+    pub limit: Limit,
+    /// `COST n`: charge this limit `n` instead of the request's `QUANTITY`.
+    pub cost: Option<u64>,
+}
+
+/// Parses one spec from `words`: `GCRA burst rate period`, `WINDOW limit window
+/// [FIXED|SLIDING|LOG]` (SLIDING by default) or `LEASE limit lease token`, each optionally
+/// followed by `COST n`; keywords case-insensitive. `index` and `of` (the 1-based key number
+/// and the number of keys) only shape the error text.
 ///
 /// Errors: [`SpecError`], naming the bad or missing argument.
-pub fn parse_spec<'a, I>(words: &mut I, index: usize, of: usize) -> Result<Limit, SpecError>
+pub fn parse_spec<'a, I>(words: &mut I, index: usize, of: usize) -> Result<Spec, SpecError>
 where
     I: Iterator<Item = &'a [u8]> + Clone,
 {
     let mut next = |what: &'static str| words.next().ok_or(SpecError::Missing(what));
     let kind = next("kind")?;
-    if kind.eq_ignore_ascii_case(b"GCRA") {
+    let limit = if kind.eq_ignore_ascii_case(b"GCRA") {
         let burst = params::positive(next("GCRA burst")?, "burst")?;
         let rate = params::positive(next("GCRA rate")?, "rate")?;
         let period = params::seconds(next("GCRA period")?, "period")?;
-        Ok(Limit::Gcra(GcraParams::new(burst, rate, period)?))
+        Limit::Gcra(GcraParams::new(burst, rate, period)?)
     } else if kind.eq_ignore_ascii_case(b"WINDOW") {
         let limit = params::positive(next("WINDOW limit")?, "limit")?;
         let window = params::seconds(next("WINDOW window")?, "window")?;
@@ -251,14 +305,28 @@ where
             }
             None => WindowKind::Sliding,
         };
-        Ok(kind.with(params))
+        kind.with(params)
+    } else if kind.eq_ignore_ascii_case(b"LEASE") {
+        let limit = next("LEASE limit")?;
+        let lease = next("LEASE lease")?;
+        let params = LeaseParams::parse(limit, lease)?;
+        Limit::Lease(params, params::token(next("LEASE token")?)?)
     } else {
-        Err(SpecError::UnknownKind {
+        return Err(SpecError::UnknownKind {
             index,
             of,
             found: shown(kind),
-        })
-    }
+        });
+    };
+    let cost = match words.clone().next() {
+        Some(w) if w.eq_ignore_ascii_case(b"COST") => {
+            words.next();
+            let value = words.next().ok_or(SpecError::Missing("COST value"))?;
+            Some(params::non_negative(value, "COST")?)
+        }
+        _ => None,
+    };
+    Ok(Spec { limit, cost })
 }
 
 #[cfg(test)]
@@ -268,7 +336,7 @@ mod tests {
 
     fn spec(words: &[&str]) -> Result<Limit, SpecError> {
         let mut it = words.iter().map(|w| w.as_bytes());
-        parse_spec(&mut it, 1, 1)
+        parse_spec(&mut it, 1, 1).map(|s| s.limit)
     }
 
     #[test]
@@ -291,7 +359,32 @@ mod tests {
         );
         assert_eq!(
             spec(&["TOKEN"]).unwrap_err().to_string(),
-            "syntax error: expected GCRA or WINDOW for key 1 of 1, got 'TOKEN'"
+            "syntax error: expected GCRA or WINDOW or LEASE for key 1 of 1, got 'TOKEN'"
+        );
+        assert_eq!(
+            spec(&["LEASE", "3", "30", "job-7"]),
+            Ok(Limit::Lease(
+                LeaseParams {
+                    limit: 3,
+                    lease: span(30 * S)
+                },
+                Token::new(b"job-7").unwrap()
+            ))
+        );
+        assert_eq!(
+            spec(&["LEASE", "3", "30", ""]).unwrap_err().to_string(),
+            "token must be 1 to 64 bytes"
+        );
+        let mut it = ["WINDOW", "90000", "60", "cost", "1200", "GCRA"]
+            .iter()
+            .map(|w| w.as_bytes());
+        let s = parse_spec(&mut it, 1, 1).unwrap();
+        assert_eq!(s.cost, Some(1200));
+        assert_eq!(it.next(), Some(&b"GCRA"[..]));
+        let mut it = ["WINDOW", "9", "60", "COST"].iter().map(|w| w.as_bytes());
+        assert_eq!(
+            parse_spec(&mut it, 1, 1).unwrap_err().to_string(),
+            "syntax error: spec is missing its COST value"
         );
         assert_eq!(
             spec(&["WINDOW", "0", "60"]).unwrap_err().to_string(),

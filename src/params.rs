@@ -19,6 +19,8 @@ pub enum ParamError {
     RateTooHigh,
     /// `burst × emission interval` does not fit in 64-bit nanoseconds.
     BurstTooLarge,
+    /// A lease token that is empty or longer than 64 bytes.
+    BadToken,
 }
 
 impl fmt::Display for ParamError {
@@ -41,6 +43,7 @@ impl fmt::Display for ParamError {
                 f,
                 "burst is too large: burst * period / rate overflows 64-bit nanoseconds"
             ),
+            Self::BadToken => write!(f, "token must be 1 to 64 bytes"),
         }
     }
 }
@@ -225,4 +228,23 @@ impl WindowParams {
         }
         Ok(Self { limit, window })
     }
+}
+
+impl crate::algo::lease::LeaseParams {
+    /// Parses the argument words `limit lease` of RL.LEASE and of `LEASE` specs.
+    ///
+    /// Errors: the [`ParamError`] naming the first bad argument, in argument order.
+    pub fn parse(limit: &[u8], lease: &[u8]) -> Result<Self, ParamError> {
+        Ok(Self {
+            limit: positive(limit, "limit")?,
+            lease: seconds(lease, "lease")?,
+        })
+    }
+}
+
+/// Parses a lease `token`: 1 to 64 bytes, any bytes.
+///
+/// Errors: [`ParamError::BadToken`].
+pub fn token(bytes: &[u8]) -> Result<crate::algo::lease::Token, ParamError> {
+    crate::algo::lease::Token::new(bytes).ok_or(ParamError::BadToken)
 }

@@ -7,6 +7,7 @@
 
 use crate::algo::fixed_window::{self, FixedState};
 use crate::algo::gcra::{self, GcraRequest, GcraState};
+use crate::algo::lease::{LeaseState, LeaseWrite};
 use crate::algo::sliding_log::{self, LogState, LogWrite};
 use crate::algo::sliding_window::{self, SlidingState};
 use crate::decision::{Decision, Overflow};
@@ -25,6 +26,8 @@ pub enum Algorithm {
     Sliding,
     /// Exact sliding log.
     Log,
+    /// Concurrency leases.
+    Lease,
 }
 
 impl Algorithm {
@@ -35,6 +38,7 @@ impl Algorithm {
             Self::Fixed => "FIXED window",
             Self::Sliding => "SLIDING window",
             Self::Log => "LOG window",
+            Self::Lease => "LEASE limit",
         }
     }
 }
@@ -51,6 +55,8 @@ pub enum State {
     Sliding(Box<SlidingState>),
     /// A LOG window key.
     Log(Box<LogState>),
+    /// A LEASE key.
+    Lease(Box<LeaseState>),
 }
 
 /// StateRef is a key's value seen where it lies (GCRA by value: its stored form is packed).
@@ -64,6 +70,8 @@ pub enum StateRef<'a> {
     Sliding(&'a SlidingState),
     /// A LOG window key.
     Log(&'a LogState),
+    /// A LEASE key.
+    Lease(&'a LeaseState),
 }
 
 impl State {
@@ -74,6 +82,7 @@ impl State {
             Self::Fixed(s) => StateRef::Fixed(s),
             Self::Sliding(s) => StateRef::Sliding(s),
             Self::Log(s) => StateRef::Log(s),
+            Self::Lease(s) => StateRef::Lease(s),
         }
     }
 }
@@ -86,6 +95,7 @@ impl StateRef<'_> {
             Self::Fixed(_) => Algorithm::Fixed,
             Self::Sliding(_) => Algorithm::Sliding,
             Self::Log(_) => Algorithm::Log,
+            Self::Lease(_) => Algorithm::Lease,
         }
     }
 
@@ -96,6 +106,7 @@ impl StateRef<'_> {
             Self::Fixed(s) => s.limit,
             Self::Sliding(s) => s.limit,
             Self::Log(s) => s.limit,
+            Self::Lease(s) => s.limit,
         }
     }
 
@@ -121,13 +132,15 @@ impl StateRef<'_> {
             Self::Log(s) => {
                 sliding_log::decide(&window(s.limit, s.window)?, Some(s), now, 0)?.decision
             }
+            Self::Lease(s) => s.report(s.limit, now),
         })
     }
 
     /// Gives back up to `quantity` requests at `now` (RL.REFUND): GCRA moves its TAT back,
     /// FIXED and SLIDING lower the current window's count, LOG removes its most recent
-    /// requests. Pure: the returned action is the caller's to carry out.
-    pub fn refund(self, now: Instant, quantity: u64) -> Refund {
+    /// requests. Pure: the returned action is the caller's to carry out. None for a LEASE
+    /// key, whose slots are given back by releasing the lease that holds them.
+    pub fn refund(self, now: Instant, quantity: u64) -> Option<Refund> {
         let decided = |refunded: u64, after: Option<Write>| Refund {
             refunded,
             action: match (refunded, after) {
@@ -136,7 +149,7 @@ impl StateRef<'_> {
                 (_, Some(write)) => RefundAction::Store(write),
             },
         };
-        match self {
+        Some(match self {
             Self::Gcra(g) => {
                 let (after, n) = gcra::refund(&g, now, quantity);
                 decided(n, after.map(Write::Gcra))
@@ -159,7 +172,8 @@ impl StateRef<'_> {
                     (refunded < in_window).then_some(Write::LogRefund { at: now, quantity });
                 decided(refunded, after)
             }
-        }
+            Self::Lease(_) => return None,
+        })
     }
 
     /// Returns an owned copy.
@@ -169,6 +183,7 @@ impl StateRef<'_> {
             Self::Fixed(s) => State::Fixed(Box::new(*s)),
             Self::Sliding(s) => State::Sliding(Box::new(*s)),
             Self::Log(s) => State::Log(Box::new(s.clone())),
+            Self::Lease(s) => State::Lease(Box::new(s.clone())),
         }
     }
 }
@@ -214,6 +229,8 @@ pub enum Write {
         /// Requests to give back.
         quantity: u64,
     },
+    /// Take, renew or release a lease (a release on a missing key leaves it missing).
+    Lease(LeaseWrite),
 }
 
 /// Effect is what replicas and the AOF apply to a key (`RL.APPLY`).
@@ -235,10 +252,13 @@ impl Effect {
     pub fn default_event(&self) -> Event {
         match self {
             Self::Replace(State::Gcra(_)) => Event::Gcra,
+            Self::Replace(State::Lease(_)) => Event::Lease,
             Self::Replace(_) | Self::Apply(Write::Log(_)) => Event::Window,
             Self::Apply(Write::Gcra(_)) => Event::Gcra,
             Self::Apply(Write::Fixed(_) | Write::Sliding(_)) => Event::Window,
             Self::Apply(Write::LogRefund { .. }) | Self::Delete => Event::Refund,
+            Self::Apply(Write::Lease(LeaseWrite::Acquire { .. })) => Event::Lease,
+            Self::Apply(Write::Lease(LeaseWrite::Release { .. })) => Event::Release,
         }
     }
 }
@@ -257,16 +277,22 @@ pub enum Event {
     Refund,
     /// `cl.throttle`
     Throttle,
+    /// `rl.lease`
+    Lease,
+    /// `rl.release`
+    Release,
 }
 
 impl Event {
     /// Every event, by its code.
-    const ALL: [Event; 5] = [
+    const ALL: [Event; 7] = [
         Event::Gcra,
         Event::Window,
         Event::All,
         Event::Refund,
         Event::Throttle,
+        Event::Lease,
+        Event::Release,
     ];
 
     /// The event's name, as subscribers see it.
@@ -277,6 +303,8 @@ impl Event {
             Self::All => c"rl.all",
             Self::Refund => c"rl.refund",
             Self::Throttle => c"cl.throttle",
+            Self::Lease => c"rl.lease",
+            Self::Release => c"rl.release",
         }
     }
 
@@ -288,6 +316,8 @@ impl Event {
             Self::All => 3,
             Self::Refund => 4,
             Self::Throttle => 5,
+            Self::Lease => 6,
+            Self::Release => 7,
         }
     }
 

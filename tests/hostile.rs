@@ -21,6 +21,24 @@ fn fields(version: u8, tag: u8, values: &[u64]) -> Vec<u8> {
     v
 }
 
+/// Codec bytes (encoding version 3) of a LEASE state with `limit` and `(expiry_ns, slots,
+/// token)` leases.
+fn lease_state(limit: u64, leases: &[(u64, u64, &[u8])]) -> Vec<u8> {
+    let mut records = Vec::new();
+    for (expires, slots, token) in leases {
+        records.extend_from_slice(&expires.to_le_bytes());
+        records.extend_from_slice(&slots.to_le_bytes());
+        records.push(token.len() as u8);
+        records.extend_from_slice(token);
+    }
+    let mut v = vec![3u8, 5];
+    for f in [limit, leases.len() as u64, records.len() as u64] {
+        v.extend_from_slice(&f.to_le_bytes());
+    }
+    v.extend_from_slice(&records);
+    v
+}
+
 #[test]
 fn forged_restore_payloads_are_refused() {
     let s = Server::start();
@@ -60,10 +78,6 @@ fn forged_restore_payloads_are_refused() {
         ("empty", vec![]),
         ("one byte", vec![2]),
         ("fixed count 0", fields(2, 2, &[10 * s1, 5, 0, 0, 1])),
-        (
-            "fixed count above limit",
-            fields(2, 2, &[10 * s1, 5, 0, 6, 1]),
-        ),
         ("fixed window 0", fields(2, 2, &[0, 5, 0, 1, 0])),
         (
             "fixed start not aligned",
@@ -73,11 +87,28 @@ fn forged_restore_payloads_are_refused() {
             "fixed written outside its window",
             fields(2, 2, &[10 * s1, 5, 0, 1, 10 * s1]),
         ),
-        (
-            "sliding current above limit",
-            fields(2, 3, &[10 * s1, 5, 0, 0, 6, 1]),
-        ),
         ("sliding empty", fields(2, 3, &[10 * s1, 5, 0, 0, 0, 1])),
+        // (Counts above the limit are what FORCE records: they load.)
+        (
+            "lease slots above its limit",
+            lease_state(2, &[(now, 3, b"a")]),
+        ),
+        (
+            "lease token twice",
+            lease_state(9, &[(now, 1, b"a"), (now, 1, b"a")]),
+        ),
+        ("lease zero slots", lease_state(9, &[(now, 0, b"a")])),
+        ("lease empty token", lease_state(9, &[(now, 1, b"")])),
+        (
+            "lease token of 65 bytes",
+            lease_state(99, &[(now, 1, &[7; 65])]),
+        ),
+        ("lease limit 0", lease_state(0, &[(now, 1, b"a")])),
+        ("lease in version 2", {
+            let mut v = lease_state(9, &[(now, 1, b"a")]);
+            v[0] = 2;
+            v
+        }),
         ("sliding limit 0", fields(2, 3, &[10 * s1, 0, 0, 1, 0, 1])),
         ("log longer than its limit", log_state(60 * s1, 1, now, 2)),
         ("log total disagrees with entries", {
@@ -127,7 +158,12 @@ fn forged_restore_payloads_are_refused() {
         assert_eq!(q::<i64>(&mut c, &["EXISTS", "forged"]), 0, "{label}");
     }
     // The same frame with valid states loads (the forging itself is sound).
-    for (key, state) in [("ok:gcra", good_gcra), ("ok:log", good_log)] {
+    let good_lease = lease_state(3, &[(now + 60 * s1, 2, b"a"), (now + 60 * s1, 1, b"b")]);
+    for (key, state) in [
+        ("ok:gcra", good_gcra),
+        ("ok:log", good_log),
+        ("ok:lease", good_lease),
+    ] {
         redis::cmd("RESTORE")
             .arg(key)
             .arg(60_000)
@@ -141,6 +177,13 @@ fn forged_restore_payloads_are_refused() {
             &["RL.WINDOW", "ok:log", "5", "60", "LOG", "QUANTITY", "0"]
         )[2],
         3
+    );
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.LEASE", "ok:lease", "3", "60", "c", "QUANTITY", "0"]
+        )[2],
+        0
     );
     assert_eq!(q::<String>(&mut c, &["PING"]), "PONG");
     assert!(

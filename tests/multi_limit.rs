@@ -101,7 +101,7 @@ fn all_rejects_bad_input_before_touching_anything() {
         ),
         (
             &["2", "a", "b", "GCRA", "1", "1", "1"],
-            "ERR syntax error: expected 2 specs (GCRA … or WINDOW …), got 1",
+            "ERR syntax error: expected 2 specs (GCRA … or WINDOW … or LEASE …), got 1",
         ),
         (
             &["1", "a", "GCRA", "1", "1"],
@@ -117,7 +117,7 @@ fn all_rejects_bad_input_before_touching_anything() {
         ),
         (
             &["1", "a", "TOKEN", "1", "1"],
-            "ERR syntax error: expected GCRA or WINDOW for key 1 of 1, got 'TOKEN'",
+            "ERR syntax error: expected GCRA or WINDOW or LEASE for key 1 of 1, got 'TOKEN'",
         ),
         (
             &["1", "a", "WINDOW", "5", "1", "LOG", "LOG"],

@@ -106,6 +106,43 @@ pub fn decide(
     })
 }
 
+/// Records `quantity` requests that have already happened (`FORCE`), whether or not the limit
+/// admits them: the current window's count grows past `limit` if need be, so later requests
+/// are denied until the window ends. The decision is allowed, `remaining` 0 while over.
+///
+/// Errors: [`Overflow`] when the count would pass 2^64 − 1 or the window's end 64-bit time.
+pub fn force(
+    params: &WindowParams,
+    stored: Option<&FixedState>,
+    now: Instant,
+    quantity: u64,
+) -> Result<Outcome<FixedState>, Overflow> {
+    if quantity == 0 {
+        return decide(params, stored, now, 0);
+    }
+    let at = judged_at(stored, now);
+    let window_start = at.floor_to(params.window);
+    let window_end = window_start.checked_add(params.window).ok_or(Overflow)?;
+    let count = current_count(stored, window_start)
+        .checked_add(quantity)
+        .ok_or(Overflow)?;
+    Ok(Outcome {
+        decision: Decision {
+            verdict: Verdict::Allowed,
+            limit: params.limit,
+            remaining: params.limit.saturating_sub(count),
+            reset_after: window_end.saturating_since(now),
+        },
+        write: Some(FixedState {
+            window: params.window,
+            limit: params.limit,
+            window_start,
+            count,
+            updated_at: at,
+        }),
+    })
+}
+
 /// Gives back up to `quantity` requests to the current window at `now`; returns the new
 /// state (None when nothing is counted any more) and how many were given back.
 pub fn refund(state: &FixedState, now: Instant, quantity: u64) -> (Option<FixedState>, u64) {
@@ -203,6 +240,29 @@ mod tests {
         let out = decide(&small, Some(&s), at(S), 1).unwrap();
         assert_eq!(out.decision.verdict, denied(99 * S));
         assert_eq!(out.decision.remaining, 0);
+    }
+
+    #[test]
+    fn force_counts_past_the_limit_until_the_window_ends() {
+        let p = WindowParams::new(5, span(10 * S)).unwrap();
+        let out = force(&p, None, at(S), 8).unwrap();
+        assert_eq!(
+            (out.decision.remaining, out.decision.reset_after),
+            (0, span(9 * S))
+        );
+        let s = out.write.unwrap();
+        assert_eq!(s.count, 8);
+        assert_eq!(
+            decide(&p, Some(&s), at(2 * S), 1).unwrap().decision.verdict,
+            denied(8 * S)
+        );
+        assert!(decide(&p, Some(&s), at(10 * S), 5)
+            .unwrap()
+            .decision
+            .verdict
+            .is_allowed());
+        let full = force(&p, None, at(S), u64::MAX).unwrap().write.unwrap();
+        assert_eq!(force(&p, Some(&full), at(S), 1), Err(Overflow));
     }
 
     #[test]

@@ -161,6 +161,43 @@ pub fn decide(
     }
 }
 
+/// Records `quantity` requests that have already happened (`FORCE`), whether or not the limit
+/// admits them: the TAT advances by `quantity · T` from `max(TAT, now)`, past `now + τ` if
+/// need be, so later requests wait until the excess has drained. The decision is allowed,
+/// `remaining` 0 while the key is over its burst, `reset_after` covering the whole excess.
+///
+/// Errors: [`Overflow`] when the new TAT would leave 64-bit nanoseconds.
+pub fn force(
+    params: &GcraParams,
+    stored: Option<&GcraState>,
+    now: Instant,
+    quantity: u64,
+) -> Result<Outcome<GcraState>, Overflow> {
+    if quantity == 0 {
+        return decide(params, stored, now, GcraRequest::of(0));
+    }
+    let tat = effective_tat(params, stored, now);
+    let cost = params
+        .emission_interval
+        .checked_mul(quantity)
+        .ok_or(Overflow)?;
+    let tat = tat.checked_add(cost).ok_or(Overflow)?;
+    Ok(Outcome {
+        decision: Decision {
+            verdict: Verdict::Allowed,
+            limit: params.burst,
+            remaining: remaining(params, tat, now),
+            reset_after: tat.saturating_since(now),
+        },
+        write: Some(GcraState {
+            tat,
+            emission_interval: params.emission_interval,
+            burst: params.burst,
+            updated_at: now,
+        }),
+    })
+}
+
 /// Gives back up to `quantity` requests at `now`: the TAT moves back by `quantity · T`, but
 /// not before `now`. Returns the new state (None when the key is idle again) and how many
 /// requests were given back (the capacity in use, rounded up, if that is less).
@@ -424,6 +461,31 @@ mod tests {
             decide(&huge, None, BASE, GcraRequest::of(u64::MAX)),
             Err(Overflow)
         );
+    }
+
+    #[test]
+    fn force_records_usage_past_the_burst_and_later_requests_wait_for_it() {
+        // Burst 5, 1 per second: 12 requests already happened (an estimate of 1 was 13 low).
+        let p = GcraParams::new(5, 1, span(S)).unwrap();
+        let s = decide(&p, None, BASE, GcraRequest::of(1))
+            .unwrap()
+            .write
+            .unwrap();
+        let out = force(&p, Some(&s), BASE, 12).unwrap();
+        assert_eq!(out.decision.verdict, Verdict::Allowed);
+        assert_eq!(out.decision.remaining, 0);
+        assert_eq!(out.decision.reset_after, span(13 * S));
+        let forced = out.write.unwrap();
+        // 13 s of capacity in use against a 5 s tolerance: the next request waits 9 s.
+        let next = decide(&p, Some(&forced), BASE, GcraRequest::of(1)).unwrap();
+        assert_eq!(next.decision.verdict, denied(9 * S));
+        assert!(decide(&p, Some(&forced), at(9 * S), GcraRequest::of(1))
+            .unwrap()
+            .decision
+            .verdict
+            .is_allowed());
+        // Past 64-bit time: an error, nothing written.
+        assert_eq!(force(&p, None, BASE, u64::MAX), Err(Overflow));
     }
 
     #[test]

@@ -192,6 +192,58 @@ pub fn decide(
     })
 }
 
+/// Records `quantity` requests that have already happened (`FORCE`), whether or not the limit
+/// admits them: the current window's count grows past `limit` if need be, so later requests
+/// are denied until the estimate has fallen back. The decision is allowed, `remaining` 0
+/// while over, `reset_after` the end of the next window.
+///
+/// Errors: [`Overflow`] when the count would pass 2^64 − 1 or a window end 64-bit time.
+pub fn force(
+    params: &WindowParams,
+    stored: Option<&SlidingState>,
+    now: Instant,
+    quantity: u64,
+) -> Result<Outcome<SlidingState>, Overflow> {
+    if quantity == 0 {
+        return decide(params, stored, now, 0);
+    }
+    let w = params.window;
+    let at = judged_at(stored, now);
+    let start = at.floor_to(w);
+    let next_end = start
+        .checked_add(w)
+        .and_then(|end| end.checked_add(w))
+        .ok_or(Overflow)?;
+    let counts = current_counts(stored, at, w);
+    let curr = counts.curr.checked_add(quantity).ok_or(Overflow)?;
+    let estimate = scaled_estimate(
+        Counts {
+            prev: counts.prev,
+            curr,
+        },
+        at.saturating_since(start),
+        w,
+    );
+    let remaining = (u128::from(params.limit) * u128::from(w.as_ns())).saturating_sub(estimate)
+        / u128::from(w.as_ns());
+    Ok(Outcome {
+        decision: Decision {
+            verdict: Verdict::Allowed,
+            limit: params.limit,
+            remaining: u64::try_from(remaining).unwrap_or(u64::MAX),
+            reset_after: next_end.saturating_since(now),
+        },
+        write: Some(SlidingState {
+            window: w,
+            limit: params.limit,
+            window_start: start,
+            prev: counts.prev,
+            curr,
+            updated_at: at,
+        }),
+    })
+}
+
 /// Gives back up to `quantity` requests from the current window's count at `now`; returns the
 /// new state (None when both counts are gone) and how many were given back.
 pub fn refund(state: &SlidingState, now: Instant, quantity: u64) -> (Option<SlidingState>, u64) {
@@ -303,6 +355,23 @@ mod tests {
         // At 25 s it is gone.
         let c = current_counts(Some(&s), at(25 * S), ten_s.window);
         assert_eq!(c, Counts { prev: 0, curr: 0 });
+    }
+
+    #[test]
+    fn force_counts_past_the_limit_and_the_estimate_drains_it() {
+        let p = WindowParams::new(4, span(10 * S)).unwrap();
+        let out = force(&p, None, at(5 * S), 8).unwrap();
+        assert_eq!(out.decision.verdict, Verdict::Allowed);
+        assert_eq!(
+            (out.decision.remaining, out.decision.reset_after),
+            (0, span(15 * S))
+        );
+        let s = out.write.unwrap();
+        // Next window: 8 · (10 − e)/10 + 1 ≤ 4 once e ≥ 6.25 s, i.e. 11.25 s from now.
+        assert_eq!(
+            decide(&p, Some(&s), at(5 * S), 1).unwrap().decision.verdict,
+            denied(11_250 * MS)
+        );
     }
 
     #[test]

@@ -1,29 +1,61 @@
-//! Module configuration: `rl.log-max-limit`, settable with `CONFIG SET`, `MODULE LOADEX …
-//! CONFIG`, and `MODULE LOAD path log-max-limit N`.
+//! Module configuration: `rl.log-max-limit` and `rl.lease-max-limit`, settable with `CONFIG
+//! SET`, `MODULE LOADEX … CONFIG`, and module arguments (`MODULE LOAD path log-max-limit N`).
 
 use std::ffi::{c_char, c_int, c_longlong, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::raw;
 
-/// Default of `rl.log-max-limit`: the largest `limit` RL.WINDOW … LOG accepts.
-pub const LOG_MAX_LIMIT_DEFAULT: u64 = 100_000;
-/// Range of `rl.log-max-limit`. At the maximum a LOG key holds at most 10 M requests
-/// (roughly 40 MB at 4 bytes per request).
-pub const LOG_MAX_LIMIT_RANGE: (u64, u64) = (1, 10_000_000);
+/// One numeric configuration.
+struct Config {
+    /// Its name without the module's `rl.` prefix.
+    name: &'static CStr,
+    default: u64,
+    range: (u64, u64),
+    value: AtomicU64,
+}
 
-static LOG_MAX_LIMIT: AtomicU64 = AtomicU64::new(LOG_MAX_LIMIT_DEFAULT);
+impl Config {
+    const fn new(name: &'static CStr, default: u64, range: (u64, u64)) -> Self {
+        Self {
+            name,
+            default,
+            range,
+            value: AtomicU64::new(default),
+        }
+    }
+}
+
+const LOG: usize = 0;
+const LEASE: usize = 1;
+
+/// The configurations, in registration order.
+///
+/// * `rl.log-max-limit` (default 100,000, 1 to 10,000,000): the largest `limit` RL.WINDOW …
+///   LOG accepts; at the maximum a LOG key holds 10 M requests (about 40 MB).
+/// * `rl.lease-max-limit` (default 10,000, 1 to 1,000,000): the largest `limit` RL.LEASE (and
+///   `LEASE` specs) accept; a LEASE key holds at most that many leases, 17 bytes plus the
+///   token each.
+static CONFIGS: [Config; 2] = [
+    Config::new(c"log-max-limit", 100_000, (1, 10_000_000)),
+    Config::new(c"lease-max-limit", 10_000, (1, 1_000_000)),
+];
 
 /// The current `rl.log-max-limit`.
 pub fn log_max_limit() -> u64 {
-    LOG_MAX_LIMIT.load(Ordering::Relaxed)
+    CONFIGS[LOG].value.load(Ordering::Relaxed)
 }
 
-extern "C" fn get_log_max_limit(_name: *const c_char, _priv: *mut c_void) -> c_longlong {
-    log_max_limit() as c_longlong
+/// The current `rl.lease-max-limit`.
+pub fn lease_max_limit() -> u64 {
+    CONFIGS[LEASE].value.load(Ordering::Relaxed)
 }
 
-extern "C" fn set_log_max_limit(
+extern "C" fn get<const I: usize>(_name: *const c_char, _priv: *mut c_void) -> c_longlong {
+    CONFIGS[I].value.load(Ordering::Relaxed) as c_longlong
+}
+
+extern "C" fn set<const I: usize>(
     _name: *const c_char,
     val: c_longlong,
     _priv: *mut c_void,
@@ -32,34 +64,39 @@ extern "C" fn set_log_max_limit(
     // Redis checks the range registered below before calling this.
     match u64::try_from(val) {
         Ok(v) => {
-            LOG_MAX_LIMIT.store(v, Ordering::Relaxed);
+            CONFIGS[I].value.store(v, Ordering::Relaxed);
             raw::Status::Ok as c_int
         }
         Err(_) => raw::Status::Err as c_int,
     }
 }
 
-/// Reads the module arguments (`log-max-limit N`, name case-insensitive, optionally with the
-/// `rl.` prefix) into the defaults. Errors name the bad argument.
+/// Reads the module arguments (`log-max-limit N`, `lease-max-limit N`; names
+/// case-insensitive, optionally with the `rl.` prefix) into the defaults. Errors name the
+/// bad argument.
 pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
     let mut rest = args.iter();
     while let Some(name) = rest.next() {
         let shown = String::from_utf8_lossy(name).into_owned();
         let plain = name.strip_prefix(b"rl.").unwrap_or(name);
-        if !plain.eq_ignore_ascii_case(b"log-max-limit") {
+        let Some(config) = CONFIGS
+            .iter()
+            .find(|c| plain.eq_ignore_ascii_case(c.name.to_bytes()))
+        else {
             return Err(format!(
-                "unknown module argument '{shown}' (known: log-max-limit N)"
+                "unknown module argument '{shown}' (known: log-max-limit N, lease-max-limit N)"
             ));
-        }
+        };
         let value = rest
             .next()
             .ok_or_else(|| format!("module argument '{shown}' needs a value"))?;
-        let (lo, hi) = LOG_MAX_LIMIT_RANGE;
+        let (lo, hi) = config.range;
         match crate::time::parse_count(value) {
-            Some(v) if (lo..=hi).contains(&v) => LOG_MAX_LIMIT.store(v, Ordering::Relaxed),
+            Some(v) if (lo..=hi).contains(&v) => config.value.store(v, Ordering::Relaxed),
             _ => {
                 return Err(format!(
-                    "module argument log-max-limit must be an integer from {lo} to {hi}, got '{}'",
+                    "module argument {} must be an integer from {lo} to {hi}, got '{}'",
+                    config.name.to_string_lossy(),
                     String::from_utf8_lossy(value)
                 ))
             }
@@ -68,11 +105,12 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
     Ok(())
 }
 
-/// Registers the configs (defaults from the module arguments) and loads values given with
-/// `MODULE LOADEX … CONFIG` or in the config file.
-pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
-    let name: &CStr = c"log-max-limit";
-    let (lo, hi) = LOG_MAX_LIMIT_RANGE;
+/// Registers one config, its default taken from the module arguments.
+fn register_one<const I: usize>(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    let config = &CONFIGS[I];
+    let (lo, hi) = config.range;
+    let initial = config.value.load(Ordering::Relaxed);
+    debug_assert!((lo..=hi).contains(&config.default));
     // SAFETY: `ctx` is the load context; the name is a NUL-terminated static; the getter and
     // setter have the signatures Redis expects and need no private data.
     let status = unsafe {
@@ -80,20 +118,31 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
             .ok_or("this server has no module configuration API")?;
         register(
             ctx,
-            name.as_ptr(),
-            log_max_limit() as c_longlong,
+            config.name.as_ptr(),
+            initial as c_longlong,
             raw::REDISMODULE_CONFIG_DEFAULT,
             lo as c_longlong,
             hi as c_longlong,
-            Some(get_log_max_limit),
-            Some(set_log_max_limit),
+            Some(get::<I>),
+            Some(set::<I>),
             None,
             std::ptr::null_mut(),
         )
     };
     if status != raw::Status::Ok as c_int {
-        return Err("cannot register config rl.log-max-limit".into());
+        return Err(format!(
+            "cannot register config rl.{}",
+            config.name.to_string_lossy()
+        ));
     }
+    Ok(())
+}
+
+/// Registers the configs (defaults from the module arguments) and loads values given with
+/// `MODULE LOADEX … CONFIG` or in the config file.
+pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    register_one::<LOG>(ctx)?;
+    register_one::<LEASE>(ctx)?;
     // SAFETY: `ctx` is the load context, after every config is registered.
     let loaded = unsafe { raw::RedisModule_LoadConfigs.map(|load| load(ctx)) };
     if loaded.is_some_and(|status| status != raw::Status::Ok as c_int) {

@@ -106,11 +106,24 @@ pub const QUANTITY: Arg = opt(
 );
 /// `PEEK`.
 pub const PEEK: Arg = opt(c"peek", TOKEN, c"PEEK", c"evaluate exactly, write nothing");
+/// `FORCE`.
+pub const FORCE: Arg = opt(
+    c"force",
+    TOKEN,
+    c"FORCE",
+    c"record usage that already happened, past the limit if need be",
+);
 /// A `period` in seconds.
 pub const SECONDS_PERIOD: Arg = arg(
     c"period",
     DOUBLE,
     c"seconds, plain decimal with up to 9 decimals",
+);
+/// A `lease` in seconds.
+pub const SECONDS_LEASE: Arg = arg(
+    c"lease",
+    DOUBLE,
+    c"seconds a lease lasts unless renewed, plain decimal with up to 9 decimals",
 );
 /// A `window` in seconds.
 pub const SECONDS_WINDOW: Arg = arg(

@@ -41,6 +41,21 @@ pub enum CommandError {
         /// The configured maximum.
         max: u64,
     },
+    /// RL.LEASE (or a `LEASE` spec) with a limit above `rl.lease-max-limit`.
+    LeaseLimitTooHigh {
+        /// The limit asked for.
+        limit: u64,
+        /// The configured maximum.
+        max: u64,
+    },
+    /// `FORCE` where usage cannot be recorded past the limit: with `LOG`, on a `LEASE`
+    /// limit, with `PEEK` or `MAXWAIT`; the text says which, and why.
+    CannotForce(&'static str),
+    /// RL.REFUND on a LEASE key.
+    RefundOnLease {
+        /// The key, for the message.
+        key: String,
+    },
     /// An argument that is not a known keyword of this command.
     UnknownArgument(String),
     /// A keyword given twice.
@@ -76,6 +91,18 @@ impl From<SpecError> for CommandError {
     }
 }
 
+/// `FORCE` with `LOG`.
+pub const FORCE_WITH_LOG: &str = "with LOG: a LOG records each admitted request and never holds \
+     more than its limit; use FIXED or SLIDING to record usage after the fact";
+/// `FORCE` on a LEASE limit or spec.
+pub const FORCE_ON_LEASE: &str = "on a LEASE limit: its slots are taken with RL.LEASE and given \
+     back with RL.RELEASE";
+/// `FORCE` with `PEEK`.
+pub const FORCE_WITH_PEEK: &str = "with PEEK: FORCE records usage, PEEK records nothing";
+/// `FORCE` with `MAXWAIT`.
+pub const FORCE_WITH_MAXWAIT: &str =
+    "with MAXWAIT: FORCE records usage that already happened, MAXWAIT reserves a later start";
+
 impl CommandError {
     /// The error for an arithmetic overflow at `now`: the clock's fault when it reads a time
     /// near the end of 64-bit nanosecond time, else the request's.
@@ -109,6 +136,15 @@ impl CommandError {
                 asked.describe()
             ),
             Self::Spec(e) => format!("ERR {e}"),
+            Self::LeaseLimitTooHigh { limit, max } => format!(
+                "ERR limit {limit} is above rl.lease-max-limit ({max}) for LEASE, which stores \
+                 every lease: raise rl.lease-max-limit for larger concurrency limits"
+            ),
+            Self::CannotForce(reason) => format!("ERR FORCE cannot be used {reason}"),
+            Self::RefundOnLease { key } => format!(
+                "ERR key '{key}' holds a LEASE limit: give its slots back with RL.RELEASE key \
+                 token"
+            ),
             Self::LogLimitTooHigh { limit, max } => format!(
                 "ERR limit {limit} is above rl.log-max-limit ({max}) for LOG, which stores every \
                  request: use SLIDING for large limits, or raise rl.log-max-limit"

@@ -116,11 +116,12 @@ impl<'a> LimiterKey<'a> {
         self.set_raw(value::from_state(state));
     }
 
-    /// Whether the key holds a LOG with no request left (to be deleted).
-    pub fn is_empty_log(&self) -> bool {
+    /// Whether the key holds a LOG with no request, or a LEASE with no lease, left (to be
+    /// deleted).
+    pub fn is_emptied(&self) -> bool {
         match self.raw_value() {
             // SAFETY: as for `load`.
-            Ok(raw) => unsafe { value::is_empty_log(raw) },
+            Ok(raw) => unsafe { value::is_emptied(raw) },
             Err(_) => false,
         }
     }

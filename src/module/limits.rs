@@ -7,16 +7,57 @@ use smallvec::SmallVec;
 
 use super::call::{Access, Arg, Call};
 use super::data_type::with_scratch;
-use super::error::CommandError;
+use super::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG};
 use super::keys::LimiterKey;
 use crate::codec;
 use crate::decision::{combine, Decision};
 use crate::limit::{Limit, LimitError, Request};
-use crate::state::{Event, Write};
-use crate::time::Instant;
+use crate::module::config;
+use crate::state::{Algorithm, Event, Write};
+use crate::time::{Instant, Span};
 
 /// Per-key results, inline for the usual one or two keys.
 pub type PerKey<T> = SmallVec<[T; 2]>;
+
+/// One limit of a call: on which key, and what it is charged (the call's `QUANTITY`, or the
+/// spec's `COST`).
+#[derive(Clone, Copy)]
+pub struct Check<'a> {
+    /// The key.
+    pub key: Arg<'a>,
+    /// The limit.
+    pub limit: Limit,
+    /// Requests (slots, tokens, …) this limit is charged; 0 only reports.
+    pub charge: u64,
+}
+
+/// What a call asks besides its charges.
+#[derive(Clone, Copy, Default)]
+pub struct Mode {
+    /// `PEEK`: decide exactly, write nothing.
+    pub peek: bool,
+    /// `FORCE`: record usage that has already happened.
+    pub force: bool,
+    /// `MAXWAIT` (RL.GCRA only).
+    pub max_wait: Option<Span>,
+}
+
+/// Refuses a limit above its configured cap (`rl.log-max-limit`, `rl.lease-max-limit`).
+pub fn check_caps(limit: &Limit) -> Result<(), CommandError> {
+    match limit {
+        Limit::Log(p) if p.limit > config::log_max_limit() => Err(CommandError::LogLimitTooHigh {
+            limit: p.limit,
+            max: config::log_max_limit(),
+        }),
+        Limit::Lease(p, _) if p.limit > config::lease_max_limit() => {
+            Err(CommandError::LeaseLimitTooHigh {
+                limit: p.limit,
+                max: config::lease_max_limit(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
 
 /// The outcome of one limiting call.
 pub struct Decided {
@@ -26,20 +67,19 @@ pub struct Decided {
     pub per_key: PerKey<Decision>,
 }
 
-/// Decides `request` on every `(key, limit)` at `now` and, unless `peek`, commits the
-/// writes when every limit admits it, emitting `event` for each key written.
+/// Decides every check at `now` and, unless `mode.peek`, commits the writes when every
+/// charged limit admits the request, emitting `event` for each key written.
 ///
-/// Errors (nothing is written): WRONGTYPE, a key of another algorithm, arithmetic overflow,
-/// a state that would not load back, out of memory for a write.
+/// Errors (nothing is written): WRONGTYPE, a key of another algorithm, FORCE where it cannot
+/// apply, arithmetic overflow, a state that would not load back, out of memory for a write.
 pub fn decide<'a>(
     call: &Call<'a>,
-    checks: &[(Arg<'a>, Limit)],
-    request: Request,
-    peek: bool,
+    checks: &[Check<'a>],
+    mode: Mode,
     now: Instant,
     event: Event,
 ) -> Result<Decided, CommandError> {
-    let may_write = !peek && request.quantity > 0;
+    let may_write = !mode.peek && checks.iter().any(|c| c.charge > 0);
     // Memory is judged as the command starts (as the server judges `deny-oom` commands,
     // after its eviction attempt), before this call's own allocations.
     let out_of_memory = may_write && call.is_out_of_memory();
@@ -50,20 +90,32 @@ pub fn decide<'a>(
     };
     let mut keys: PerKey<LimiterKey<'a>> = checks
         .iter()
-        .map(|(key, _)| call.open(*key, access))
+        .map(|check| call.open(check.key, access))
         .collect();
     let mut per_key = PerKey::new();
     let mut writes: PerKey<Option<(Write, i64)>> = PerKey::new();
-    for (key, (_, limit)) in keys.iter().zip(checks) {
+    for (key, check) in keys.iter().zip(checks) {
         let stored = key.load()?;
-        let outcome = limit.decide(stored, now, request).map_err(|e| match e {
-            LimitError::WrongAlgorithm { held, asked } => CommandError::WrongAlgorithm {
-                key: key.display_name(),
-                held,
-                asked,
-            },
-            LimitError::Overflow(o) => CommandError::overflow(o, now),
-        })?;
+        let request = Request {
+            quantity: check.charge,
+            max_wait: mode.max_wait,
+            force: mode.force,
+        };
+        let outcome = check
+            .limit
+            .decide(stored, now, request)
+            .map_err(|e| match e {
+                LimitError::WrongAlgorithm { held, asked } => CommandError::WrongAlgorithm {
+                    key: key.display_name(),
+                    held,
+                    asked,
+                },
+                LimitError::Overflow(o) => CommandError::overflow(o, now),
+                LimitError::CannotForce(Algorithm::Lease) => {
+                    CommandError::CannotForce(FORCE_ON_LEASE)
+                }
+                LimitError::CannotForce(_) => CommandError::CannotForce(FORCE_WITH_LOG),
+            })?;
         if let Some(write) = &outcome.write {
             check_storable(write)?;
         }
@@ -75,7 +127,14 @@ pub fn decide<'a>(
     }
     let combined = match per_key.as_slice() {
         [only] => *only,
-        all => combine(all),
+        all => {
+            let charged: PerKey<_> = all
+                .iter()
+                .zip(checks)
+                .map(|(d, c)| (*d, c.charge))
+                .collect();
+            combine(&charged)
+        }
     };
     if may_write && combined.verdict.is_allowed() {
         // Out of memory, a limiter still denies (above, as usual) but refuses to write: a
@@ -101,11 +160,11 @@ pub fn commit(key: &mut LimiterKey<'_>, write: &Write, expire_at_ms: i64, event:
 }
 
 /// Refuses a write whose state would not load back (RDB, replica, AOF): a safety net under
-/// the algorithms' own invariants, so that no bug can make a file unloadable. LOG appends
-/// are not re-encoded here (that would cost O(log) per request); their invariants are
-/// property-tested.
+/// the algorithms' own invariants, so that no bug can make a file unloadable. LOG and LEASE
+/// writes change a stored collection in place and are not re-encoded here (that would cost
+/// O(log) or O(leases) per request); their invariants are property-tested.
 pub fn check_storable(write: &Write) -> Result<(), CommandError> {
-    if matches!(write, Write::Log(_) | Write::LogRefund { .. }) {
+    if !matches!(write, Write::Gcra(_) | Write::Fixed(_) | Write::Sliding(_)) {
         return Ok(());
     }
     with_scratch(

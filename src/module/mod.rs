@@ -129,9 +129,10 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
                 ctx,
                 Level::Notice,
                 &format!(
-                    "redis-rl {} loaded (rl.log-max-limit {})",
+                    "redis-rl {} loaded (rl.log-max-limit {}, rl.lease-max-limit {})",
                     env!("CARGO_PKG_VERSION"),
-                    config::log_max_limit()
+                    config::log_max_limit(),
+                    config::lease_max_limit()
                 ),
             );
             raw::Status::Ok as c_int

@@ -46,8 +46,14 @@ pub fn record(counters: &Counters, counted: Counted) {
     field.fetch_add(1, Ordering::Relaxed);
 }
 
-const KIND_NAMES: [&CStr; 4] = [c"gcra_keys", c"fixed_keys", c"sliding_keys", c"log_keys"];
-static KEYS: [AtomicI64; 4] = [const { AtomicI64::new(0) }; 4];
+const KIND_NAMES: [&CStr; 5] = [
+    c"gcra_keys",
+    c"fixed_keys",
+    c"sliding_keys",
+    c"log_keys",
+    c"lease_keys",
+];
+static KEYS: [AtomicI64; 5] = [const { AtomicI64::new(0) }; 5];
 
 fn kind_index(algorithm: Algorithm) -> usize {
     match algorithm {
@@ -55,6 +61,7 @@ fn kind_index(algorithm: Algorithm) -> usize {
         Algorithm::Fixed => 1,
         Algorithm::Sliding => 2,
         Algorithm::Log => 3,
+        Algorithm::Lease => 4,
     }
 }
 

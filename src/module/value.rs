@@ -8,7 +8,8 @@
 //! | 1 | [`GcraState`], for parameters or spans the compact form cannot hold | 32 |
 //! | 2 | [`FixedState`] | 40 |
 //! | 3 | [`SlidingState`] | 48 |
-//! | 4 | [`LogState`] (plus its log buffer) | 64 + log |
+//! | 4 | [`LogState`] (plus its log buffer and index) | 128 + log |
+//! | 5 | [`LeaseState`] (plus its lease records) | 32 + 17 per lease + tokens |
 //!
 //! Everything outside this file sees [`StateRef`]s, [`Write`]s and [`State`]s; the codec's
 //! encoding is the same for both GCRA forms.
@@ -25,6 +26,7 @@ use super::params_table;
 use super::stats;
 use crate::algo::fixed_window::FixedState;
 use crate::algo::gcra::GcraState;
+use crate::algo::lease::{LeaseState, LeaseWrite};
 use crate::algo::sliding_log::LogState;
 use crate::algo::sliding_window::SlidingState;
 use crate::params::WindowParams;
@@ -37,6 +39,7 @@ const TAG_GCRA_WIDE: usize = 1;
 const TAG_FIXED: usize = 2;
 const TAG_SLIDING: usize = 3;
 const TAG_LOG: usize = 4;
+const TAG_LEASE: usize = 5;
 
 /// Bits of [`CompactGcra::packed`] that hold `tat − updated_at` in ns (about 78 hours).
 const IN_USE_BITS: u32 = 48;
@@ -91,6 +94,7 @@ fn algorithm_of(tag: usize) -> Option<Algorithm> {
         TAG_FIXED => Some(Algorithm::Fixed),
         TAG_SLIDING => Some(Algorithm::Sliding),
         TAG_LOG => Some(Algorithm::Log),
+        TAG_LEASE => Some(Algorithm::Lease),
         _ => None,
     }
 }
@@ -124,6 +128,7 @@ pub unsafe fn view<'a>(raw: *mut c_void) -> Option<StateRef<'a>> {
             TAG_FIXED => untag::<FixedState>(raw).as_ref().map(StateRef::Fixed),
             TAG_SLIDING => untag::<SlidingState>(raw).as_ref().map(StateRef::Sliding),
             TAG_LOG => untag::<LogState>(raw).as_ref().map(StateRef::Log),
+            TAG_LEASE => untag::<LeaseState>(raw).as_ref().map(StateRef::Lease),
             _ => None,
         }
     }
@@ -175,6 +180,10 @@ pub unsafe fn write_in_place(raw: *mut c_void, write: &Write) -> bool {
                 (*untag::<LogState>(raw)).refund(*at, *quantity);
                 true
             }
+            (TAG_LEASE, Write::Lease(w)) => {
+                (*untag::<LeaseState>(raw)).apply(w);
+                true
+            }
             _ => false,
         }
     }
@@ -195,7 +204,12 @@ pub fn new_value(write: &Write) -> *mut c_void {
             state.apply(w);
             tagged(Box::new(state), TAG_LOG)
         }
-        Write::LogRefund { .. } => std::ptr::null_mut(),
+        Write::Lease(w @ LeaseWrite::Acquire { .. }) => {
+            let mut state = LeaseState::default();
+            state.apply(w);
+            tagged(Box::new(state), TAG_LEASE)
+        }
+        Write::LogRefund { .. } | Write::Lease(LeaseWrite::Release { .. }) => std::ptr::null_mut(),
     }
 }
 
@@ -206,17 +220,20 @@ pub fn from_state(state: State) -> *mut c_void {
         State::Fixed(b) => tagged(b, TAG_FIXED),
         State::Sliding(b) => tagged(b, TAG_SLIDING),
         State::Log(b) => tagged(b, TAG_LOG),
+        State::Lease(b) => tagged(b, TAG_LEASE),
     }
 }
 
-/// Whether a LOG value holds no request any more (a key to delete).
+/// Whether a LOG value holds no request, or a LEASE value no lease, any more (a key to
+/// delete).
 ///
 /// # Safety
 /// See the module documentation.
-pub unsafe fn is_empty_log(raw: *mut c_void) -> bool {
+pub unsafe fn is_emptied(raw: *mut c_void) -> bool {
     // SAFETY: per the contract.
     match unsafe { view(raw) } {
         Some(StateRef::Log(s)) => s.log.total() == 0,
+        Some(StateRef::Lease(s)) => s.is_empty(),
         _ => false,
     }
 }
@@ -244,6 +261,7 @@ pub unsafe fn free(raw: *mut c_void) {
             TAG_FIXED => drop(Box::from_raw(untag::<FixedState>(raw))),
             TAG_SLIDING => drop(Box::from_raw(untag::<SlidingState>(raw))),
             TAG_LOG => drop(Box::from_raw(untag::<LogState>(raw))),
+            TAG_LEASE => drop(Box::from_raw(untag::<LeaseState>(raw))),
             _ => {}
         }
     }
@@ -262,6 +280,11 @@ pub unsafe fn heap_bytes(raw: *mut c_void) -> usize {
         // SAFETY: per the contract, a LOG tag addresses a live `LogState`.
         TAG_LOG => match unsafe { untag::<LogState>(raw).as_ref() } {
             Some(l) => std::mem::size_of::<LogState>() + l.log.allocated_bytes(),
+            None => 0,
+        },
+        // SAFETY: per the contract, a LEASE tag addresses a live `LeaseState`.
+        TAG_LEASE => match unsafe { untag::<LeaseState>(raw).as_ref() } {
+            Some(l) => std::mem::size_of::<LeaseState>() + l.allocated_bytes(),
             None => 0,
         },
         _ => 0,

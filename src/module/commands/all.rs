@@ -1,19 +1,19 @@
-//! `RL.ALL numkeys key [key …] spec [spec …] [QUANTITY n] [PEEK]`: several limits, one atomic
-//! decision. Each spec is `GCRA burst rate period` or `WINDOW limit window [FIXED|SLIDING|LOG]`.
+//! `RL.ALL numkeys key [key …] spec [spec …] [QUANTITY n] [PEEK] [FORCE]`: several limits,
+//! one atomic decision. Each spec is `GCRA burst rate period`, `WINDOW limit window
+//! [FIXED|SLIDING|LOG]` or `LEASE limit lease token`, optionally followed by `COST n`.
 //! Reply: `[combined five, [per-key five, …]]`.
 
-use super::window::check_log_limit;
 use super::{five, unknown, Options, RequestOptions};
-use crate::limit::{parse_spec, shown, Limit, Request};
+use crate::limit::{parse_spec, shown};
 use crate::module::call::{Arg, Call};
 use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, KEY, MULTIPLE, STRING};
-use crate::module::error::CommandError;
-use crate::module::limits::{self, PerKey};
+use crate::module::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG};
+use crate::module::limits::{self, check_caps, Check, Mode, PerKey};
 use crate::module::stats::Counters;
-use crate::state::Event;
 use crate::params;
+use crate::state::Event;
 
 /// RL.ALL.
 pub struct All;
@@ -37,16 +37,20 @@ const ARGS: &[DocArg] = &[
         flags: MULTIPLE,
         subargs: &[],
         summary: Some(
-            c"one per key: GCRA burst rate period | WINDOW limit window [FIXED|SLIDING|LOG]",
+            c"one per key: GCRA burst rate period | WINDOW limit window [FIXED|SLIDING|LOG] | \
+              LEASE limit lease token, each optionally followed by COST n",
         ),
     },
     docs::QUANTITY,
     docs::PEEK,
+    docs::FORCE,
 ];
 
 /// Words that begin a spec.
 fn is_spec_kind(word: &[u8]) -> bool {
-    word.eq_ignore_ascii_case(b"GCRA") || word.eq_ignore_ascii_case(b"WINDOW")
+    word.eq_ignore_ascii_case(b"GCRA")
+        || word.eq_ignore_ascii_case(b"WINDOW")
+        || word.eq_ignore_ascii_case(b"LEASE")
 }
 
 /// When `numkeys` swallowed spec words as keys: the words after the keys cannot hold one
@@ -61,8 +65,8 @@ fn specs_start_early(keys: &[Arg<'_>], words_after: usize) -> Option<usize> {
 
 /// A fully validated RL.ALL call.
 struct AllCall<'a> {
-    checks: PerKey<(Arg<'a>, Limit)>,
-    options: RequestOptions,
+    checks: PerKey<Check<'a>>,
+    mode: Mode,
 }
 
 fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
@@ -94,26 +98,47 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
         }
     }
     let mut words = Options::new(rest);
-    let mut checks = PerKey::with_capacity(n);
+    let mut specs = PerKey::with_capacity(n);
     for (i, key) in keys.iter().enumerate() {
         if words.is_empty() {
             return Err(CommandError::Syntax(format!(
-                "expected {n} specs (GCRA … or WINDOW …), got {i}"
+                "expected {n} specs (GCRA … or WINDOW … or LEASE …), got {i}"
             )));
         }
-        let limit = parse_spec(&mut words, i + 1, n)?;
-        check_log_limit(&limit)?;
-        checks.push((*key, limit));
+        let spec = parse_spec(&mut words, i + 1, n)?;
+        check_caps(&spec.limit)?;
+        specs.push((*key, spec));
     }
-    let mut request = RequestOptions::default();
+    let mut options = RequestOptions::default();
     while let Some(keyword) = words.next() {
-        if !request.take(keyword, &mut words)? {
+        if !options.take(keyword, &mut words)? {
             return Err(unknown(keyword));
         }
     }
+    options.check_force()?;
+    if options.force {
+        if let Some((_, spec)) = specs.iter().find(|(_, s)| !s.limit.can_force()) {
+            return Err(CommandError::CannotForce(match spec.limit.algorithm() {
+                crate::state::Algorithm::Lease => FORCE_ON_LEASE,
+                _ => FORCE_WITH_LOG,
+            }));
+        }
+    }
+    let checks = specs
+        .into_iter()
+        .map(|(key, spec)| Check {
+            key,
+            limit: spec.limit,
+            charge: spec.cost.unwrap_or(options.quantity),
+        })
+        .collect();
     Ok(AllCall {
         checks,
-        options: request,
+        mode: Mode {
+            peek: options.peek,
+            force: options.force,
+            max_wait: None,
+        },
     })
 }
 
@@ -125,7 +150,7 @@ impl Command for All {
         arity: -5,
         keys: Keys::AfterNumkeys,
         summary: c"Several limits in one atomic decision: admit on all keys or on none",
-        complexity: c"O(N) for N keys (LOG: plus the entries that left the window)",
+        complexity: c"O(N) for N keys (LOG: bounded per key; LEASE: O(leases) per key)",
         args: ARGS,
         acl: c"write",
         in_ratelimit_category: true,
@@ -135,8 +160,7 @@ impl Command for All {
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
         let now = clock::now();
-        let request = Request::of(c.options.quantity);
-        let decided = limits::decide(call, &c.checks, request, c.options.peek, now, Event::All)?;
+        let decided = limits::decide(call, &c.checks, c.mode, now, Event::All)?;
         call.reply_array(2);
         call.reply_integers(&five(&decided.combined));
         call.reply_array(decided.per_key.len());

@@ -59,7 +59,7 @@ impl Command for Apply {
             }
             Effect::Apply(write) => {
                 limiter.store(&write);
-                limiter.is_empty_log()
+                limiter.is_emptied()
             }
             Effect::Delete => true,
         };

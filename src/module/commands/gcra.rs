@@ -1,14 +1,14 @@
-//! `RL.GCRA key burst rate period [QUANTITY n] [PEEK] [MAXWAIT ms]`: a GCRA (token bucket)
-//! limit. Reply: the five integers.
+//! `RL.GCRA key burst rate period [QUANTITY n] [PEEK] [MAXWAIT ms] [FORCE]`: a GCRA (token
+//! bucket) limit. Reply: the five integers.
 
 use super::{five, once, unknown, Options, RequestOptions};
-use crate::limit::{Limit, Request};
+use crate::limit::Limit;
 use crate::module::call::{Arg, Call};
 use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, opt, Arg as DocArg, INTEGER};
-use crate::module::error::CommandError;
-use crate::module::limits;
+use crate::module::error::{CommandError, FORCE_WITH_MAXWAIT};
+use crate::module::limits::{self, Check, Mode};
 use crate::module::stats::Counters;
 use crate::state::Event;
 use crate::params::{self, GcraParams};
@@ -32,14 +32,15 @@ const ARGS: &[DocArg] = &[
         c"MAXWAIT",
         c"reserve a slot that frees within this many ms",
     ),
+    docs::FORCE,
 ];
 
 /// A fully validated RL.GCRA call.
 struct GcraCall<'a> {
     key: Arg<'a>,
     limit: Limit,
-    request: Request,
-    peek: bool,
+    quantity: u64,
+    mode: Mode,
 }
 
 fn parse<'a>(args: &'a [Arg<'a>]) -> Result<GcraCall<'a>, CommandError> {
@@ -61,14 +62,19 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<GcraCall<'a>, CommandError> {
             return Err(unknown(keyword));
         }
     }
+    options.check_force()?;
+    if options.force && max_wait.is_some() {
+        return Err(CommandError::CannotForce(FORCE_WITH_MAXWAIT));
+    }
     Ok(GcraCall {
         key: *key,
         limit,
-        request: Request {
-            quantity: options.quantity,
+        quantity: options.quantity,
+        mode: Mode {
+            peek: options.peek,
+            force: options.force,
             max_wait,
         },
-        peek: options.peek,
     })
 }
 
@@ -90,7 +96,12 @@ impl Command for Gcra {
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
         let now = clock::now();
-        let decided = limits::decide(call, &[(c.key, c.limit)], c.request, c.peek, now, Event::Gcra)?;
+        let check = Check {
+            key: c.key,
+            limit: c.limit,
+            charge: c.quantity,
+        };
+        let decided = limits::decide(call, &[check], c.mode, now, Event::Gcra)?;
         call.reply_integers(&five(&decided.combined));
         Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
     }

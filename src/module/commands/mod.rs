@@ -9,7 +9,7 @@
 
 use super::call::Arg;
 use super::command::Command;
-use super::error::CommandError;
+use super::error::{CommandError, FORCE_WITH_PEEK};
 use super::stats::Counters;
 use crate::decision::{Decision, Verdict};
 use crate::limit::shown;
@@ -46,6 +46,8 @@ commands! {
     all::All,
     refund::Refund,
     throttle::Throttle,
+    lease::Lease,
+    release::Release,
     apply::Apply,
     #[cfg(debug_assertions)]
     panic::Panic,
@@ -83,12 +85,14 @@ impl<'a> Options<'a> {
     }
 }
 
-/// The options every limiting command shares: `QUANTITY n` and `PEEK`.
+/// The options every limiting command shares: `QUANTITY n`, `PEEK` and `FORCE`.
 pub struct RequestOptions {
     /// Requests at once (default 1).
     pub quantity: u64,
     /// Evaluate without writing.
     pub peek: bool,
+    /// Record usage that has already happened.
+    pub force: bool,
     seen_quantity: bool,
 }
 
@@ -97,6 +101,7 @@ impl Default for RequestOptions {
         Self {
             quantity: 1,
             peek: false,
+            force: false,
             seen_quantity: false,
         }
     }
@@ -117,9 +122,20 @@ impl RequestOptions {
         } else if keyword.eq_ignore_ascii_case(b"PEEK") {
             once(&mut self.peek, "PEEK")?;
             Ok(true)
+        } else if keyword.eq_ignore_ascii_case(b"FORCE") {
+            once(&mut self.force, "FORCE")?;
+            Ok(true)
         } else {
             Ok(false)
         }
+    }
+
+    /// Refuses `FORCE` with `PEEK` (a forced request records usage, a peek records nothing).
+    pub fn check_force(&self) -> Result<(), CommandError> {
+        if self.force && self.peek {
+            return Err(CommandError::CannotForce(FORCE_WITH_PEEK));
+        }
+        Ok(())
     }
 }
 

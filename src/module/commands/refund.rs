@@ -48,11 +48,15 @@ impl Command for Refund {
             call.reply_integers(&[0, 0, 0]);
             return Ok(Counted::Denied);
         };
+        let Some(refund) = stored.refund(now, quantity) else {
+            return Err(CommandError::RefundOnLease {
+                key: key.display_name(),
+            });
+        };
         let limit = stored.limit();
         let before = stored
             .report(now)
             .map_err(|o| CommandError::overflow(o, now))?;
-        let refund = stored.refund(now, quantity);
         let reply = |refunded: u64, remaining: u64, reset_after: crate::time::Span| {
             call.reply_integers(&[
                 as_reply_int(refunded),

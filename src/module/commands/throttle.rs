@@ -7,13 +7,13 @@
 
 use super::as_reply_int;
 use crate::decision::Verdict;
-use crate::limit::{Limit, Request};
+use crate::limit::Limit;
 use crate::module::call::Call;
 use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, Arg as DocArg, INTEGER};
 use crate::module::error::CommandError;
-use crate::module::limits;
+use crate::module::limits::{self, Check, Mode};
 use crate::module::stats::Counters;
 use crate::state::Event;
 use crate::params::{self, GcraParams, ParamError};
@@ -76,15 +76,12 @@ impl Command for Throttle {
         };
         let limit = Limit::Gcra(GcraParams::new(burst, count, period)?);
         let now = clock::now();
-        let d = limits::decide(
-            call,
-            &[(key, limit)],
-            Request::of(quantity),
-            false,
-            now,
-            Event::Throttle,
-        )?
-        .combined;
+        let check = Check {
+            key,
+            limit,
+            charge: quantity,
+        };
+        let d = limits::decide(call, &[check], Mode::default(), now, Event::Throttle)?.combined;
         let retry_after_s = match d.verdict {
             Verdict::Denied { retry_after } => as_reply_int(retry_after.ceil_s().max(1)),
             _ => -1,

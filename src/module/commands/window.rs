@@ -1,16 +1,15 @@
-//! `RL.WINDOW key limit window [FIXED | SLIDING | LOG] [QUANTITY n] [PEEK]`: a window limit
-//! (SLIDING by default). Reply: the five integers.
+//! `RL.WINDOW key limit window [FIXED | SLIDING | LOG] [QUANTITY n] [PEEK] [FORCE]`: a window
+//! limit (SLIDING by default). Reply: the five integers.
 
 use super::{five, once, unknown, Options, RequestOptions};
-use crate::limit::{Limit, Request, WindowKind};
+use crate::limit::{Limit, WindowKind};
 use crate::params::WindowParams;
 use crate::module::call::{Arg, Call};
 use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
-use crate::module::config;
 use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, ONEOF, OPTIONAL};
-use crate::module::error::CommandError;
-use crate::module::limits;
+use crate::module::error::{CommandError, FORCE_WITH_LOG};
+use crate::module::limits::{self, check_caps, Check, Mode};
 use crate::module::stats::Counters;
 use crate::state::Event;
 
@@ -39,19 +38,8 @@ const ARGS: &[DocArg] = &[
     },
     docs::QUANTITY,
     docs::PEEK,
+    docs::FORCE,
 ];
-
-/// Checks a LOG limit against `rl.log-max-limit`.
-pub fn check_log_limit(limit: &Limit) -> Result<(), CommandError> {
-    let max = config::log_max_limit();
-    match limit {
-        Limit::Log(p) if p.limit > max => Err(CommandError::LogLimitTooHigh {
-            limit: p.limit,
-            max,
-        }),
-        _ => Ok(()),
-    }
-}
 
 /// A fully validated RL.WINDOW call.
 struct WindowCall<'a> {
@@ -77,7 +65,11 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<WindowCall<'a>, CommandError> {
         }
     }
     let limit = kind.with(params);
-    check_log_limit(&limit)?;
+    check_caps(&limit)?;
+    options.check_force()?;
+    if options.force && !limit.can_force() {
+        return Err(CommandError::CannotForce(FORCE_WITH_LOG));
+    }
     Ok(WindowCall {
         key: *key,
         limit,
@@ -104,15 +96,17 @@ impl Command for Window {
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
         let now = clock::now();
-        let request = Request::of(c.options.quantity);
-        let decided = limits::decide(
-            call,
-            &[(c.key, c.limit)],
-            request,
-            c.options.peek,
-            now,
-            Event::Window,
-        )?;
+        let check = Check {
+            key: c.key,
+            limit: c.limit,
+            charge: c.options.quantity,
+        };
+        let mode = Mode {
+            peek: c.options.peek,
+            force: c.options.force,
+            max_wait: None,
+        };
+        let decided = limits::decide(call, &[check], mode, now, Event::Window)?;
         call.reply_integers(&five(&decided.combined));
         Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
     }

@@ -1,0 +1,96 @@
+//! `RL.LEASE key limit lease token [QUANTITY n] [PEEK]`: a concurrency limit. At most `limit`
+//! slots are held at once, by named leases that end `lease` seconds after their last
+//! acquire unless renewed; the same `token` renews instead of taking a second lease. Reply:
+//! the five integers.
+
+use super::{five, unknown, Options, RequestOptions};
+use crate::algo::lease::LeaseParams;
+use crate::limit::Limit;
+use crate::module::call::{Arg, Call};
+use crate::module::clock;
+use crate::module::command::{Command, CommandSpec, Counted, Keys};
+use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, STRING};
+use crate::module::error::{CommandError, FORCE_ON_LEASE};
+use crate::module::limits::{self, check_caps, Check, Mode};
+use crate::module::stats::Counters;
+use crate::params;
+use crate::state::Event;
+
+/// RL.LEASE.
+pub struct Lease;
+
+static COUNTERS: Counters = Counters::new(c"lease");
+
+const ARGS: &[DocArg] = &[
+    docs::KEY_ARG,
+    arg(c"limit", INTEGER, c"slots held at once"),
+    docs::SECONDS_LEASE,
+    arg(c"token", STRING, c"the holder's name, 1 to 64 bytes"),
+    docs::QUANTITY,
+    docs::PEEK,
+];
+
+/// A fully validated RL.LEASE call.
+struct LeaseCall<'a> {
+    key: Arg<'a>,
+    limit: Limit,
+    options: RequestOptions,
+}
+
+fn parse<'a>(args: &'a [Arg<'a>]) -> Result<LeaseCall<'a>, CommandError> {
+    let [_, key, limit, lease, token, rest @ ..] = args else {
+        return Err(CommandError::Arity("rl.lease"));
+    };
+    let params = LeaseParams::parse(limit.bytes(), lease.bytes())?;
+    let token = params::token(token.bytes())?;
+    let limit = Limit::Lease(params, token);
+    check_caps(&limit)?;
+    let mut options = RequestOptions::default();
+    let mut words = Options::new(rest);
+    while let Some(keyword) = words.next() {
+        if !options.take(keyword, &mut words)? {
+            return Err(unknown(keyword));
+        }
+    }
+    if options.force {
+        return Err(CommandError::CannotForce(FORCE_ON_LEASE));
+    }
+    Ok(LeaseCall {
+        key: *key,
+        limit,
+        options,
+    })
+}
+
+impl Command for Lease {
+    const SPEC: CommandSpec = CommandSpec {
+        name: c"RL.LEASE",
+        display: "RL.LEASE",
+        flags: c"write fast",
+        arity: -5,
+        keys: Keys::First,
+        summary: c"Concurrency limit: take or renew a lease on some of at most limit slots",
+        complexity: c"O(N) for the N leases stored",
+        args: ARGS,
+        acl: c"write fast",
+        in_ratelimit_category: true,
+        counters: Some(&COUNTERS),
+    };
+
+    fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
+        let c = parse(call.args())?;
+        let now = clock::now();
+        let check = Check {
+            key: c.key,
+            limit: c.limit,
+            charge: c.options.quantity,
+        };
+        let mode = Mode {
+            peek: c.options.peek,
+            ..Mode::default()
+        };
+        let decided = limits::decide(call, &[check], mode, now, Event::Lease)?;
+        call.reply_integers(&five(&decided.combined));
+        Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
+    }
+}
