@@ -83,7 +83,7 @@ const NUMBERS: &[&str] = &[
 
 const KEYWORDS: &[&str] = &[
     "QUANTITY", "quantity", "PEEK", "peek", "MAXWAIT", "FIXED", "SLIDING", "LOG", "log", "GCRA",
-    "WINDOW", "PXAT", "BOGUS",
+    "WINDOW", "PXAT", "BOGUS", "FORCE", "force", "COST", "LEASE",
 ];
 
 const COMMANDS: &[&str] = &[
@@ -92,8 +92,21 @@ const COMMANDS: &[&str] = &[
     "RL.ALL",
     "RL.REFUND",
     "CL.THROTTLE",
+    "RL.LEASE",
+    "RL.RELEASE",
     "RL.APPLY",
 ];
+
+/// Lease tokens: a few shared ones (so leases renew and release), empty, 64 and 65 bytes.
+fn token(rng: &mut StdRng) -> Vec<u8> {
+    match rng.gen_range(0..10) {
+        0 => Vec::new(),
+        1 => vec![b't'; 64],
+        2 => vec![b't'; 65],
+        3 => (0..rng.gen_range(1..70)).map(|_| rng.gen()).collect(),
+        _ => format!("holder-{}", rng.gen_range(0..6)).into_bytes(),
+    }
+}
 
 /// Keys: a few limiter keys (so state builds up), keys of other types, binary and huge ones.
 fn key(rng: &mut StdRng) -> Vec<u8> {
@@ -153,13 +166,21 @@ fn command(rng: &mut StdRng) -> Vec<Vec<u8>> {
                 c.push(format!("{{f}}:all{}", (i + rng.gen_range(0..3)) % 6).into_bytes());
             }
             for _ in 0..n {
-                if rng.gen_bool(0.5) {
-                    c.extend([b"GCRA".to_vec(), small(rng), small(rng), period(rng)]);
-                } else {
-                    c.extend([b"WINDOW".to_vec(), small(rng), period(rng)]);
+                match rng.gen_range(0..3) {
+                    0 => c.extend([b"GCRA".to_vec(), small(rng), small(rng), period(rng)]),
+                    1 => c.extend([b"WINDOW".to_vec(), small(rng), period(rng)]),
+                    _ => c.extend([b"LEASE".to_vec(), small(rng), period(rng), token(rng)]),
+                }
+                if rng.gen_bool(0.3) {
+                    c.extend([
+                        b"COST".to_vec(),
+                        rng.gen_range(0u64..30).to_string().into_bytes(),
+                    ]);
                 }
             }
         }
+        "RL.LEASE" => c.extend([key(rng), small(rng), period(rng), token(rng)]),
+        "RL.RELEASE" => c.extend([key(rng), token(rng)]),
         "RL.REFUND" => c.extend([key(rng), small(rng)]),
         "CL.THROTTLE" => c.extend([key(rng), small(rng), small(rng), small(rng)]),
         _ => c.extend([key(rng), arg(rng)]),
@@ -182,8 +203,8 @@ fn command(rng: &mut StdRng) -> Vec<Vec<u8>> {
 fn well_formed(name: &[u8], v: &Value) -> bool {
     let ints = |v: &Value, n: usize| matches!(v, Value::Array(a) if a.len() == n && a.iter().all(|x| matches!(x, Value::Int(_))));
     match name {
-        b"RL.GCRA" | b"RL.WINDOW" | b"CL.THROTTLE" => ints(v, 5),
-        b"RL.REFUND" => ints(v, 3),
+        b"RL.GCRA" | b"RL.WINDOW" | b"CL.THROTTLE" | b"RL.LEASE" => ints(v, 5),
+        b"RL.REFUND" | b"RL.RELEASE" => ints(v, 3),
         b"RL.ALL" => match v {
             Value::Array(a) if a.len() == 2 => {
                 ints(&a[0], 5)

@@ -65,8 +65,18 @@ fn command_docs_describe_every_command() {
                 "limit", "window", "FIXED", "SLIDING", "LOG", "QUANTITY", "PEEK",
             ][..],
         ),
-        ("RL.ALL", &["numkeys", "spec", "QUANTITY", "PEEK"][..]),
+        (
+            "RL.ALL",
+            &[
+                "numkeys", "spec", "QUANTITY", "PEEK", "FORCE", "COST", "LEASE",
+            ][..],
+        ),
         ("RL.REFUND", &["quantity"][..]),
+        (
+            "RL.LEASE",
+            &["limit", "lease", "token", "QUANTITY", "PEEK"][..],
+        ),
+        ("RL.RELEASE", &["token"][..]),
         (
             "CL.THROTTLE",
             &["max_burst", "count_per_period", "period"][..],
@@ -99,7 +109,15 @@ fn acl_categories_where_the_server_supports_them() {
         cmds.sort();
         assert_eq!(
             cmds,
-            vec!["CL.THROTTLE", "RL.ALL", "RL.GCRA", "RL.REFUND", "RL.WINDOW"]
+            vec![
+                "CL.THROTTLE",
+                "RL.ALL",
+                "RL.GCRA",
+                "RL.LEASE",
+                "RL.REFUND",
+                "RL.RELEASE",
+                "RL.WINDOW"
+            ]
         );
         let write: Vec<String> = q(&mut c, &["ACL", "CAT", "write"]);
         assert!(write.iter().any(|w| w == "RL.GCRA"));
@@ -127,11 +145,13 @@ fn acl_key_patterns_apply_to_every_command() {
             "+rl.all",
             "+rl.refund",
             "+cl.throttle",
+            "+rl.lease",
+            "+rl.release",
         ],
     );
     let client = redis::Client::open(format!("redis://limiter:pw@127.0.0.1:{}/", s.port)).unwrap();
     let mut c = client.get_connection().unwrap();
-    let cases: [(&[&str], &[&str]); 5] = [
+    let cases: [(&[&str], &[&str]); 7] = [
         (
             &["RL.GCRA", "rl:a", "1", "1", "10"],
             &["RL.GCRA", "other", "1", "1", "10"],
@@ -153,6 +173,11 @@ fn acl_key_patterns_apply_to_every_command() {
             &["CL.THROTTLE", "rl:e", "1", "1", "10"],
             &["CL.THROTTLE", "other", "1", "1", "10"],
         ),
+        (
+            &["RL.LEASE", "rl:f", "1", "10", "t"],
+            &["RL.LEASE", "other", "1", "10", "t"],
+        ),
+        (&["RL.RELEASE", "rl:f", "t"], &["RL.RELEASE", "other", "t"]),
     ];
     for (ok, denied) in cases {
         let _: redis::Value = {

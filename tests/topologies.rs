@@ -66,6 +66,21 @@ fn behaviour_suite(run: &mut Run<'_>, prefix: &str, n: usize) -> Vec<String> {
             );
             written.push(key);
         }
+        // LEASE: at most 2 slots held; the same token renews; a third holder waits.
+        let key = format!("{prefix}:lease:{i}");
+        assert_eq!(run(&["RL.LEASE", &key, "2", "600", "a"])[..3], [1, 2, 1]);
+        assert_eq!(run(&["RL.LEASE", &key, "2", "600", "a"])[..3], [1, 2, 1]);
+        assert_eq!(run(&["RL.LEASE", &key, "2", "600", "b"])[..3], [1, 2, 0]);
+        assert_eq!(run(&["RL.LEASE", &key, "2", "600", "c"])[..3], [0, 2, 0]);
+        written.push(key);
+        // FORCE: usage past the burst is recorded, and later requests wait for it.
+        let key = format!("{prefix}:force:{i}");
+        assert_eq!(
+            run(&["RL.GCRA", &key, "3", "1", "600", "QUANTITY", "5", "FORCE"])[..4],
+            [1, 3, 0, -1]
+        );
+        assert_eq!(run(&["RL.GCRA", &key, "3", "1", "600"])[0], 0);
+        written.push(key);
     }
     written
 }
@@ -73,8 +88,10 @@ fn behaviour_suite(run: &mut Run<'_>, prefix: &str, n: usize) -> Vec<String> {
 /// After the suite, every key is still over its limit.
 fn still_over_limit(run: &mut Run<'_>, keys: &[String]) {
     for key in keys {
-        let r = if key.contains(":gcra:") {
+        let r = if key.contains(":gcra:") || key.contains(":force:") {
             run(&["RL.GCRA", key, "3", "1", "600"])
+        } else if key.contains(":lease:") {
+            run(&["RL.LEASE", key, "2", "600", "c"])
         } else {
             let algo = ["FIXED", "SLIDING", "LOG"]
                 .into_iter()
@@ -225,10 +242,11 @@ fn resharding_keeps_state_ttl_and_limits() {
         .map(|i| format!("t{i}"))
         .find(|t| key_slot(t) == lowest)
         .expect("a tag in the slot");
-    let keys: Vec<String> = ["gcra", "FIXED", "SLIDING", "LOG"]
+    let keys: Vec<String> = ["gcra", "FIXED", "SLIDING", "LOG", "lease"]
         .iter()
         .map(|k| format!("{{{tag}}}:{k}"))
         .collect();
+    let lease = &keys[4];
     assert_eq!(
         rl(
             &mut sc,
@@ -245,6 +263,13 @@ fn resharding_keeps_state_ttl_and_limits() {
             1
         );
     }
+    assert_eq!(
+        rl(
+            &mut sc,
+            &["RL.LEASE", lease, "2", "600", "a", "QUANTITY", "2"]
+        )[0],
+        1
+    );
     let before: Vec<(Option<Vec<u8>>, i64)> = keys.iter().map(|k| snapshot(&mut sc, k)).collect();
     let out = Command::new("redis-cli")
         .args([
@@ -287,6 +312,9 @@ fn resharding_keeps_state_ttl_and_limits() {
             "{key}"
         );
     }
+    assert_eq!(rl(&mut tc, &["RL.LEASE", lease, "2", "600", "b"])[0], 0);
+    let released: Vec<i64> = q(&mut tc, &["RL.RELEASE", lease, "a"]);
+    assert_eq!(released, [2, 2, 0]);
 }
 
 #[test]
