@@ -57,6 +57,7 @@ pub struct Server {
     dir: tempfile::TempDir,
     extra: Vec<String>,
     module: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 /// Builds a server with extra configuration.
@@ -64,6 +65,7 @@ pub struct Builder {
     extra: Vec<String>,
     module: Option<PathBuf>,
     dir: Option<tempfile::TempDir>,
+    env: Vec<(String, String)>,
 }
 
 impl Builder {
@@ -98,6 +100,12 @@ impl Builder {
         self
     }
 
+    /// Sets an environment variable of the server process (e.g. `LD_PRELOAD`).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
     /// Starts in a directory prepared by the caller (e.g. holding an RDB fixture).
     pub fn dir(mut self, dir: tempfile::TempDir) -> Self {
         self.dir = Some(dir);
@@ -119,6 +127,7 @@ impl Builder {
             dir,
             extra: self.extra,
             module: self.module,
+            env: self.env,
         };
         server.launch_fresh_port();
         server
@@ -136,6 +145,7 @@ impl Server {
             extra: Vec::new(),
             module: Some(module_path()),
             dir: None,
+            env: Vec::new(),
         }
     }
 
@@ -194,6 +204,7 @@ impl Server {
                     .flat_map(|m| [std::ffi::OsStr::new("--loadmodule"), m.as_os_str()]),
             )
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
