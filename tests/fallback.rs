@@ -393,7 +393,7 @@ impl Diff {
     fn step_of(&mut self, s: &Step) -> Reply {
         self.history.push(format!(
             "+{} {} {:?} {}",
-            self.clock.now - T0,
+            self.clock.now as i128 - T0 as i128,
             s.cmd,
             s.keys,
             s.args

@@ -43,10 +43,11 @@ reply an integer above 2^53 - 1: burst and limit (which every reply carries) mus
 
 Keys. Every key is a string starting with the 3 bytes FF 'r' 'l' and one byte naming the
 algorithm ('G' GCRA, 'F' FIXED, 'S' SLIDING, 'L' LOG, 'E' LEASE); anything else (another type,
-another string) answers WRONGTYPE and is never touched. Fields are little-endian u64.
-  G: tat, emission interval, burst, updated                           (36 bytes)
-  F: window, limit, window start, count, updated                      (44 bytes)
-  S: window, limit, window start, prev, curr, updated                 (52 bytes)
+another string) answers WRONGTYPE and is never touched. Fields are little-endian: durations and
+counts u64, burst and limit 7 bytes, instants 9 bytes (seconds: 5 bytes, nanoseconds: u32).
+  G: tat, emission interval, burst, updated                           (37 bytes)
+  F: window, limit, count, updated (the window holding it)            (36 bytes)
+  S: window, limit, prev, curr, updated (the window holding it)       (44 bytes)
   L: window, limit, head u32, tail u32, base u24, then 10-byte entries from offset 31:
      instant (microseconds, 7 bytes) and the running request count (mod 2^24, 3 bytes)
   E: limit, then per lease: token length (1 byte), token, slots (u32), expiry (microseconds,
@@ -319,6 +320,87 @@ local function unpack64(s, pos)
   return N({a, b, c})
 end
 
+-- Counts that replies carry (burst, limit: at most 2^53 - 1) take 7 bytes.
+local function pack7(n)
+  local hi = floor(n / B)
+  return pack('<I3I4', n - hi * B, hi)
+end
+local function unpack7(s, pos)
+  local lo, hi = unpack('<I3I4', s, pos)
+  return hi * B + lo
+end
+
+---------------------------------------------------------------------------------------------
+-- Instants: nanoseconds since the epoch held as two exact numbers, seconds and nanoseconds
+-- (like a timespec), over the module's whole 64-bit range. Durations are wide values.
+---------------------------------------------------------------------------------------------
+
+local U64_S, U64_N = 18446744073, 709551616 -- 2^64 ns
+
+local function ilt(as, an, bs, bn) return as < bs or (as == bs and an < bn) end
+
+-- a - b (a >= b), a wide value of nanoseconds.
+local function idiff(as, an, bs, bn)
+  local ds, dn = as - bs, an - bn
+  if dn < 0 then ds, dn = ds - 1, dn + NS_PER_S end
+  if ds < 9000000 then return ds * NS_PER_S + dn end
+  return add(mul(ds, NS_PER_S), dn)
+end
+
+-- a - b, or 0 when a <= b.
+local function isince(as, an, bs, bn)
+  if ilt(bs, bn, as, an) then return idiff(as, an, bs, bn) end
+  return 0
+end
+
+-- a + d; a result of 2^64 ns or more comes back as an instant that does not fit (see fits).
+local function iplus(s, n, d)
+  local q, r = divmod(d, NS_PER_S)
+  if type(q) == 'table' then return U64_S + 1, 0 end
+  s, n = s + q, n + r
+  if n >= NS_PER_S then s, n = s + 1, n - NS_PER_S end
+  return s, n
+end
+
+-- a - d, not below 0.
+local function iminus(s, n, d)
+  local q, r = divmod(d, NS_PER_S)
+  if type(q) == 'table' or q > s then return 0, 0 end
+  s, n = s - q, n - r
+  if n < 0 then s, n = s - 1, n + NS_PER_S end
+  if s < 0 then return 0, 0 end
+  return s, n
+end
+
+local function fits(s, n) return s < U64_S or (s == U64_S and n < U64_N) end
+
+-- The instant modulo w (w >= 1 ns): exact number arithmetic while w <= 9e12 ns.
+local function imod(s, n, w)
+  if type(w) ~= 'table' and w <= 9000000000000 then
+    local x = fmod(s, w)
+    x = fmod(x * 1000, w)
+    x = fmod(x * 1000, w)
+    x = fmod(x * 1000, w)
+    return fmod(x + n, w)
+  end
+  local _, r = divmod(add(mul(s, NS_PER_S), n), w)
+  return r
+end
+
+-- Milliseconds since the epoch, rounded up (an absolute expiry).
+local function ims(s, n)
+  return s * 1000 + floor((n + 999999) / 1000000)
+end
+
+local function pack_instant(s, n)
+  local hi = floor(s / B)
+  return pack('<I3I2I4', s - hi * B, hi, n)
+end
+local function unpack_instant(str, pos)
+  local lo, hi, n = unpack('<I3I2I4', str, pos)
+  return hi * B + lo, n
+end
+
 ---------------------------------------------------------------------------------------------
 -- Errors: the module's texts.
 ---------------------------------------------------------------------------------------------
@@ -540,10 +622,11 @@ end
 
 local eval_mode = false -- true when run by EVAL/EVALSHA instead of FCALL
 
+-- Now, read once per call: {s, n} the instant (seconds, nanoseconds) and us in microseconds.
 local function clock()
   local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  return us, mul(us, NS_PER_US)
+  local sec, usec = tonumber(t[1]), tonumber(t[2])
+  return {s = sec, n = usec * NS_PER_US, us = sec * 1000000 + usec}
 end
 
 -- SPEC: a request that would write answers OOM when maxmemory is reached (after eviction) and
@@ -596,17 +679,19 @@ local function load(key)
   if #head < 4 or sub_s(head, 1, 3) ~= MAGIC then fail(WRONGTYPE) end
   local a = sub_s(head, 4, 4)
   local st
-  if a == 'G' and #head == 36 then
-    st = {algo = 'G', tat = unpack64(head, 5), T = unpack64(head, 13), burst = unpack64(head, 21),
-      upd = unpack64(head, 29)}
+  if a == 'G' and #head == 37 then
+    st = {algo = 'G', T = unpack64(head, 14), burst = unpack7(head, 22)}
+    st.tat_s, st.tat_n = unpack_instant(head, 5)
+    st.upd_s, st.upd_n = unpack_instant(head, 29)
     if st.T == 0 or st.burst == 0 or cmp(st.T, MAX_PERIOD_NS) > 0
       or cmp(mul(st.T, st.burst), U64) >= 0 then fail(WRONGTYPE) end
-  elseif a == 'F' and #head == 44 then
-    st = {algo = 'F', W = unpack64(head, 5), limit = unpack64(head, 13), start = unpack64(head, 21),
-      count = unpack64(head, 29), upd = unpack64(head, 37)}
-  elseif a == 'S' and #head == 52 then
-    st = {algo = 'S', W = unpack64(head, 5), limit = unpack64(head, 13), start = unpack64(head, 21),
-      prev = unpack64(head, 29), curr = unpack64(head, 37), upd = unpack64(head, 45)}
+  elseif a == 'F' and #head == 36 then
+    st = {algo = 'F', W = unpack64(head, 5), limit = unpack7(head, 13), count = unpack64(head, 20)}
+    st.upd_s, st.upd_n = unpack_instant(head, 28)
+  elseif a == 'S' and #head == 44 then
+    st = {algo = 'S', W = unpack64(head, 5), limit = unpack7(head, 13), prev = unpack64(head, 20),
+      curr = unpack64(head, 28)}
+    st.upd_s, st.upd_n = unpack_instant(head, 36)
   elseif a == 'L' and #head >= LOG_H then
     local hd, tl, base = unpack('<I4I4I3', head, 21)
     st = {algo = 'L', key = key, W = unpack64(head, 5), limit = unpack64(head, 13), head = hd,
@@ -622,6 +707,10 @@ local function load(key)
   end
   if st.W ~= nil and (st.W == 0 or cmp(st.W, MAX_PERIOD_NS) > 0) then fail(WRONGTYPE) end
   if st.limit == 0 then fail(WRONGTYPE) end
+  for _, f in ipairs({'tat', 'upd'}) do
+    local sec, n = st[f .. '_s'], st[f .. '_n']
+    if sec and (n >= NS_PER_S or not fits(sec, n)) then fail(WRONGTYPE) end
+  end
   return st
 end
 
@@ -630,7 +719,8 @@ local function wrong_algorithm(key, held, asked)
     .. ': use the same algorithm for a key, or another key')
 end
 
-local function expire_at_ms(now_ns, reset_ns) return ceil_ms(add(now_ns, reset_ns)) end
+-- The absolute expiry (ms) of a key idle `reset` ns from now.
+local function expire_at(now, reset) return ims(iplus(now.s, now.n, reset)) end
 
 ---------------------------------------------------------------------------------------------
 -- Decisions: {verdict = 'allowed' | 'reserved' | 'denied' | 'never', delay, retry, limit,
@@ -663,39 +753,49 @@ end
 
 ------------------------------------------------------------------------------------- GCRA
 
+-- The stored TAT under the call's parameters, never before now (see the module's
+-- effective_tat: capacity in use at the last write is kept in requests across a change of
+-- emission interval, rounded up).
 local function gcra_effective_tat(p, st, now)
-  if st == nil or cmp(st.tat, now) <= 0 then return now end
-  if cmp(st.T, p.T) == 0 then return st.tat end
-  local written = wmin(st.upd, st.tat)
-  local converted = ceil_div(mul(sub(st.tat, written), p.T), st.T)
-  local tat = add(written, converted)
-  if cmp(tat, U64) >= 0 then tat = U64MAX end
-  return wmax(tat, now)
+  if st == nil or not ilt(now.s, now.n, st.tat_s, st.tat_n) then return now.s, now.n end
+  if cmp(st.T, p.T) == 0 then return st.tat_s, st.tat_n end
+  local ws, wn = st.upd_s, st.upd_n
+  if ilt(st.tat_s, st.tat_n, ws, wn) then ws, wn = st.tat_s, st.tat_n end
+  local converted = ceil_div(mul(idiff(st.tat_s, st.tat_n, ws, wn), p.T), st.T)
+  local ts, tn = iplus(ws, wn, converted)
+  if not fits(ts, tn) then ts, tn = U64_S, U64_N - 1 end
+  if ilt(ts, tn, now.s, now.n) then return now.s, now.n end
+  return ts, tn
 end
 
 local function gcra_decide(key, p, st, now, n, max_wait, force)
-  local tat = gcra_effective_tat(p, st, now)
-  local function report(verdict, tat_after, extra)
+  local tat_s, tat_n = gcra_effective_tat(p, st, now)
+  local function report(verdict, as, an, extra)
     local d = extra or {}
-    d.verdict = verdict
-    d.limit = p.burst
-    d.remaining = div(ssub(p.tol, ssub(tat_after, now)), p.T)
-    d.reset = ssub(tat_after, now)
+    local ahead = isince(as, an, now.s, now.n)
+    d.verdict, d.limit, d.reset = verdict, p.burst, ahead
+    d.remaining = div(ssub(p.tol, ahead), p.T)
     return d
   end
   local admitted = max_wait ~= nil and 'reserved' or 'allowed'
-  if n == 0 then return report(admitted, tat, {delay = 0}) end
-  if not force and cmp(n, p.burst) > 0 then return report('never', tat) end
-  local new_tat = add(tat, mul(n, p.T))
-  local ahead = sub(new_tat, now)
+  if n == 0 then return report(admitted, tat_s, tat_n, {delay = 0}) end
+  if not force and cmp(n, p.burst) > 0 then return report('never', tat_s, tat_n) end
+  local cost = mul(n, p.T)
+  local ahead = add(idiff(tat_s, tat_n, now.s, now.n), cost)
   local function store(verdict, delay)
-    if cmp(new_tat, U64) >= 0 then fail(OVERFLOW) end
-    local arrives = now
-    if verdict == 'reserved' then arrives = wmin(wmin(add(now, delay), U64MAX), new_tat) end
-    local d = report(verdict, new_tat, {delay = delay})
-    d.write = function(now_ns)
-      local value = MAGIC .. 'G' .. pack64(new_tat) .. pack64(p.T) .. pack64(p.burst) .. pack64(arrives)
-      write('SET', key, value, 'PXAT', ceil_ms(new_tat))
+    local new_s, new_n = iplus(tat_s, tat_n, cost)
+    if not fits(new_s, new_n) then fail(OVERFLOW) end
+    -- A reservation is written as if it arrived when allowed: at now + delay.
+    local arr_s, arr_n = now.s, now.n
+    if verdict == 'reserved' then
+      arr_s, arr_n = iplus(now.s, now.n, delay)
+      if ilt(new_s, new_n, arr_s, arr_n) then arr_s, arr_n = new_s, new_n end
+    end
+    local d = report(verdict, new_s, new_n, {delay = delay})
+    d.write = function()
+      local value = MAGIC .. 'G' .. pack_instant(new_s, new_n) .. pack64(p.T) .. pack7(p.burst)
+        .. pack_instant(arr_s, arr_n)
+      write('SET', key, value, 'PXAT', ims(new_s, new_n))
     end
     return d
   end
@@ -703,7 +803,7 @@ local function gcra_decide(key, p, st, now, n, max_wait, force)
   if cmp(ahead, p.tol) <= 0 then return store(admitted, 0) end
   local wait = wmin(sub(ahead, p.tol), U64MAX)
   if max_wait ~= nil and cmp(wait, max_wait) <= 0 then return store('reserved', wait) end
-  return report('denied', tat, {retry = wait})
+  return report('denied', tat_s, tat_n, {retry = wait})
 end
 
 ------------------------------------------------------------------------------------- windows
@@ -711,23 +811,25 @@ end
 -- FIXED and SLIDING evaluate at max(now, the state's last write): a state dated later than now
 -- (the clock stepped back) is never re-dated; durations in replies still run from now.
 local function eval_time(st, now)
-  if st ~= nil and cmp(st.upd, now) > 0 then return st.upd end
-  return now
+  if st ~= nil and ilt(now.s, now.n, st.upd_s, st.upd_n) then return st.upd_s, st.upd_n end
+  return now.s, now.n
 end
 
-local function window_start(e, w)
-  local _, off = divmod(e, w)
-  return sub(e, off), off
+-- The start of the window of length w holding instant (s, n), and the offset into it.
+local function window_start(s, n, w)
+  local off = imod(s, n, w)
+  local ss, sn = iminus(s, n, off)
+  return ss, sn, off
 end
 
 local function fixed_decide(key, p, st, now, q, force)
-  local e = eval_time(st, now)
-  local start = window_start(e, p.W)
-  local fin = add(start, p.W)
-  if cmp(fin, U64) >= 0 then fail(OVERFLOW) end
-  local to_end = ssub(fin, now)
+  local es, en = eval_time(st, now)
+  local ss, sn = window_start(es, en, p.W)
+  local fs, fn = iplus(ss, sn, p.W)
+  if not fits(fs, fn) then fail(OVERFLOW) end
+  local to_end = idiff(fs, fn, now.s, now.n)
   local count = 0
-  if st ~= nil and cmp(st.upd, start) >= 0 then count = st.count end
+  if st ~= nil and not ilt(st.upd_s, st.upd_n, ss, sn) then count = st.count end
   local function report(verdict, c, extra)
     local d = extra or {}
     d.verdict, d.limit, d.remaining = verdict, p.limit, ssub(p.limit, c)
@@ -742,29 +844,36 @@ local function fixed_decide(key, p, st, now, q, force)
   local after = add(count, q)
   if cmp(after, U64) >= 0 then fail(OVERFLOW) end
   local d = report('allowed', after)
-  d.write = function(now_ns)
-    local value = MAGIC .. 'F' .. pack64(p.W) .. pack64(p.limit) .. pack64(start) .. pack64(after)
-      .. pack64(e)
-    write('SET', key, value, 'PXAT', ceil_ms(fin))
+  d.write = function()
+    local value = MAGIC .. 'F' .. pack64(p.W) .. pack7(p.limit) .. pack64(after) .. pack_instant(es, en)
+    write('SET', key, value, 'PXAT', ims(fs, fn))
   end
   return d
 end
 
-local function sliding_counts(st, e, w)
+-- The stored counts re-expressed in the windows of length w starting at (ss, sn): a count
+-- whose requests may lie in the current window counts there, one that reaches only into the
+-- previous window counts there, older ones are gone.
+local function sliding_counts(st, ss, sn, w)
   local prev, curr = 0, 0
   if st == nil then return prev, curr end
-  local start = window_start(e, w)
-  local prev_start = ssub(start, w)
-  local function place(last, n)
+  local ps, pn = iminus(ss, sn, w)
+  local at_zero = ss == 0 and sn == 0
+  local function place(ls, ln, n)
     if n == 0 then return end
-    if cmp(last, start) >= 0 then
+    if not ilt(ls, ln, ss, sn) then
       curr = wmin(add(curr, n), U64MAX)
-    elseif cmp(last, prev_start) >= 0 and start ~= 0 then
+    elseif not ilt(ls, ln, ps, pn) and not at_zero then
       prev = wmin(add(prev, n), U64MAX)
     end
   end
-  place(wmax(st.upd, st.start), st.curr)
-  if st.start ~= 0 then place(sub(st.start, 1), st.prev) end
+  -- The stored current window is the one holding the last write.
+  local cs, cn = window_start(st.upd_s, st.upd_n, st.W)
+  place(st.upd_s, st.upd_n, st.curr)
+  if cs ~= 0 or cn ~= 0 then
+    local bs, bn = iminus(cs, cn, 1)
+    place(bs, bn, st.prev)
+  end
   return prev, curr
 end
 
@@ -780,53 +889,55 @@ end
 
 local function sliding_decide(key, p, st, now, q, force)
   local w = p.W
-  local e = eval_time(st, now)
-  local start, elapsed = window_start(e, w)
-  local fin = add(start, w)
-  if cmp(fin, U64) >= 0 then fail(OVERFLOW) end
-  local nxt = add(fin, w)
-  if cmp(nxt, U64) >= 0 then fail(OVERFLOW) end
-  local prev, curr = sliding_counts(st, e, w)
+  local es, en = eval_time(st, now)
+  local ss, sn, elapsed = window_start(es, en, w)
+  local fs, fn = iplus(ss, sn, w)
+  if not fits(fs, fn) then fail(OVERFLOW) end
+  local xs, xn = iplus(fs, fn, w)
+  if not fits(xs, xn) then fail(OVERFLOW) end
+  local prev, curr = sliding_counts(st, ss, sn, w)
   local limit_scaled = mul(p.limit, w)
-  local function estimate(pv, cv) return add(mul(pv, sub(w, elapsed)), mul(cv, w)) end
-  local function report(verdict, pv, cv, extra)
+  local left = sub(w, elapsed)
+  local function estimate(pv, cv) return add(mul(pv, left), mul(cv, w)) end
+  local function report(verdict, pv, cv, est, extra)
     local d = extra or {}
     d.verdict, d.limit = verdict, p.limit
-    d.remaining = div(ssub(limit_scaled, estimate(pv, cv)), w)
+    d.remaining = div(ssub(limit_scaled, est), w)
     if cv ~= 0 then
-      d.reset = ssub(nxt, now)
+      d.reset = idiff(xs, xn, now.s, now.n)
     elseif pv ~= 0 then
-      d.reset = ssub(fin, now)
+      d.reset = idiff(fs, fn, now.s, now.n)
     else
       d.reset = 0
     end
     return d
   end
-  if q == 0 then return report('allowed', prev, curr) end
-  if not force and cmp(q, p.limit) > 0 then return report('never', prev, curr) end
-  if force or cmp(add(estimate(prev, curr), mul(q, w)), limit_scaled) <= 0 then
+  local est = estimate(prev, curr)
+  if q == 0 then return report('allowed', prev, curr, est) end
+  if not force and cmp(q, p.limit) > 0 then return report('never', prev, curr, est) end
+  if force or cmp(add(est, mul(q, w)), limit_scaled) <= 0 then
     local after = add(curr, q)
     if cmp(after, U64) >= 0 then fail(OVERFLOW) end
-    local d = report('allowed', prev, after)
-    d.write = function(now_ns)
-      local value = MAGIC .. 'S' .. pack64(w) .. pack64(p.limit) .. pack64(start) .. pack64(prev)
-        .. pack64(after) .. pack64(e)
-      write('SET', key, value, 'PXAT', expire_at_ms(now_ns, d.reset))
+    local d = report('allowed', prev, after, estimate(prev, after))
+    d.write = function()
+      local value = MAGIC .. 'S' .. pack64(w) .. pack7(p.limit) .. pack64(prev) .. pack64(after)
+        .. pack_instant(es, en)
+      write('SET', key, value, 'PXAT', expire_at(now, d.reset))
     end
     return d
   end
-  local at
+  local as, an
   local in_this
   if cmp(p.limit, add(curr, q)) >= 0 then
     in_this = earliest_offset(prev, sub(p.limit, add(curr, q)), elapsed, w)
   end
   if in_this ~= nil then
-    at = add(start, in_this)
+    as, an = iplus(ss, sn, in_this)
   else
     local off = earliest_offset(curr, sub(p.limit, q), 0, w)
-    if off ~= nil then at = add(fin, off) else at = nxt end
+    if off ~= nil then as, an = iplus(fs, fn, off) else as, an = xs, xn end
   end
-  return report('denied', prev, curr, {retry = wmax(ssub(at, now), 1)})
+  return report('denied', prev, curr, est, {retry = wmax(isince(as, an, now.s, now.n), 1)})
 end
 
 ------------------------------------------------------------------------------------- LOG
@@ -881,7 +992,8 @@ local function log_entry_bytes(us, cum)
   return pack('<I3I4I3', us - hi * B, hi, cum)
 end
 
-local function log_decide(key, p, st, now, now_us, q)
+local function log_decide(key, p, st, now, q)
+  local now_us = now.us
   local w = p.W
   local k, before, in_window, newest = log_scan(st, now_us, w)
   local function report(verdict, count, newest_us, extra)
@@ -896,8 +1008,8 @@ local function log_decide(key, p, st, now, now_us, q)
   if cmp(after, p.limit) <= 0 then
     local newest_after = newest and max(newest, now_us) or now_us
     local d = report('allowed', after, newest_after)
-    d.write = function(now_ns)
-      local expire = expire_at_ms(now_ns, d.reset)
+    d.write = function()
+      local expire = expire_at(now, d.reset)
       if st == nil or k == st.E then
         local value = log_header(w, p.limit, LOG_H, LOG_H + ENTRY, 0) .. log_entry_bytes(now_us, q)
         write('SET', key, value, 'PXAT', expire)
@@ -1021,7 +1133,8 @@ local function lease_wait(st, now_us, token, need)
   return 1
 end
 
-local function lease_decide(key, p, st, now_us, n)
+local function lease_decide(key, p, st, now, n)
+  local now_us = now.us
   local scan = st and lease_scan(st, now_us, p.token)
     or {held = 0, runs = {}, last_us = -1, last_rem = 0, all_us = -1, all_rem = 0}
   local held, own_n = scan.held, scan.own_n
@@ -1039,9 +1152,9 @@ local function lease_decide(key, p, st, now_us, n)
     local q, rem = divmod(p.lease, NS_PER_US)
     local exp_us = now_us + q
     local d = report('allowed', others + n, lease_reset(now_us, scan.last_us, scan.last_rem, exp_us, rem))
-    d.write = function(now_ns)
+    d.write = function()
       local value = MAGIC .. 'E' .. pack64(p.limit) .. concat(scan.runs) .. lease_entry(p.token, n, exp_us, rem)
-      write('SET', key, value, 'PXAT', expire_at_ms(now_ns, d.reset))
+      write('SET', key, value, 'PXAT', expire_at(now, d.reset))
     end
     return d
   end
@@ -1053,14 +1166,14 @@ end
 -- One limit on one key (RL.GCRA, RL.WINDOW, RL.LEASE and each key of RL.ALL).
 ---------------------------------------------------------------------------------------------
 
-local function evaluate(key, spec, now, now_us, q, force)
+local function evaluate(key, spec, now, q, force)
   local st = load(key)
   if st ~= nil and st.algo ~= spec.algo then wrong_algorithm(key, st.algo, spec.algo) end
   if spec.algo == 'G' then return gcra_decide(key, spec, st, now, q, spec.max_wait, force) end
   if spec.algo == 'F' then return fixed_decide(key, spec, st, now, q, force) end
   if spec.algo == 'S' then return sliding_decide(key, spec, st, now, q, force) end
-  if spec.algo == 'L' then return log_decide(key, spec, st, now, now_us, q) end
-  return lease_decide(key, spec, st, now_us, q)
+  if spec.algo == 'L' then return log_decide(key, spec, st, now, q) end
+  return lease_decide(key, spec, st, now, q)
 end
 
 local function single_key(keys, name)
@@ -1077,11 +1190,11 @@ local function argv(keys, args)
 end
 
 local function run_one(key, spec, req)
-  local now_us, now = clock()
-  local d = evaluate(key, spec, now, now_us, req.quantity, req.force)
+  local now = clock()
+  local d = evaluate(key, spec, now, req.quantity, req.force)
   if d.write and not req.peek and req.quantity ~= 0 then
-    check_memory(now_us)
-    d.write(now)
+    check_memory(now.us)
+    d.write()
   end
   return five(d)
 end
@@ -1243,7 +1356,7 @@ local function rl_all(keys, args)
     if s.algo == 'G' then reply_range(s.burst, 'burst') else reply_range(s.limit, 'limit') end
   end
 
-  local now_us, now = clock()
+  local now = clock()
   local decisions, charges = {}, {}
   local any_charged = false
   for i = 1, n do
@@ -1251,7 +1364,7 @@ local function rl_all(keys, args)
     if charge == nil then charge = req.quantity end
     charges[i] = charge
     if charge ~= 0 then any_charged = true end
-    decisions[i] = evaluate(keys[i], specs[i], now, now_us, charge, req.force)
+    decisions[i] = evaluate(keys[i], specs[i], now, charge, req.force)
   end
   -- The combined reply: limits charged 0 only report, unless every limit is charged 0.
   local binding, bkey
@@ -1288,9 +1401,9 @@ local function rl_all(keys, args)
       if decisions[i].write then pending = true end
     end
     if pending then
-      check_memory(now_us)
+      check_memory(now.us)
       for i = 1, n do
-        if decisions[i].write then decisions[i].write(now) end
+        if decisions[i].write then decisions[i].write() end
       end
     end
   end
@@ -1303,7 +1416,7 @@ end
 -- RL.REFUND and RL.RELEASE
 ---------------------------------------------------------------------------------------------
 
-local function status(key, st, now, now_us)
+local function status(key, st, now)
   -- The state's own report under the parameters it stores.
   if st.algo == 'G' then
     local p = {algo = 'G', burst = st.burst, T = st.T, tol = mul(st.burst, st.T)}
@@ -1313,7 +1426,7 @@ local function status(key, st, now, now_us)
   elseif st.algo == 'S' then
     return sliding_decide(key, window_spec(st.limit, st.W, 'S'), st, now, 0, false)
   end
-  return log_decide(key, window_spec(st.limit, st.W, 'L'), st, now, now_us, 0)
+  return log_decide(key, window_spec(st.limit, st.W, 'L'), st, now, 0)
 end
 
 local function three(refunded, remaining, reset_ns)
@@ -1331,16 +1444,16 @@ local function rl_refund(keys, args)
   local a = argv(keys, args)
   local key = a[1]
   local q = positive(a[2], 'quantity')
-  local now_us, now = clock()
+  local now = clock()
   local st = load(key)
   if st == nil then return {0, 0, 0} end
   if st.algo == 'E' then
     fail('ERR key \'' .. shown(key) .. '\' holds a LEASE limit: free its slots with RL.RELEASE')
   end
   if st.algo == 'L' then
-    local k, before, in_window, newest = log_scan(st, now_us, st.W)
+    local k, before, in_window = log_scan(st, now.us, st.W)
     if in_window == 0 then
-      local d = status(key, st, now, now_us)
+      local d = status(key, st, now)
       return three(0, d.remaining, d.reset)
     end
     local refunded = wmin(q, in_window)
@@ -1355,70 +1468,64 @@ local function rl_refund(keys, args)
     end)
     local at_us = log_entry(st, j)
     local head, tail = st.head + ENTRY * k, st.head + ENTRY * (j + 1)
-    local reset = us_plus_ns_minus_now(at_us, st.W, now_us)
+    local reset = us_plus_ns_minus_now(at_us, st.W, now.us)
     write('SETRANGE', key, tail - 3, pack('<I3', (before + keep) % CUM))
     write('SETRANGE', key, 0, log_header(st.W, st.limit, head, tail, before))
-    write('PEXPIREAT', key, expire_at_ms(now, reset))
+    write('PEXPIREAT', key, expire_at(now, reset))
     return three(refunded, ssub(st.limit, keep), reset)
   end
-  local refunded, after -- after: the new state (nil: back to idle), or false: nothing to store
-  local value
+  local refunded, after, value -- after: the new state (nil: back to idle)
   if st.algo == 'G' then
+    -- The TAT moves back by quantity * T, not before now.
     local t = st.T
-    local in_use_ns = ssub(st.tat, now)
-    refunded = wmin(q, ceil_div(in_use_ns, t))
+    local in_use = isince(st.tat_s, st.tat_n, now.s, now.n)
+    refunded = wmin(q, ceil_div(in_use, t))
     local back = mul(q, t)
-    local tat = cmp(back, in_use_ns) >= 0 and now or sub(st.tat, back)
-    if cmp(tat, now) > 0 then
-      after = {algo = 'G', tat = tat, T = t, burst = st.burst, upd = wmin(st.upd, tat)}
-      value = MAGIC .. 'G' .. pack64(tat) .. pack64(t) .. pack64(st.burst) .. pack64(after.upd)
+    if cmp(back, in_use) < 0 then
+      local ts, tn = iminus(st.tat_s, st.tat_n, back)
+      local us_, un = st.upd_s, st.upd_n
+      if ilt(ts, tn, us_, un) then us_, un = ts, tn end
+      after = {algo = 'G', tat_s = ts, tat_n = tn, T = t, burst = st.burst, upd_s = us_, upd_n = un}
+      value = MAGIC .. 'G' .. pack_instant(ts, tn) .. pack64(t) .. pack7(st.burst) .. pack_instant(us_, un)
     end
   elseif st.algo == 'F' then
-    local e = eval_time(st, now)
-    local start = window_start(e, st.W)
-    local count = cmp(st.upd, start) >= 0 and st.count or 0
+    -- The current window's count goes down, not below zero.
+    local es, en = eval_time(st, now)
+    local ss, sn = window_start(es, en, st.W)
+    local count = ilt(st.upd_s, st.upd_n, ss, sn) and 0 or st.count
     refunded = wmin(q, count)
     local left = sub(count, refunded)
     if left ~= 0 then
-      after = {algo = 'F', W = st.W, limit = st.limit, start = st.start, count = left, upd = st.upd}
-      value = MAGIC .. 'F' .. pack64(st.W) .. pack64(st.limit) .. pack64(st.start) .. pack64(left)
-        .. pack64(st.upd)
+      after = {algo = 'F', W = st.W, limit = st.limit, count = left, upd_s = st.upd_s, upd_n = st.upd_n}
+      value = MAGIC .. 'F' .. pack64(st.W) .. pack7(st.limit) .. pack64(left)
+        .. pack_instant(st.upd_s, st.upd_n)
     end
   else
     local w = st.W
-    local e = eval_time(st, now)
-    local start = window_start(e, w)
-    if cmp(st.start, start) > 0 or cmp(st.upd, add(start, w)) >= 0 then
-      refunded = wmin(q, st.curr)
-      local curr = sub(st.curr, refunded)
-      if not (curr == 0 and st.prev == 0) then
-        after = {algo = 'S', W = w, limit = st.limit, start = st.start, prev = st.prev, curr = curr,
-          upd = st.upd}
-      end
-    else
-      local prev, curr = sliding_counts(st, e, w)
-      refunded = wmin(q, curr)
-      curr = sub(curr, refunded)
-      if not (curr == 0 and prev == 0) then
-        local upd = curr ~= 0 and wmax(st.upd, start) or start
-        after = {algo = 'S', W = w, limit = st.limit, start = start, prev = prev, curr = curr, upd = upd}
-      end
-    end
-    if after then
-      value = MAGIC .. 'S' .. pack64(w) .. pack64(st.limit) .. pack64(after.start) .. pack64(after.prev)
-        .. pack64(after.curr) .. pack64(after.upd)
+    local es, en = eval_time(st, now)
+    local ss, sn = window_start(es, en, w)
+    local prev, curr = sliding_counts(st, ss, sn, w)
+    refunded = wmin(q, curr)
+    curr = sub(curr, refunded)
+    if not (curr == 0 and prev == 0) then
+      -- The last write moves into the current window (where the count now lives).
+      local us_, un = ss, sn
+      if curr ~= 0 and ilt(ss, sn, st.upd_s, st.upd_n) then us_, un = st.upd_s, st.upd_n end
+      after = {algo = 'S', W = w, limit = st.limit, prev = prev, curr = curr, upd_s = us_, upd_n = un}
+      value = MAGIC .. 'S' .. pack64(w) .. pack7(st.limit) .. pack64(prev) .. pack64(curr)
+        .. pack_instant(us_, un)
     end
   end
   if refunded == 0 then
-    local d = status(key, st, now, now_us)
+    local d = status(key, st, now)
     return three(0, d.remaining, d.reset)
   end
   if after == nil then
     write('DEL', key)
     return three(refunded, st.algo == 'G' and st.burst or st.limit, 0)
   end
-  local d = status(key, after, now, now_us)
-  write('SET', key, value, 'PXAT', expire_at_ms(now, d.reset))
+  local d = status(key, after, now)
+  write('SET', key, value, 'PXAT', expire_at(now, d.reset))
   return three(refunded, d.remaining, d.reset)
 end
 
@@ -1428,7 +1535,8 @@ local function rl_release(keys, args)
   local a = argv(keys, args)
   local key = a[1]
   local token = token_arg(a[2])
-  local now_us, now = clock()
+  local now = clock()
+  local now_us = now.us
   local st = load(key)
   if st == nil then return {0, 0, 0} end
   if st.algo ~= 'E' then wrong_algorithm(key, st.algo, 'E') end
@@ -1442,7 +1550,7 @@ local function rl_release(keys, args)
     write('DEL', key)
     return three(released, st.limit, 0)
   end
-  write('SET', key, MAGIC .. 'E' .. pack64(st.limit) .. concat(scan.runs), 'PXAT', expire_at_ms(now, reset))
+  write('SET', key, MAGIC .. 'E' .. pack64(st.limit) .. concat(scan.runs), 'PXAT', expire_at(now, reset))
   return three(released, ssub(st.limit, scan.held - released), reset)
 end
 
