@@ -626,7 +626,12 @@ local eval_mode = false -- true when run by EVAL/EVALSHA instead of FCALL
 local function clock()
   local t = redis.call('TIME')
   local sec, usec = tonumber(t[1]), tonumber(t[2])
-  return {s = sec, n = usec * NS_PER_US, us = sec * 1000000 + usec}
+  local us = sec * 1000000 + usec
+  if us > MAXI then
+    fail('ERR the server clock is past 2^53 microseconds since the epoch (the year 2255), the Lua '
+      .. 'fallback\'s range')
+  end
+  return {s = sec, n = usec * NS_PER_US, us = us}
 end
 
 -- SPEC: a request that would write answers OOM when maxmemory is reached (after eviction) and
