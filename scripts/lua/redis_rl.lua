@@ -317,6 +317,7 @@ local function pack64(w) -- little-endian u64 (w < 2^64)
 end
 local function unpack64(s, pos)
   local a, b, c = unpack('<I3I3I2', s, pos)
+  if c < 32 then return (c * B + b) * B + a end
   return N({a, b, c})
 end
 
@@ -712,10 +713,8 @@ local function load(key)
   end
   if st.W ~= nil and (st.W == 0 or cmp(st.W, MAX_PERIOD_NS) > 0) then fail(WRONGTYPE) end
   if st.limit == 0 then fail(WRONGTYPE) end
-  for _, f in ipairs({'tat', 'upd'}) do
-    local sec, n = st[f .. '_s'], st[f .. '_n']
-    if sec and (n >= NS_PER_S or not fits(sec, n)) then fail(WRONGTYPE) end
-  end
+  if st.upd_s and (st.upd_n >= NS_PER_S or not fits(st.upd_s, st.upd_n)) then fail(WRONGTYPE) end
+  if st.tat_s and (st.tat_n >= NS_PER_S or not fits(st.tat_s, st.tat_n)) then fail(WRONGTYPE) end
   return st
 end
 
@@ -901,29 +900,30 @@ local function sliding_decide(key, p, st, now, q, force)
   local xs, xn = iplus(fs, fn, w)
   if not fits(xs, xn) then fail(OVERFLOW) end
   local prev, curr = sliding_counts(st, ss, sn, w)
-  local limit_scaled = mul(p.limit, w)
+  -- The previous window's weight in requests, rounded up: prev * (w - elapsed) / w. With it
+  -- the exact comparison prev * (w - elapsed) + (curr + q) * w <= limit * w reads
+  -- curr + q + weight <= limit, and floor(limit - estimate) is limit - curr - weight.
   local left = sub(w, elapsed)
-  local function estimate(pv, cv) return add(mul(pv, left), mul(cv, w)) end
-  local function report(verdict, pv, cv, est, extra)
+  local weight = prev ~= 0 and ceil_div(mul(prev, left), w) or 0
+  local function report(verdict, cv, extra)
     local d = extra or {}
     d.verdict, d.limit = verdict, p.limit
-    d.remaining = div(ssub(limit_scaled, est), w)
+    d.remaining = ssub(p.limit, add(cv, weight))
     if cv ~= 0 then
       d.reset = idiff(xs, xn, now.s, now.n)
-    elseif pv ~= 0 then
+    elseif prev ~= 0 then
       d.reset = idiff(fs, fn, now.s, now.n)
     else
       d.reset = 0
     end
     return d
   end
-  local est = estimate(prev, curr)
-  if q == 0 then return report('allowed', prev, curr, est) end
-  if not force and cmp(q, p.limit) > 0 then return report('never', prev, curr, est) end
-  if force or cmp(add(est, mul(q, w)), limit_scaled) <= 0 then
+  if q == 0 then return report('allowed', curr) end
+  if not force and cmp(q, p.limit) > 0 then return report('never', curr) end
+  if force or cmp(add(add(curr, q), weight), p.limit) <= 0 then
     local after = add(curr, q)
     if cmp(after, U64) >= 0 then fail(OVERFLOW) end
-    local d = report('allowed', prev, after, estimate(prev, after))
+    local d = report('allowed', after)
     d.write = function()
       local value = MAGIC .. 'S' .. pack64(w) .. pack7(p.limit) .. pack64(prev) .. pack64(after)
         .. pack_instant(es, en)
@@ -942,7 +942,7 @@ local function sliding_decide(key, p, st, now, q, force)
     local off = earliest_offset(curr, sub(p.limit, q), 0, w)
     if off ~= nil then as, an = iplus(fs, fn, off) else as, an = xs, xn end
   end
-  return report('denied', prev, curr, est, {retry = wmax(isince(as, an, now.s, now.n), 1)})
+  return report('denied', curr, {retry = wmax(isince(as, an, now.s, now.n), 1)})
 end
 
 ------------------------------------------------------------------------------------- LOG
@@ -1171,10 +1171,10 @@ end
 -- One limit on one key (RL.GCRA, RL.WINDOW, RL.LEASE and each key of RL.ALL).
 ---------------------------------------------------------------------------------------------
 
-local function evaluate(key, spec, now, q, force)
+local function evaluate(key, spec, now, q, force, max_wait)
   local st = load(key)
   if st ~= nil and st.algo ~= spec.algo then wrong_algorithm(key, st.algo, spec.algo) end
-  if spec.algo == 'G' then return gcra_decide(key, spec, st, now, q, spec.max_wait, force) end
+  if spec.algo == 'G' then return gcra_decide(key, spec, st, now, q, max_wait, force) end
   if spec.algo == 'F' then return fixed_decide(key, spec, st, now, q, force) end
   if spec.algo == 'S' then return sliding_decide(key, spec, st, now, q, force) end
   if spec.algo == 'L' then return log_decide(key, spec, st, now, q) end
@@ -1196,7 +1196,7 @@ end
 
 local function run_one(key, spec, req)
   local now = clock()
-  local d = evaluate(key, spec, now, req.quantity, req.force)
+  local d = evaluate(key, spec, now, req.quantity, req.force, req.max_wait)
   if d.write and not req.peek and req.quantity ~= 0 then
     check_memory(now.us)
     d.write()
@@ -1204,14 +1204,29 @@ local function run_one(key, spec, req)
   return five(d)
 end
 
+-- Parsed parameters, by their argument text (only valid ones are kept; parsing is pure, so a
+-- hit answers exactly as parsing again would). Bounded: cleared at 512 entries.
+local memo, memo_size = {}, 0
+local function remember(k, v)
+  if memo_size >= 512 then memo, memo_size = {}, 0 end
+  memo[k] = v
+  memo_size = memo_size + 1
+  return v
+end
+
 local function rl_gcra(keys, args)
   arity('RL.GCRA', 1 + #keys + #args, -5)
   single_key(keys, 'rl_gcra')
   local a = argv(keys, args)
-  local burst = positive(a[2], 'burst')
-  local rate = positive(a[3], 'rate')
-  local period = seconds(a[4], 'period')
-  local spec = gcra_params(burst, rate, period)
+  local mk = 'G' .. a[2] .. '\0' .. a[3] .. '\0' .. a[4]
+  local spec = memo[mk]
+  if not spec then
+    local burst = positive(a[2], 'burst')
+    local rate = positive(a[3], 'rate')
+    local period = seconds(a[4], 'period')
+    spec = remember(mk, gcra_params(burst, rate, period))
+  end
+  local burst = spec.burst
   local req = {quantity = 1}
   local o = Options(a, 5)
   local seen_max_wait = false
@@ -1221,7 +1236,7 @@ local function rl_gcra(keys, args)
         if seen_max_wait then duplicate('MAXWAIT') end
         seen_max_wait = true
         local ms = non_negative(o.value('MAXWAIT'), 'MAXWAIT')
-        spec.max_wait = wmin(mul(ms, NS_PER_MS), U64MAX)
+        req.max_wait = wmin(mul(ms, NS_PER_MS), U64MAX)
       else
         unknown(kw)
       end
@@ -1241,8 +1256,13 @@ local function rl_window(keys, args)
   arity('RL.WINDOW', 1 + #keys + #args, -4)
   single_key(keys, 'rl_window')
   local a = argv(keys, args)
-  local limit, digits = positive(a[2], 'limit')
-  local w = seconds(a[3], 'window')
+  local mk = 'W' .. a[2] .. '\0' .. a[3]
+  local parsed = memo[mk]
+  if not parsed then
+    local limit, digits = positive(a[2], 'limit')
+    parsed = remember(mk, {limit, digits, seconds(a[3], 'window')})
+  end
+  local limit, digits, w = parsed[1], parsed[2], parsed[3]
   local req = {quantity = 1}
   local algo
   local o = Options(a, 4)
