@@ -1069,7 +1069,8 @@ end
 
 -- One pass over the stored leases at now_us: the slots held by live leases, the live lease of
 -- `token` (its slots), the byte ranges of the other live leases (kept as they are on a write),
--- and the latest expiry among those others and among all live leases.
+-- the latest expiry among those others and among all live leases, and the first to expire
+-- among the others (with its slots).
 local function lease_scan(st, now_us, token)
   local whole = st.whole
   local len, pos = #whole, 13
@@ -1077,6 +1078,7 @@ local function lease_scan(st, now_us, token)
   local runs, run_from = {}, nil
   local last_us, last_rem = -1, 0
   local all_us, all_rem = -1, 0
+  local first_us, first_rem, first_n = -1, 0, 0
   local tlen = token and #token or -1
   while pos <= len do
     local tl = byte(whole, pos)
@@ -1094,6 +1096,9 @@ local function lease_scan(st, now_us, token)
     if live and not own then
       run_from = run_from or pos
       if us > last_us or (us == last_us and rem > last_rem) then last_us, last_rem = us, rem end
+      if first_us < 0 or us < first_us or (us == first_us and rem < first_rem) then
+        first_us, first_rem, first_n = us, rem, n
+      end
     elseif run_from then
       runs[#runs + 1] = sub_s(whole, run_from, pos - 1)
       run_from = nil
@@ -1102,7 +1107,8 @@ local function lease_scan(st, now_us, token)
   end
   if run_from then runs[#runs + 1] = sub_s(whole, run_from, len) end
   return {held = held, own_n = own_n, runs = runs, last_us = last_us, last_rem = last_rem,
-    all_us = all_us, all_rem = all_rem}
+    all_us = all_us, all_rem = all_rem, first_us = first_us, first_rem = first_rem,
+    first_n = first_n}
 end
 
 -- Nanoseconds from now_us until the later of two expiries (us, rem); 0 when none.
@@ -1163,7 +1169,14 @@ local function lease_decide(key, p, st, now, n)
     end
     return d
   end
-  local wait = lease_wait(st, now_us, p.token, others + n - p.limit)
+  local need = others + n - p.limit
+  local wait
+  if scan.first_n >= need then
+    -- The lease that expires first frees enough (the usual case): no sort.
+    wait = lease_reset(now_us, scan.first_us, scan.first_rem)
+  else
+    wait = lease_wait(st, now_us, p.token, need)
+  end
   return report('denied', held, now_reset, {retry = wmax(wait, 1)})
 end
 
