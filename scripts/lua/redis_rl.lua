@@ -34,10 +34,12 @@ rl.lease-max-limit (largest LEASE limit, 1 to 1000000, default 10000). To change
 the number on that line and FUNCTION LOAD REPLACE the text: the setting then persists and
 replicates with the library. rl_config reports the values in force.
 
-Time. The clock is the server's TIME (microseconds), read once per call. All arithmetic is exact
-integer arithmetic in nanoseconds, like the module's: numbers above 2^53 - 1 (where Lua's doubles
-stop being exact) are held as arrays of base-2^24 limbs, so every time and count has the
-module's 64-bit range and every product the module's 128-bit one. What the fallback cannot do is
+Time. The clock is the server's TIME (microseconds), read once per call; it must stay below
+2^53 microseconds (the year 2255). All arithmetic is exact integer arithmetic in nanoseconds,
+like the module's: instants are (seconds, nanoseconds) pairs of exact Lua numbers, other values
+are Lua numbers up to 2^53 - 1 (where doubles stop being exact) and arrays of base-2^24 limbs
+above, so every time and count has the module's 64-bit range and every product the module's
+128-bit one; nothing is rounded unless the module rounds it. What the fallback cannot do is
 reply an integer above 2^53 - 1: burst and limit (which every reply carries) must be at most
 9007199254740991, and an error naming the argument says so.
 
