@@ -96,7 +96,8 @@ time_t time(time_t *t) {
 fn shim() -> &'static Path {
     static SHIM: OnceLock<PathBuf> = OnceLock::new();
     SHIM.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("vclock-{}", std::process::id()));
+        let dir =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("vclock-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let src = dir.join("vclock.c");
         std::fs::write(&src, VCLOCK_C).unwrap();
@@ -122,7 +123,10 @@ struct VClock {
 
 impl VClock {
     fn new(start_ns: u64) -> VClock {
-        let dir = tempfile::Builder::new().prefix("rl-vclock-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("rl-vclock-")
+            .tempdir()
+            .unwrap();
         let path = dir.path().join("clock");
         std::fs::write(&path, start_ns.to_le_bytes()).unwrap();
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -291,12 +295,17 @@ impl Step {
     }
 
     fn has_word(&self, word: &str) -> bool {
-        self.args.iter().any(|a| a.eq_ignore_ascii_case(word.as_bytes()))
+        self.args
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(word.as_bytes()))
     }
 
     /// QUANTITY's value when given.
     fn quantity(&self) -> Option<&[u8]> {
-        let i = self.args.iter().position(|a| a.eq_ignore_ascii_case(b"QUANTITY"))?;
+        let i = self
+            .args
+            .iter()
+            .position(|a| a.eq_ignore_ascii_case(b"QUANTITY"))?;
         self.args.get(i + 1).map(|v| v.as_slice())
     }
 
@@ -366,7 +375,10 @@ impl Diff {
     fn snapshot(&mut self, keys: &[Vec<u8>]) -> Vec<(Option<Vec<u8>>, i64)> {
         let mut p = redis::pipe();
         for k in keys {
-            p.cmd("DUMP").arg(k.as_slice()).cmd("PTTL").arg(k.as_slice());
+            p.cmd("DUMP")
+                .arg(k.as_slice())
+                .cmd("PTTL")
+                .arg(k.as_slice());
         }
         let flat: Vec<Value> = p.query(&mut self.c).unwrap();
         flat.chunks(2)
@@ -427,7 +439,11 @@ impl Diff {
         }
         let _: () = watch.query(&mut self.c).unwrap();
         let fb = send(&mut self.c, &fargv);
-        let m = if self.fallback_only { fb.clone() } else { send(&mut self.c, &margv) };
+        let m = if self.fallback_only {
+            fb.clone()
+        } else {
+            send(&mut self.c, &margv)
+        };
         if let Err(e) = &fb {
             if e.contains("internal error") {
                 self.fail(&format!("the fallback failed: {e}"));
@@ -451,7 +467,9 @@ impl Diff {
         };
         let (mn, fnn) = (normalise(&m, &mkeys), normalise(&fb, &fkeys));
         if !self.fallback_only && mn != fnn {
-            self.fail(&format!("replies differ:\n  module   {m:?}\n  fallback {fb:?}"));
+            self.fail(&format!(
+                "replies differ:\n  module   {m:?}\n  fallback {fb:?}"
+            ));
         }
         let n = s.keys.len();
         // Whether the request may have written: an admitted request that is no PEEK and no
@@ -496,7 +514,11 @@ impl Diff {
         // TTL = reset_after after every single-key write.
         if let (Ok(v), true, 1, false) = (&m, wrote_any, n, s.cmd == "all") {
             let r = ints(v);
-            let reset = if s.cmd == "refund" || s.cmd == "release" { r[2] } else { r[4] };
+            let reset = if s.cmd == "refund" || s.cmd == "release" {
+                r[2]
+            } else {
+                r[4]
+            };
             for ttl in [after[0].1, after[1].1] {
                 if ttl >= 0 && !(reset..=reset + 1).contains(&ttl) {
                     self.fail(&format!("PTTL {ttl} after a write, reset_after_ms {reset}"));
@@ -602,7 +624,10 @@ fn gcra_matches_the_module() {
             (0, "gcra 2 1 315360000"),
             (0, "gcra 2 1 315360000 QUANTITY 2"),
             (0, "gcra 2 1 315360000 QUANTITY 18446744073709551615"),
-            (0, "gcra 9007199254740991 1000000000 1 QUANTITY 9007199254740991"),
+            (
+                0,
+                "gcra 9007199254740991 1000000000 1 QUANTITY 9007199254740991",
+            ),
             (0, "gcra 9007199254740991 1000000000 1 QUANTITY 0"),
             (0, "gcra 18446744073 1 1 QUANTITY 18446744073"),
             (0, "gcra 18446744073 1 1 QUANTITY 17000000000"),
@@ -653,8 +678,22 @@ fn windows_match_the_module() {
         .iter()
         .map(|(_, t)| t.replace("ALGO", algo))
         .collect();
-        let gaps = [0, 100 * MS, 0, 220 * MS, 0, 120 * MS, 299_999_000, 1_000, 600 * MS];
-        let steps: Vec<(u64, &str)> = gaps.iter().copied().zip(timed.iter().map(|s| s.as_str())).collect();
+        let gaps = [
+            0,
+            100 * MS,
+            0,
+            220 * MS,
+            0,
+            120 * MS,
+            299_999_000,
+            1_000,
+            600 * MS,
+        ];
+        let steps: Vec<(u64, &str)> = gaps
+            .iter()
+            .copied()
+            .zip(timed.iter().map(|s| s.as_str()))
+            .collect();
         d.run(&format!("t:{algo}"), &steps);
         // Windows below a microsecond apart and the largest window.
         let fine: Vec<String> = [
@@ -668,9 +707,18 @@ fn windows_match_the_module() {
         .collect();
         d.run(
             &format!("f:{algo}"),
-            &[(0, fine[0].as_str()), (1_000, fine[1].as_str()), (1_000, fine[2].as_str()), (0, fine[1].as_str()), (0, fine[3].as_str())],
+            &[
+                (0, fine[0].as_str()),
+                (1_000, fine[1].as_str()),
+                (1_000, fine[2].as_str()),
+                (0, fine[1].as_str()),
+                (0, fine[3].as_str()),
+            ],
         );
-        d.run(&format!("g:{algo}"), &[(0, fine[3].as_str()), (5 * S, fine[3].as_str())]);
+        d.run(
+            &format!("g:{algo}"),
+            &[(0, fine[3].as_str()), (5 * S, fine[3].as_str())],
+        );
     }
     // Mixing algorithms on a key is refused by both with the same message.
     d.run(
@@ -700,7 +748,10 @@ fn all_and_refund_match_the_module() {
             (0, "all:0,1 GCRA 2 1 1 WINDOW 30 60 LOG QUANTITY 2"),
             (0, "all:0,1 gcra 2 1 1 window 30 60 log quantity 1"),
             (61 * S, "all:0,1,2 GCRA 5 1 1 WINDOW 4 10 FIXED WINDOW 4 10"),
-            (0, "all:2,1,0 WINDOW 4 10 GCRA 5 1 1 WINDOW 4 10 FIXED QUANTITY 4"),
+            (
+                0,
+                "all:2,1,0 WINDOW 4 10 GCRA 5 1 1 WINDOW 4 10 FIXED QUANTITY 4",
+            ),
             (0, "all:2 WINDOW 4 10 QUANTITY 1"),
         ],
     );
@@ -834,7 +885,12 @@ fn errors_match_the_module() {
     let s = Step {
         cmd: "gcra".into(),
         keys: vec![0],
-        args: vec![b"1".to_vec(), b"1".to_vec(), b"1".to_vec(), b"a\r\nb \xff\xfe".to_vec()],
+        args: vec![
+            b"1".to_vec(),
+            b"1".to_vec(),
+            b"1".to_vec(),
+            b"a\r\nb \xff\xfe".to_vec(),
+        ],
     };
     assert!(d.step_of(&s).is_err());
 
@@ -851,7 +907,10 @@ fn errors_match_the_module() {
         d.label(format!("type{i}").as_bytes());
         for side in [b'm', b'f'] {
             let key = String::from_utf8(d.key(side, 0)).unwrap();
-            let argv: Vec<&str> = make.iter().map(|a| if *a == "KEY" { key.as_str() } else { a }).collect();
+            let argv: Vec<&str> = make
+                .iter()
+                .map(|a| if *a == "KEY" { key.as_str() } else { a })
+                .collect();
             let _: Value = q(&mut d.c, &argv);
         }
         for text in [
@@ -866,7 +925,11 @@ fn errors_match_the_module() {
             "all:1,0 GCRA 3 1 1 WINDOW 3 1",
         ] {
             let r = d.step(text);
-            assert_eq!(r, Err("WRONGTYPE Operation against a key holding the wrong kind of value".into()), "{text}");
+            assert_eq!(
+                r,
+                Err("WRONGTYPE Operation against a key holding the wrong kind of value".into()),
+                "{text}"
+            );
         }
     }
     // A binary key of 100 bytes: the message shows it as lossy UTF-8, 64 characters.
@@ -900,7 +963,10 @@ fn issue_reproductions_match_the_module() {
     d.label(b"sliding");
     let start = (d.clock.now / S + 1) * S;
     d.clock.set(start + 100 * MS);
-    assert_eq!(five(&d.step("window 10 1 QUANTITY 9")), [1, 10, 1, -1, 1900]);
+    assert_eq!(
+        five(&d.step("window 10 1 QUANTITY 9")),
+        [1, 10, 1, -1, 1900]
+    );
     d.clock.set(start + S + 900 * MS);
     for left in [8, 7, 6, 5] {
         assert_eq!(five(&d.step("window 10 1"))[..3], [1, 10, left]);
@@ -908,15 +974,24 @@ fn issue_reproductions_match_the_module() {
 
     // LOG has a cap and bounded work.
     d.label(b"logcap");
-    assert!(d.step("window 10000000 1 LOG QUANTITY 5000000").unwrap_err().contains("rl.log-max-limit"));
+    assert!(d
+        .step("window 10000000 1 LOG QUANTITY 5000000")
+        .unwrap_err()
+        .contains("rl.log-max-limit"));
     d.s("window 100000 60 LOG QUANTITY 100000");
     d.s("window 100000 60 LOG");
     d.s("window 100000 0.5 LOG QUANTITY 50000");
 
     // Numbers: above 2^64 an error naming the argument; 2^53 + 1 exactly; burst·T overflow.
     d.label(b"numbers");
-    assert_eq!(d.step("window 99999999999999999999 1").unwrap_err(), "ERR limit must be a positive integer");
-    assert!(d.step("gcra 18446744073709551615 1 1").unwrap_err().starts_with("ERR burst is too large"));
+    assert_eq!(
+        d.step("window 99999999999999999999 1").unwrap_err(),
+        "ERR limit must be a positive integer"
+    );
+    assert!(d
+        .step("gcra 18446744073709551615 1 1")
+        .unwrap_err()
+        .starts_with("ERR burst is too large"));
     d.s("window 9007199254740991 1 FIXED QUANTITY 9007199254740990");
     d.s("window 9007199254740991 1 FIXED");
     d.s("window 9007199254740991 1 FIXED");
@@ -970,19 +1045,54 @@ fn random_sequences_match_the_module() {
 
 /// Seeds and steps of the random sequences: `FALLBACK_SEEDS` (30) and `FALLBACK_STEPS` (120).
 fn random_sizes() -> (u64, usize) {
-    let seeds = std::env::var("FALLBACK_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
-    let steps = std::env::var("FALLBACK_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+    let seeds = std::env::var("FALLBACK_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let steps = std::env::var("FALLBACK_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
     (seeds, steps)
 }
 
 const GCRA_BURST: &[&str] = &["1", "2", "3", "5", "10", "100", "9007199254740991"];
-const GCRA_RATE: &[&str] = &["1", "2", "3", "7", "10", "1000", "1000000000", "18446744073709551615"];
+const GCRA_RATE: &[&str] = &[
+    "1",
+    "2",
+    "3",
+    "7",
+    "10",
+    "1000",
+    "1000000000",
+    "18446744073709551615",
+];
 const PERIODS: &[&str] = &[
-    "1", "0.5", "2", "10", "0.000001", "0.0000015", "0.001", "60", "3600", "315360000",
-    "0.000000007", "0.3",
+    "1",
+    "0.5",
+    "2",
+    "10",
+    "0.000001",
+    "0.0000015",
+    "0.001",
+    "60",
+    "3600",
+    "315360000",
+    "0.000000007",
+    "0.3",
 ];
 const LIMITS: &[&str] = &["1", "2", "3", "4", "10", "100", "9007199254740991"];
-const QUANTITIES: &[&str] = &["0", "1", "1", "2", "3", "5", "9", "100", "18446744073709551615"];
+const QUANTITIES: &[&str] = &[
+    "0",
+    "1",
+    "1",
+    "2",
+    "3",
+    "5",
+    "9",
+    "100",
+    "18446744073709551615",
+];
 
 fn pick<'a>(rng: &mut StdRng, from: &[&'a str]) -> &'a str {
     from[rng.gen_range(0..from.len())]
@@ -1000,7 +1110,9 @@ fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
         slot_algo[1] = "LEASE";
     }
     // Each slot keeps a small set of parameters, changed now and then.
-    let mut params: Vec<String> = (0..2).map(|i| random_params(&mut rng, slot_algo[i])).collect();
+    let mut params: Vec<String> = (0..2)
+        .map(|i| random_params(&mut rng, slot_algo[i]))
+        .collect();
     let tokens = ["t1", "t2", "t3", "a-rather-long-token-0123456789"];
     for _ in 0..len {
         let dt = match rng.gen_range(0..100) {
@@ -1018,7 +1130,11 @@ fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
         let slot = rng.gen_range(0..2);
         let mut opts = String::new();
         if rng.gen_bool(0.45) {
-            opts += &format!(" {} {}", pick(&mut rng, &["QUANTITY", "quantity"]), pick(&mut rng, QUANTITIES));
+            opts += &format!(
+                " {} {}",
+                pick(&mut rng, &["QUANTITY", "quantity"]),
+                pick(&mut rng, QUANTITIES)
+            );
         }
         if rng.gen_bool(0.1) {
             opts += " PEEK";
@@ -1026,12 +1142,26 @@ fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
         let force = extended && rng.gen_bool(0.15);
         let text = match rng.gen_range(0..100) {
             0..=59 => {
-                let algo = if rng.gen_bool(0.04) { algos[rng.gen_range(0..4)] } else { slot_algo[slot] };
-                let p = if algo == slot_algo[slot] { params[slot].clone() } else { random_params(&mut rng, algo) };
+                let algo = if rng.gen_bool(0.04) {
+                    algos[rng.gen_range(0..4)]
+                } else {
+                    slot_algo[slot]
+                };
+                let p = if algo == slot_algo[slot] {
+                    params[slot].clone()
+                } else {
+                    random_params(&mut rng, algo)
+                };
                 match algo {
                     "GCRA" => {
                         if rng.gen_bool(0.15) {
-                            opts += &format!(" MAXWAIT {}", pick(&mut rng, &["0", "1", "100", "1000", "60000", "18446744073709551615"]));
+                            opts += &format!(
+                                " MAXWAIT {}",
+                                pick(
+                                    &mut rng,
+                                    &["0", "1", "100", "1000", "60000", "18446744073709551615"]
+                                )
+                            );
                         }
                         if force && !opts.contains("PEEK") && !opts.contains("MAXWAIT") {
                             opts += " FORCE";
@@ -1054,7 +1184,10 @@ fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
                 if slot_algo[slot] == "LEASE" {
                     format!("release:{slot} {}", pick(&mut rng, &tokens))
                 } else {
-                    format!("refund:{slot} {}", pick(&mut rng, &["1", "2", "5", "1000", "18446744073709551615"]))
+                    format!(
+                        "refund:{slot} {}",
+                        pick(&mut rng, &["1", "2", "5", "1000", "18446744073709551615"])
+                    )
                 }
             }
             _ => {
@@ -1071,7 +1204,10 @@ fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
                         specs += &format!(" COST {}", pick(&mut rng, &["0", "1", "2", "7", "100"]));
                     }
                 }
-                if force && !opts.contains("PEEK") && !slot_algo.iter().any(|a| *a == "LEASE" || *a == "LOG") {
+                if force
+                    && !opts.contains("PEEK")
+                    && !slot_algo.iter().any(|a| *a == "LEASE" || *a == "LOG")
+                {
                     opts += " FORCE";
                 }
                 format!("all:{},{}{specs}{opts}", order[0], order[1])
@@ -1083,9 +1219,22 @@ fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
 
 fn random_params(rng: &mut StdRng, algo: &str) -> String {
     match algo {
-        "GCRA" => format!("{} {} {}", pick(rng, GCRA_BURST), pick(rng, GCRA_RATE), pick(rng, PERIODS)),
-        "LEASE" => format!("{} {}", pick(rng, &["1", "2", "3", "10"]), pick(rng, PERIODS)),
-        "LOG" => format!("{} {} LOG", pick(rng, &["1", "2", "3", "4", "10", "100"]), pick(rng, PERIODS)),
+        "GCRA" => format!(
+            "{} {} {}",
+            pick(rng, GCRA_BURST),
+            pick(rng, GCRA_RATE),
+            pick(rng, PERIODS)
+        ),
+        "LEASE" => format!(
+            "{} {}",
+            pick(rng, &["1", "2", "3", "10"]),
+            pick(rng, PERIODS)
+        ),
+        "LOG" => format!(
+            "{} {} LOG",
+            pick(rng, &["1", "2", "3", "4", "10", "100"]),
+            pick(rng, PERIODS)
+        ),
         other => format!("{} {} {other}", pick(rng, LIMITS), pick(rng, PERIODS)),
     }
 }
@@ -1176,7 +1325,14 @@ fn force_matches_the_module() {
         .collect();
         d.run(
             &format!("force:{algo}"),
-            &[(0, texts[0].as_str()), (0, texts[1].as_str()), (S, texts[2].as_str()), (10 * S, texts[1].as_str()), (0, texts[3].as_str()), (0, texts[4].as_str())],
+            &[
+                (0, texts[0].as_str()),
+                (0, texts[1].as_str()),
+                (S, texts[2].as_str()),
+                (10 * S, texts[1].as_str()),
+                (0, texts[3].as_str()),
+                (0, texts[4].as_str()),
+            ],
         );
     }
     d.run(
@@ -1208,14 +1364,35 @@ fn cost_matches_the_module() {
     d.run(
         "cost",
         &[
-            (0, "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 89000"),
-            (0, "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 1200"),
-            (0, "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 1000"),
-            (0, "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 0"),
-            (0, "all:0,1 WINDOW 600 60 FIXED COST 0 WINDOW 90000 60 FIXED COST 0"),
-            (0, "all:0,1 GCRA 10 1 1 COST 3 WINDOW 5 60 COST 2 QUANTITY 7"),
+            (
+                0,
+                "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 89000",
+            ),
+            (
+                0,
+                "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 1200",
+            ),
+            (
+                0,
+                "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 1000",
+            ),
+            (
+                0,
+                "all:0,1 WINDOW 600 60 FIXED WINDOW 90000 60 FIXED COST 0",
+            ),
+            (
+                0,
+                "all:0,1 WINDOW 600 60 FIXED COST 0 WINDOW 90000 60 FIXED COST 0",
+            ),
+            (
+                0,
+                "all:0,1 GCRA 10 1 1 COST 3 WINDOW 5 60 COST 2 QUANTITY 7",
+            ),
             (0, "all:0,1 GCRA 10 1 1 COST 30 WINDOW 5 60 COST 2"),
-            (0, "all:0,1 GCRA 10 1 1 COST 0 WINDOW 5 60 COST 0 QUANTITY 0"),
+            (
+                0,
+                "all:0,1 GCRA 10 1 1 COST 0 WINDOW 5 60 COST 0 QUANTITY 0",
+            ),
             (0, "all:0,1 GCRA 10 1 1 COST WINDOW 5 60"),
             (0, "all:0,1 GCRA 10 1 1 COST -1 WINDOW 5 60"),
         ],
@@ -1277,14 +1454,20 @@ fn untouched(c: &mut redis::Connection, key: &str, f: impl FnOnce(&mut redis::Co
     let before = (dump(c, key), pttl(c, key));
     let _: () = q(c, &["WATCH", key]);
     f(c);
-    let exec: Value = redis::pipe().atomic().cmd("PING").query(c).unwrap_or(Value::Nil);
+    let exec: Value = redis::pipe()
+        .atomic()
+        .cmd("PING")
+        .query(c)
+        .unwrap_or(Value::Nil);
     exec != Value::Nil && before == (dump(c, key), pttl(c, key))
 }
 
 #[test]
 fn lease_follows_the_spec() {
     let mut clock = VClock::new(T0);
-    let Some((_s, mut c)) = virtual_server(&clock, false) else { return };
+    let Some((_s, mut c)) = virtual_server(&clock, false) else {
+        return;
+    };
     let c = &mut c;
     assert_eq!(f(c, "release", "k", &["A"]), [0, 0, 0]);
     assert_eq!(q::<i64>(c, &["EXISTS", "k"]), 0);
@@ -1292,55 +1475,110 @@ fn lease_follows_the_spec() {
     assert_eq!(f(c, "lease", "k", &["2", "10", "B"]), [1, 2, 0, -1, 10000]);
     assert!((10000..=10001).contains(&pttl(c, "k")));
     // Full: denied until the first lease expires; PEEK and QUANTITY 0 touch nothing.
-    assert!(untouched(c, "k", |c| assert_eq!(f(c, "lease", "k", &["2", "10", "C"]), [0, 2, 0, 10000, 10000])));
-    assert!(untouched(c, "k", |c| assert_eq!(f(c, "lease", "k", &["2", "10", "C", "PEEK"]), [0, 2, 0, 10000, 10000])));
-    assert!(untouched(c, "k", |c| assert_eq!(f(c, "lease", "k", &["2", "10", "C", "QUANTITY", "0"]), [1, 2, 0, -1, 10000])));
-    assert!(untouched(c, "k", |c| assert_eq!(f(c, "lease", "k", &["2", "10", "C", "QUANTITY", "3"]), [0, 2, 0, -1, 10000])));
+    assert!(untouched(c, "k", |c| assert_eq!(
+        f(c, "lease", "k", &["2", "10", "C"]),
+        [0, 2, 0, 10000, 10000]
+    )));
+    assert!(untouched(c, "k", |c| assert_eq!(
+        f(c, "lease", "k", &["2", "10", "C", "PEEK"]),
+        [0, 2, 0, 10000, 10000]
+    )));
+    assert!(untouched(c, "k", |c| assert_eq!(
+        f(c, "lease", "k", &["2", "10", "C", "QUANTITY", "0"]),
+        [1, 2, 0, -1, 10000]
+    )));
+    assert!(untouched(c, "k", |c| assert_eq!(
+        f(c, "lease", "k", &["2", "10", "C", "QUANTITY", "3"]),
+        [0, 2, 0, -1, 10000]
+    )));
     // Renewal: A's expiry moves, no second lease is taken.
     clock.advance(4 * S);
     assert_eq!(f(c, "lease", "k", &["2", "10", "A"]), [1, 2, 0, -1, 10000]);
     assert_eq!(f(c, "lease", "k", &["2", "10", "A"]), [1, 2, 0, -1, 10000]);
     // C waits for B (expires at +10 s), not for A (+14 s).
-    assert_eq!(f(c, "lease", "k", &["2", "10", "C"]), [0, 2, 0, 6000, 10000]);
+    assert_eq!(
+        f(c, "lease", "k", &["2", "10", "C"]),
+        [0, 2, 0, 6000, 10000]
+    );
     // Resizing A past the limit is denied and leaves A as it was.
-    assert!(untouched(c, "k", |c| assert_eq!(f(c, "lease", "k", &["2", "10", "A", "QUANTITY", "2"]), [0, 2, 0, 6000, 10000])));
+    assert!(untouched(c, "k", |c| assert_eq!(
+        f(c, "lease", "k", &["2", "10", "A", "QUANTITY", "2"]),
+        [0, 2, 0, 6000, 10000]
+    )));
     // B expires: C fits.
     clock.advance(6 * S);
     assert_eq!(f(c, "lease", "k", &["2", "10", "C"]), [1, 2, 0, -1, 10000]);
     // Release: C's slot comes back; twice is harmless; the last release deletes the key.
     assert_eq!(f(c, "release", "k", &["C"]), [1, 1, 4000]);
     assert!((4000..=4001).contains(&pttl(c, "k")));
-    assert!(untouched(c, "k", |c| assert_eq!(f(c, "release", "k", &["C"]), [0, 1, 4000])));
+    assert!(untouched(c, "k", |c| assert_eq!(
+        f(c, "release", "k", &["C"]),
+        [0, 1, 4000]
+    )));
     // A lower limit than the slots held: remaining is 0, never negative.
     assert_eq!(f(c, "lease", "k", &["1", "10", "D"]), [0, 1, 0, 4000, 4000]);
     assert_eq!(f(c, "release", "k", &["A"]), [1, 2, 0]);
     assert_eq!(q::<i64>(c, &["EXISTS", "k"]), 0);
     // A holder that crashes frees its slots when the lease runs out; the key goes with it.
-    assert_eq!(f(c, "lease", "k", &["3", "0.5", "E", "QUANTITY", "3"]), [1, 3, 0, -1, 500]);
+    assert_eq!(
+        f(c, "lease", "k", &["3", "0.5", "E", "QUANTITY", "3"]),
+        [1, 3, 0, -1, 500]
+    );
     clock.advance(500 * MS);
-    assert_eq!(f(c, "lease", "k", &["3", "0.5", "F", "QUANTITY", "0"]), [1, 3, 3, -1, 0]);
+    assert_eq!(
+        f(c, "lease", "k", &["3", "0.5", "F", "QUANTITY", "0"]),
+        [1, 3, 3, -1, 0]
+    );
     clock.advance(2 * MS);
     assert_eq!(q::<i64>(c, &["EXISTS", "k"]), 0);
     // Algorithms do not mix; RL.REFUND names RL.RELEASE.
     f(c, "lease", "k", &["2", "10", "A"]);
-    assert_eq!(f_err(c, "refund", &["k"], &["1"]), "ERR key 'k' holds a LEASE limit: free its slots with RL.RELEASE");
-    assert!(f_err(c, "gcra", &["k"], &["1", "1", "1"]).contains("holds a LEASE limit, not a GCRA limiter"));
+    assert_eq!(
+        f_err(c, "refund", &["k"], &["1"]),
+        "ERR key 'k' holds a LEASE limit: free its slots with RL.RELEASE"
+    );
+    assert!(f_err(c, "gcra", &["k"], &["1", "1", "1"])
+        .contains("holds a LEASE limit, not a GCRA limiter"));
     f(c, "gcra", "g", &["1", "1", "1"]);
-    assert!(f_err(c, "lease", &["g"], &["1", "1", "A"]).contains("holds a GCRA limiter, not a LEASE limit"));
+    assert!(f_err(c, "lease", &["g"], &["1", "1", "A"])
+        .contains("holds a GCRA limiter, not a LEASE limit"));
     assert!(f_err(c, "release", &["g"], &["A"]).contains("holds a GCRA limiter, not a LEASE limit"));
     // Tokens: 1 to 64 bytes, binary-safe; the limit has a cap.
-    assert_eq!(f_err(c, "lease", &["t"], &["1", "1", ""]), "ERR token must be 1 to 64 bytes");
+    assert_eq!(
+        f_err(c, "lease", &["t"], &["1", "1", ""]),
+        "ERR token must be 1 to 64 bytes"
+    );
     let long = "x".repeat(65);
-    assert_eq!(f_err(c, "lease", &["t"], &["1", "1", &long]), "ERR token must be 1 to 64 bytes");
-    assert_eq!(f_err(c, "release", &["t"], &[&long]), "ERR token must be 1 to 64 bytes");
-    assert_eq!(f(c, "lease", "t", &["1", "1", &"y".repeat(64)]), [1, 1, 0, -1, 1000]);
+    assert_eq!(
+        f_err(c, "lease", &["t"], &["1", "1", &long]),
+        "ERR token must be 1 to 64 bytes"
+    );
+    assert_eq!(
+        f_err(c, "release", &["t"], &[&long]),
+        "ERR token must be 1 to 64 bytes"
+    );
+    assert_eq!(
+        f(c, "lease", "t", &["1", "1", &"y".repeat(64)]),
+        [1, 1, 0, -1, 1000]
+    );
     assert!(f_err(c, "lease", &["t"], &["10001", "1", "A"]).contains("rl.lease-max-limit (10000)"));
-    assert_eq!(f_err(c, "lease", &["t"], &["1", "1", "A", "FORCE"]), "ERR syntax error: unknown argument 'FORCE'");
+    assert_eq!(
+        f_err(c, "lease", &["t"], &["1", "1", "A", "FORCE"]),
+        "ERR syntax error: unknown argument 'FORCE'"
+    );
     // In RL.ALL: a request that passes the rate limit but finds no slot consumes nothing.
-    let (all, per) = f_all(c, &["r", "l"], &["WINDOW", "5", "60", "FIXED", "LEASE", "1", "10", "X"]);
+    let (all, per) = f_all(
+        c,
+        &["r", "l"],
+        &["WINDOW", "5", "60", "FIXED", "LEASE", "1", "10", "X"],
+    );
     assert_eq!((all[0], per[1][0]), (1, 1));
     let before = dump(c, "r");
-    let (all, per) = f_all(c, &["r", "l"], &["WINDOW", "5", "60", "FIXED", "LEASE", "1", "10", "Y"]);
+    let (all, per) = f_all(
+        c,
+        &["r", "l"],
+        &["WINDOW", "5", "60", "FIXED", "LEASE", "1", "10", "Y"],
+    );
     assert_eq!((all[0], all[3], per[0][0], per[1][0]), (0, 10000, 1, 0));
     assert_eq!(dump(c, "r"), before);
 }
@@ -1348,42 +1586,128 @@ fn lease_follows_the_spec() {
 #[test]
 fn force_follows_the_spec() {
     let clock = VClock::new(T0);
-    let Some((_s, mut c)) = virtual_server(&clock, false) else { return };
+    let Some((_s, mut c)) = virtual_server(&clock, false) else {
+        return;
+    };
     let c = &mut c;
     // GCRA: recorded in full, past the burst; later requests wait for the excess to drain.
-    assert_eq!(f(c, "gcra", "g", &["2", "1", "1", "FORCE", "QUANTITY", "5"]), [1, 2, 0, -1, 5000]);
+    assert_eq!(
+        f(c, "gcra", "g", &["2", "1", "1", "FORCE", "QUANTITY", "5"]),
+        [1, 2, 0, -1, 5000]
+    );
     assert!((5000..=5001).contains(&pttl(c, "g")));
     assert_eq!(f(c, "gcra", "g", &["2", "1", "1"]), [0, 2, 0, 4000, 5000]);
-    assert_eq!(f(c, "gcra", "g", &["2", "1", "1", "force"]), [1, 2, 0, -1, 6000]);
-    assert!(untouched(c, "g", |c| assert_eq!(f(c, "gcra", "g", &["2", "1", "1", "FORCE", "QUANTITY", "0"]), [1, 2, 0, -1, 6000])));
+    assert_eq!(
+        f(c, "gcra", "g", &["2", "1", "1", "force"]),
+        [1, 2, 0, -1, 6000]
+    );
+    assert!(untouched(c, "g", |c| assert_eq!(
+        f(c, "gcra", "g", &["2", "1", "1", "FORCE", "QUANTITY", "0"]),
+        [1, 2, 0, -1, 6000]
+    )));
     // FIXED and SLIDING: the count may pass the limit.
     let to_end = 10_000 - ((T0 % (10 * S)) / MS) as i64;
-    assert_eq!(f(c, "window", "fx", &["3", "10", "FIXED", "FORCE", "QUANTITY", "5"]), [1, 3, 0, -1, to_end]);
-    assert_eq!(f(c, "window", "fx", &["3", "10", "FIXED"]), [0, 3, 0, to_end, to_end]);
+    assert_eq!(
+        f(
+            c,
+            "window",
+            "fx",
+            &["3", "10", "FIXED", "FORCE", "QUANTITY", "5"]
+        ),
+        [1, 3, 0, -1, to_end]
+    );
+    assert_eq!(
+        f(c, "window", "fx", &["3", "10", "FIXED"]),
+        [0, 3, 0, to_end, to_end]
+    );
     let r = f(c, "window", "sl", &["3", "10", "FORCE", "QUANTITY", "4"]);
     assert_eq!(r[..4], [1, 3, 0, -1]);
     assert_eq!(f(c, "window", "sl", &["3", "10"])[..3], [0, 3, 0]);
     // A count at 2^64 is an error and writes nothing.
     let before = dump(c, "fx");
-    assert!(f_err(c, "window", &["fx"], &["3", "10", "FIXED", "FORCE", "QUANTITY", "18446744073709551615"]).starts_with("ERR arithmetic overflow"));
+    assert!(f_err(
+        c,
+        "window",
+        &["fx"],
+        &[
+            "3",
+            "10",
+            "FIXED",
+            "FORCE",
+            "QUANTITY",
+            "18446744073709551615"
+        ]
+    )
+    .starts_with("ERR arithmetic overflow"));
     assert_eq!(dump(c, "fx"), before);
     // Time past 64-bit nanoseconds is an error and writes nothing.
-    assert!(f_err(c, "gcra", &["o"], &["18446744073", "1", "1", "FORCE", "QUANTITY", "18446744073"]).starts_with("ERR arithmetic overflow"));
+    assert!(f_err(
+        c,
+        "gcra",
+        &["o"],
+        &["18446744073", "1", "1", "FORCE", "QUANTITY", "18446744073"]
+    )
+    .starts_with("ERR arithmetic overflow"));
     assert_eq!(q::<i64>(c, &["EXISTS", "o"]), 0);
     // RL.ALL records on every limit.
-    let (all, _) = f_all(c, &["a1", "a2"], &["GCRA", "1", "1", "10", "WINDOW", "1", "10", "FIXED", "FORCE", "QUANTITY", "3"]);
+    let (all, _) = f_all(
+        c,
+        &["a1", "a2"],
+        &[
+            "GCRA", "1", "1", "10", "WINDOW", "1", "10", "FIXED", "FORCE", "QUANTITY", "3",
+        ],
+    );
     assert_eq!(all[..4], [1, 1, 0, -1]);
-    let (all, per) = f_all(c, &["a1", "a2"], &["GCRA", "1", "1", "10", "WINDOW", "1", "10", "FIXED"]);
+    let (all, per) = f_all(
+        c,
+        &["a1", "a2"],
+        &["GCRA", "1", "1", "10", "WINDOW", "1", "10", "FIXED"],
+    );
     assert_eq!((all[0], per[0][0], per[1][0]), (0, 0, 0));
     // Errors: with LOG, PEEK, MAXWAIT, on a LEASE spec, twice.
     for (name, keys, args, text) in [
-        ("gcra", &["e"][..], &["1", "1", "1", "FORCE", "PEEK"][..], "FORCE cannot be combined with PEEK"),
-        ("gcra", &["e"], &["1", "1", "1", "FORCE", "MAXWAIT", "5"], "FORCE cannot be combined with MAXWAIT"),
-        ("gcra", &["e"], &["1", "1", "1", "FORCE", "FORCE"], "FORCE given more than once"),
-        ("window", &["e"], &["1", "1", "LOG", "FORCE"], "FORCE cannot be used with LOG"),
-        ("window", &["e"], &["1", "1", "FORCE", "PEEK"], "FORCE cannot be combined with PEEK"),
-        ("all", &["e"], &["WINDOW", "1", "1", "LOG", "FORCE"], "FORCE cannot be used with LOG"),
-        ("all", &["e"], &["LEASE", "1", "1", "t", "FORCE"], "FORCE cannot be used with a LEASE spec"),
+        (
+            "gcra",
+            &["e"][..],
+            &["1", "1", "1", "FORCE", "PEEK"][..],
+            "FORCE cannot be combined with PEEK",
+        ),
+        (
+            "gcra",
+            &["e"],
+            &["1", "1", "1", "FORCE", "MAXWAIT", "5"],
+            "FORCE cannot be combined with MAXWAIT",
+        ),
+        (
+            "gcra",
+            &["e"],
+            &["1", "1", "1", "FORCE", "FORCE"],
+            "FORCE given more than once",
+        ),
+        (
+            "window",
+            &["e"],
+            &["1", "1", "LOG", "FORCE"],
+            "FORCE cannot be used with LOG",
+        ),
+        (
+            "window",
+            &["e"],
+            &["1", "1", "FORCE", "PEEK"],
+            "FORCE cannot be combined with PEEK",
+        ),
+        (
+            "all",
+            &["e"],
+            &["WINDOW", "1", "1", "LOG", "FORCE"],
+            "FORCE cannot be used with LOG",
+        ),
+        (
+            "all",
+            &["e"],
+            &["LEASE", "1", "1", "t", "FORCE"],
+            "FORCE cannot be used with a LEASE spec",
+        ),
     ] {
         let e = f_err(c, name, keys, args);
         assert!(e.contains(text), "{args:?}: {e}");
@@ -1394,14 +1718,18 @@ fn force_follows_the_spec() {
 #[test]
 fn cost_follows_the_spec() {
     let clock = VClock::new(T0);
-    let Some((_s, mut c)) = virtual_server(&clock, false) else { return };
+    let Some((_s, mut c)) = virtual_server(&clock, false) else {
+        return;
+    };
     let c = &mut c;
     let keys = ["{t}:rpm", "{t}:tpm"];
     let spec = |cost: &str| -> Vec<String> {
-        ["WINDOW", "600", "60", "FIXED", "WINDOW", "90000", "60", "FIXED", "COST", cost]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        [
+            "WINDOW", "600", "60", "FIXED", "WINDOW", "90000", "60", "FIXED", "COST", cost,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     };
     let call = |c: &mut redis::Connection, cost: &str| {
         let args = spec(cost);
@@ -1424,10 +1752,23 @@ fn cost_follows_the_spec() {
     assert_eq!(per[1][..3], [1, 90000, 0]);
     assert_eq!(dump(c, keys[1]), before);
     // Every limit at COST 0: the combined reply is the old rule (smallest remaining).
-    let (all, _) = f_all(c, &keys, &["WINDOW", "600", "60", "FIXED", "COST", "0", "WINDOW", "90000", "60", "FIXED", "COST", "0"]);
+    let (all, _) = f_all(
+        c,
+        &keys,
+        &[
+            "WINDOW", "600", "60", "FIXED", "COST", "0", "WINDOW", "90000", "60", "FIXED", "COST",
+            "0",
+        ],
+    );
     assert_eq!(all[..3], [1, 90000, 0]);
-    assert_eq!(f_err(c, "all", &keys, &["WINDOW", "1", "1", "COST"]), "ERR syntax error: COST needs a value");
-    assert_eq!(f_err(c, "all", &keys[..1], &["WINDOW", "1", "1", "COST", "-1"]), "ERR COST must be a non-negative integer");
+    assert_eq!(
+        f_err(c, "all", &keys, &["WINDOW", "1", "1", "COST"]),
+        "ERR syntax error: COST needs a value"
+    );
+    assert_eq!(
+        f_err(c, "all", &keys[..1], &["WINDOW", "1", "1", "COST", "-1"]),
+        "ERR COST must be a non-negative integer"
+    );
 }
 
 /// SPEC "Clock steps": a state dated later than now is never re-dated; no algorithm admits
@@ -1435,7 +1776,9 @@ fn cost_follows_the_spec() {
 #[test]
 fn clock_steps_follow_the_spec() {
     let mut clock = VClock::new(T0);
-    let Some((_s, mut c)) = virtual_server(&clock, false) else { return };
+    let Some((_s, mut c)) = virtual_server(&clock, false) else {
+        return;
+    };
     let c = &mut c;
     for (name, args) in [
         ("gcra", &["2", "1", "10"][..]),
@@ -1448,14 +1791,26 @@ fn clock_steps_follow_the_spec() {
         let key = format!("cs:{name}:{}", args[args.len() - 1]);
         let mut admitted = 0;
         for i in 0..2 {
-            let args: Vec<String> = args.iter().map(|a| if *a == "tok" { format!("t{i}") } else { a.to_string() }).collect();
+            let args: Vec<String> = args
+                .iter()
+                .map(|a| {
+                    if *a == "tok" {
+                        format!("t{i}")
+                    } else {
+                        a.to_string()
+                    }
+                })
+                .collect();
             let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
             admitted += f(c, name, &key, &args)[0];
         }
         assert_eq!(admitted, 2);
         // The clock steps back 25 s (into earlier windows): nothing more is admitted.
         clock.set(T0 + 15 * S);
-        let args3: Vec<&str> = args.iter().map(|a| if *a == "tok" { "t9" } else { a }).collect();
+        let args3: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == "tok" { "t9" } else { a })
+            .collect();
         let r = f(c, name, &key, &args3);
         assert_eq!(r[0], 0, "{name} {args:?} after a step back: {r:?}");
         // Waiting retry_after admits; a millisecond less does not.
@@ -1464,10 +1819,18 @@ fn clock_steps_follow_the_spec() {
         let base = clock.now;
         if retry > 1 {
             clock.set(base + (retry - 1) * MS);
-            assert_eq!(f(c, name, &key, &args3)[0], 0, "{name} {args:?}: retry {retry} is too early");
+            assert_eq!(
+                f(c, name, &key, &args3)[0],
+                0,
+                "{name} {args:?}: retry {retry} is too early"
+            );
         }
         clock.set(base + retry * MS);
-        assert_eq!(f(c, name, &key, &args3)[0], 1, "{name} {args:?}: retry {retry} is not enough");
+        assert_eq!(
+            f(c, name, &key, &args3)[0],
+            1,
+            "{name} {args:?}: retry {retry} is not enough"
+        );
     }
 }
 
@@ -1483,7 +1846,11 @@ fn workload(c: &mut redis::Connection, tag: &str) -> Vec<String> {
         ("gcra", "gcra", &["5", "1", "60", "QUANTITY", "3"]),
         ("gcra2", "gcra", &["5", "10", "60"]),
         ("fixed", "window", &["5", "60", "FIXED"]),
-        ("sliding", "window", &["5", "60", "SLIDING", "QUANTITY", "2"]),
+        (
+            "sliding",
+            "window",
+            &["5", "60", "SLIDING", "QUANTITY", "2"],
+        ),
         ("lease", "lease", &["3", "60", "A"]),
         ("lease", "lease", &["3", "60", "B", "QUANTITY", "2"]),
     ] {
@@ -1501,13 +1868,24 @@ fn workload(c: &mut redis::Connection, tag: &str) -> Vec<String> {
     f(c, "refund", &log, &["2"]);
     f(c, "refund", &key("gcra"), &["1"]);
     f(c, "release", &key("lease"), &["A"]);
-    f_all(c, &[&key("fixed"), &log], &["WINDOW", "5", "60", "FIXED", "WINDOW", "30", "60", "LOG"]);
-    ["gcra", "gcra2", "fixed", "sliding", "lease", "log"].iter().map(|k| key(k)).collect()
+    f_all(
+        c,
+        &[&key("fixed"), &log],
+        &["WINDOW", "5", "60", "FIXED", "WINDOW", "30", "60", "LOG"],
+    );
+    ["gcra", "gcra2", "fixed", "sliding", "lease", "log"]
+        .iter()
+        .map(|k| key(k))
+        .collect()
 }
 
 #[test]
 fn replica_and_aof_hold_the_masters_state() {
-    let master = Server::builder().no_module().arg("appendonly", "yes").arg("appendfsync", "always").start();
+    let master = Server::builder()
+        .no_module()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
     let mut c = master.conn();
     load_library(&mut c);
     let replica = Server::builder().no_module().replica_of(&master).start();
@@ -1562,7 +1940,11 @@ fn many_connections_on_one_key_admit_exactly_the_limit() {
         ("window", vec!["100", "86400", "SLIDING"], "cc:sliding"),
         ("window", vec!["100", "3600", "LOG"], "cc:log"),
         ("lease", vec!["100", "3600", "TOKEN"], "cc:lease"),
-        ("all", vec!["GCRA", "300", "1", "3600", "WINDOW", "100", "3600", "LOG"], "cc:all"),
+        (
+            "all",
+            vec!["GCRA", "300", "1", "3600", "WINDOW", "100", "3600", "LOG"],
+            "cc:all",
+        ),
     ] {
         let admitted = std::sync::atomic::AtomicI64::new(0);
         std::thread::scope(|scope| {
@@ -1574,7 +1956,10 @@ fn many_connections_on_one_key_admit_exactly_the_limit() {
                     let mut c = server.conn();
                     for i in 0..per_thread {
                         let token = format!("t{t}-{i}");
-                        let args: Vec<&str> = args.iter().map(|a| if *a == "TOKEN" { token.as_str() } else { a }).collect();
+                        let args: Vec<&str> = args
+                            .iter()
+                            .map(|a| if *a == "TOKEN" { token.as_str() } else { a })
+                            .collect();
                         let ok = if name == "all" {
                             let k2 = format!("{{cc}}:{key}:2");
                             let keys = [format!("{{cc}}:{key}"), k2];
@@ -1602,18 +1987,45 @@ fn out_of_memory_refuses_writes_and_keeps_answering() {
     sleep(Duration::from_millis(20));
     // A write answers OOM and changes nothing; denials, PEEK, QUANTITY 0 and refunds answer.
     let before = dump(c, "win");
-    assert_eq!(f_err(c, "window", &["win"], &["5", "3600", "FIXED"]), "OOM command not allowed when used memory > 'maxmemory'.");
+    assert_eq!(
+        f_err(c, "window", &["win"], &["5", "3600", "FIXED"]),
+        "OOM command not allowed when used memory > 'maxmemory'."
+    );
     assert_eq!(dump(c, "win"), before);
-    assert_eq!(f_err(c, "gcra", &["new"], &["1", "1", "1"]).split(' ').next(), Some("OOM"));
+    assert_eq!(
+        f_err(c, "gcra", &["new"], &["1", "1", "1"])
+            .split(' ')
+            .next(),
+        Some("OOM")
+    );
     assert_eq!(q::<i64>(c, &["EXISTS", "new"]), 0);
     assert_eq!(f(c, "gcra", "full", &["1", "1", "3600"])[0], 0);
-    assert_eq!(f(c, "window", "win", &["5", "3600", "FIXED", "PEEK"])[..3], [1, 5, 3]);
-    assert_eq!(f(c, "window", "win", &["5", "3600", "FIXED", "QUANTITY", "0"])[..3], [1, 5, 4]);
+    assert_eq!(
+        f(c, "window", "win", &["5", "3600", "FIXED", "PEEK"])[..3],
+        [1, 5, 3]
+    );
+    assert_eq!(
+        f(c, "window", "win", &["5", "3600", "FIXED", "QUANTITY", "0"])[..3],
+        [1, 5, 4]
+    );
     assert_eq!(f(c, "refund", "win", &["1"])[0], 1);
     let v: String = q(c, &["FCALL_RO", "rl_version", "0"]);
     assert_eq!(v, "1.0.0");
     // EVAL mode: the server refuses the script's first write.
-    let e = send(c, &words(&["EVALSHA", &sha, "1", "win", "rl_window", "5", "3600", "FIXED"])).unwrap_err();
+    let e = send(
+        c,
+        &words(&[
+            "EVALSHA",
+            &sha,
+            "1",
+            "win",
+            "rl_window",
+            "5",
+            "3600",
+            "FIXED",
+        ]),
+    )
+    .unwrap_err();
     assert!(e.starts_with("OOM"), "{e}");
     let _: () = q(c, &["CONFIG", "SET", "maxmemory", "0"]);
     sleep(Duration::from_millis(20));
@@ -1629,7 +2041,9 @@ fn eval_body() -> String {
 #[test]
 fn eval_mode_matches_functions() {
     let mut clock = VClock::new(T0);
-    let Some((_s, mut c)) = virtual_server(&clock, false) else { return };
+    let Some((_s, mut c)) = virtual_server(&clock, false) else {
+        return;
+    };
     let c = &mut c;
     let sha: String = q(c, &["SCRIPT", "LOAD", &eval_body()]);
     let steps: &[(u64, &str, &[&str], &[&str])] = &[
@@ -1640,7 +2054,14 @@ fn eval_mode_matches_functions() {
         (0, "window", &["K2"], &["3", "10", "LOG", "QUANTITY", "2"]),
         (0, "window", &["K2"], &["3", "10", "LOG", "QUANTITY", "2"]),
         (0, "refund", &["K2"], &["1"]),
-        (0, "all", &["K3", "K4"], &["GCRA", "1", "1", "1", "WINDOW", "2", "1", "FIXED", "COST", "2"]),
+        (
+            0,
+            "all",
+            &["K3", "K4"],
+            &[
+                "GCRA", "1", "1", "1", "WINDOW", "2", "1", "FIXED", "COST", "2",
+            ],
+        ),
         (0, "lease", &["K5"], &["2", "1", "A"]),
         (0, "release", &["K5"], &["A"]),
         (0, "gcra", &["K"], &["0", "1", "1"]),
@@ -1664,7 +2085,9 @@ fn eval_mode_matches_functions() {
     }
     let v = send(c, &words(&["EVALSHA", &sha, "0", "rl_version"])).unwrap();
     assert_eq!(v, Value::BulkString(b"1.0.0".to_vec()));
-    assert!(send(c, &words(&["EVALSHA", &sha, "0", "nope"])).unwrap_err().contains("unknown redis_rl function"));
+    assert!(send(c, &words(&["EVALSHA", &sha, "0", "nope"]))
+        .unwrap_err()
+        .contains("unknown redis_rl function"));
 }
 
 #[test]
@@ -1678,10 +2101,18 @@ fn eval_mode_refuses_on_a_replica() {
     let mut m = master.conn();
     let sha: String = q(&mut m, &["SCRIPT", "LOAD", &eval_body()]);
     let _: String = q(&mut r, &["SCRIPT", "LOAD", &eval_body()]);
-    let ok = send(&mut m, &words(&["EVALSHA", &sha, "1", "k", "rl_gcra", "1", "1", "1"])).unwrap();
+    let ok = send(
+        &mut m,
+        &words(&["EVALSHA", &sha, "1", "k", "rl_gcra", "1", "1", "1"]),
+    )
+    .unwrap();
     assert_eq!(ints(&ok)[0], 1);
     let _: i64 = q(&mut m, &["WAIT", "1", "5000"]);
-    let e = send(&mut r, &words(&["EVALSHA", &sha, "1", "k", "rl_gcra", "1", "1", "1", "PEEK"])).unwrap_err();
+    let e = send(
+        &mut r,
+        &words(&["EVALSHA", &sha, "1", "k", "rl_gcra", "1", "1", "1", "PEEK"]),
+    )
+    .unwrap_err();
     assert!(e.starts_with("READONLY"), "{e}");
 }
 
@@ -1694,10 +2125,22 @@ struct OtherServer {
 
 impl OtherServer {
     fn start(binary: &str, clock: &VClock) -> OtherServer {
-        let dir = tempfile::Builder::new().prefix("rl-old-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("rl-old-")
+            .tempdir()
+            .unwrap();
         let port = common::free_port();
         let child = std::process::Command::new(binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .arg("--logfile")
@@ -1709,7 +2152,11 @@ impl OtherServer {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start the old server");
-        let server = OtherServer { child, port, _dir: dir };
+        let server = OtherServer {
+            child,
+            port,
+            _dir: dir,
+        };
         common::wait_until("the old server answers", Duration::from_secs(20), || {
             server.try_conn().is_some()
         });
@@ -1718,7 +2165,9 @@ impl OtherServer {
 
     fn try_conn(&self) -> Option<redis::Connection> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).ok()?;
-        let mut c = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+        let mut c = client
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()?;
         let pong: String = redis::cmd("PING").query(&mut c).ok()?;
         (pong == "PONG").then_some(c)
     }
@@ -1739,7 +2188,9 @@ impl Drop for OtherServer {
 fn eval_mode_on_redis_6_2_matches_functions() {
     let binary = std::env::var("REDIS62_SERVER").expect("REDIS62_SERVER: a Redis 6.2 redis-server");
     let mut clock = VClock::new(T0);
-    let Some((_new, mut c)) = virtual_server(&clock, false) else { return };
+    let Some((_new, mut c)) = virtual_server(&clock, false) else {
+        return;
+    };
     let old = OtherServer::start(&binary, &clock);
     let mut o = old.try_conn().unwrap();
     let version = common::info_field(&mut o, "server", "redis_version").unwrap();
@@ -1767,10 +2218,29 @@ fn eval_mode_on_redis_6_2_matches_functions() {
         argv.extend(words(args));
         let old_reply = send(&mut o, &argv);
         assert_eq!(new, old_reply, "step {step}: {name} {key} {args:?}");
-        assert_eq!(pttl(&mut c, &key), pttl(&mut o, &key), "step {step}: PTTL of {key}");
+        assert_eq!(
+            pttl(&mut c, &key),
+            pttl(&mut o, &key),
+            "step {step}: PTTL of {key}"
+        );
     }
-    let all = send(&mut o, &words(&["EVALSHA", &sha, "2", "a", "b", "rl_all", "GCRA", "1", "1", "1", "WINDOW", "2", "1", "FIXED"])).unwrap();
-    assert_eq!(Ok(all), fcall(&mut c, "all", &["a", "b"], &["GCRA", "1", "1", "1", "WINDOW", "2", "1", "FIXED"]));
+    let all = send(
+        &mut o,
+        &words(&[
+            "EVALSHA", &sha, "2", "a", "b", "rl_all", "GCRA", "1", "1", "1", "WINDOW", "2", "1",
+            "FIXED",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        Ok(all),
+        fcall(
+            &mut c,
+            "all",
+            &["a", "b"],
+            &["GCRA", "1", "1", "1", "WINDOW", "2", "1", "FIXED"]
+        )
+    );
 }
 
 /// A LOG state of `n` requests `step_us` apart ending at `last_us`, in the layout the library
@@ -1817,29 +2287,89 @@ fn work_is_bounded_on_full_keys() {
     let (_s, mut c) = plain_server();
     let c = &mut c;
     // LOG limits above rl.log-max-limit are refused, whatever the QUANTITY.
-    assert!(f_err(c, "window", &["big"], &["10000000", "1", "LOG", "QUANTITY", "5000000"]).contains("rl.log-max-limit"));
+    assert!(f_err(
+        c,
+        "window",
+        &["big"],
+        &["10000000", "1", "LOG", "QUANTITY", "5000000"]
+    )
+    .contains("rl.log-max-limit"));
     // One request of QUANTITY 100000 is one entry: O(1).
-    let one = timed(c, |c| assert_eq!(f(c, "window", "q", &["100000", "60", "LOG", "QUANTITY", "100000"])[0], 1));
+    let one = timed(c, |c| {
+        assert_eq!(
+            f(
+                c,
+                "window",
+                "q",
+                &["100000", "60", "LOG", "QUANTITY", "100000"]
+            )[0],
+            1
+        )
+    });
     // A full LOG of 100,000 requests at distinct instants within the last 0.1 s (1 MB).
     let now_us = server_us(c);
     let state = forged_log(60 * S, 100_000, 100_000, now_us, 1);
-    let _: () = redis::cmd("SET").arg("full").arg(&state).arg("PX").arg(60_000).query(c).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("full")
+        .arg(&state)
+        .arg("PX")
+        .arg(60_000)
+        .query(c)
+        .unwrap();
     let denial = timed(c, |c| {
         let r = f(c, "window", "full", &["100000", "60", "LOG"]);
         assert_eq!(r[..3], [0, 100000, 0]);
         assert!((59_800..=59_901).contains(&r[3]), "{r:?}");
     });
-    let peek = timed(c, |c| assert_eq!(f(c, "window", "full", &["100000", "60", "LOG", "QUANTITY", "100000"])[0], 0));
-    let count = timed(c, |c| assert_eq!(f(c, "window", "full", &["100000", "60", "LOG", "QUANTITY", "0"])[2], 0));
-    let refund = timed(c, |c| assert_eq!(f(c, "refund", "full", &["40000"])[0], 40000));
-    let append_full = timed(c, |c| assert_eq!(f(c, "window", "full", &["100000", "60", "LOG"])[..3], [1, 100000, 39999]));
+    let peek = timed(c, |c| {
+        assert_eq!(
+            f(
+                c,
+                "window",
+                "full",
+                &["100000", "60", "LOG", "QUANTITY", "100000"]
+            )[0],
+            0
+        )
+    });
+    let count = timed(c, |c| {
+        assert_eq!(
+            f(
+                c,
+                "window",
+                "full",
+                &["100000", "60", "LOG", "QUANTITY", "0"]
+            )[2],
+            0
+        )
+    });
+    let refund = timed(c, |c| {
+        assert_eq!(f(c, "refund", "full", &["40000"])[0], 40000)
+    });
+    let append_full = timed(c, |c| {
+        assert_eq!(
+            f(c, "window", "full", &["100000", "60", "LOG"])[..3],
+            [1, 100000, 39999]
+        )
+    });
     // Half of a full LOG has left a 1 s window: the next write drops it and compacts (O(live)).
     let now_us = server_us(c);
     let state = forged_log(S, 100_000, 100_000, now_us - 500_000, 10);
-    let _: () = redis::cmd("SET").arg("half").arg(&state).arg("PX").arg(60_000).query(c).unwrap();
-    let compact = timed(c, |c| assert_eq!(f(c, "window", "half", &["100000", "1", "LOG"])[0], 1));
+    let _: () = redis::cmd("SET")
+        .arg("half")
+        .arg(&state)
+        .arg("PX")
+        .arg(60_000)
+        .query(c)
+        .unwrap();
+    let compact = timed(c, |c| {
+        assert_eq!(f(c, "window", "half", &["100000", "1", "LOG"])[0], 1)
+    });
     let len: i64 = q(c, &["STRLEN", "half"]);
-    assert!((100_000..600_000).contains(&len), "compacted to {len} bytes");
+    assert!(
+        (100_000..600_000).contains(&len),
+        "compacted to {len} bytes"
+    );
     eprintln!(
         "LOG server time per call: QUANTITY 100000 as one entry {one:.1} us; on 100000 entries: \
          denial {denial:.1} us, QUANTITY 100000 {peek:.1} us, QUANTITY 0 {count:.1} us, \
@@ -1863,14 +2393,27 @@ fn work_is_bounded_on_full_keys() {
         v.extend_from_slice(&exp_us.to_le_bytes()[..7]);
         v.extend_from_slice(&0u16.to_le_bytes());
     }
-    let _: () = redis::cmd("SET").arg("leases").arg(&v).arg("PX").arg(3_700_000).query(c).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("leases")
+        .arg(&v)
+        .arg("PX")
+        .arg(3_700_000)
+        .query(c)
+        .unwrap();
     let lease_denial = timed(c, |c| {
         let r = f(c, "lease", "leases", &["10000", "3600", "new"]);
         assert_eq!(r[..3], [0, 10000, 0]);
         assert!((3_599_000..=3_600_000).contains(&r[3]), "{r:?}");
     });
-    let lease_renew = timed(c, |c| assert_eq!(f(c, "lease", "leases", &["10000", "3600", "token-00000005"])[0], 1));
-    let release = timed(c, |c| assert_eq!(f(c, "release", "leases", &["token-00000007"])[0], 1));
+    let lease_renew = timed(c, |c| {
+        assert_eq!(
+            f(c, "lease", "leases", &["10000", "3600", "token-00000005"])[0],
+            1
+        )
+    });
+    let release = timed(c, |c| {
+        assert_eq!(f(c, "release", "leases", &["token-00000007"])[0], 1)
+    });
     eprintln!(
         "LEASE server time per call on 10000 leases: denial {lease_denial:.1} us, renewal \
          {lease_renew:.1} us, release {release:.1} us"
@@ -1924,7 +2467,13 @@ return out
             let p = 1u64 << bits;
             v.extend([p - 1, p, p + 1]);
         }
-        v.extend([u64::MAX, u64::MAX - 1, MAXI, 315_360_000 * S, 1_795_996_800 * S]);
+        v.extend([
+            u64::MAX,
+            u64::MAX - 1,
+            MAXI,
+            315_360_000 * S,
+            1_795_996_800 * S,
+        ]);
         v
     };
     let value = |rng: &mut StdRng| -> u64 {
@@ -1997,7 +2546,10 @@ fn real_clock_sequence_matches_the_module() {
         }
         assert_eq!(m[..3], l[..3], "{args:?}: module {m:?}, fallback {l:?}");
         for i in [3, 4] {
-            assert!((m[i] == -1) == (l[i] == -1) && (m[i] - l[i]).abs() <= 2, "{args:?}: {m:?} vs {l:?}");
+            assert!(
+                (m[i] == -1) == (l[i] == -1) && (m[i] - l[i]).abs() <= 2,
+                "{args:?}: {m:?} vs {l:?}"
+            );
         }
     }
 }
