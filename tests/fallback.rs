@@ -6,18 +6,14 @@
 //!   errors. The server runs under a virtual real-time clock (an `LD_PRELOAD` shim compiled
 //!   here from the C source below), so both sides see the same instant: replies are compared
 //!   exactly, millisecond fields included, and time moves only when the test moves it.
-//! * Cases for commands the module does not have yet (RL.LEASE, RL.RELEASE, FORCE, COST, and
-//!   the clock-step rule of issue 13) are real comparisons marked `#[ignore]`, and the same
-//!   rules are checked against the fallback alone by tests that run now.
+//! * Usage accounting (RL.LEASE, RL.RELEASE, FORCE, COST) and clock steps are compared too,
+//!   and the same rules are also checked against the fallback alone, from the specification.
 //! * Fallback-only tests: replicas and AOF, many connections on one key, out of memory, EVAL
 //!   mode, bounded work on full LOG and LEASE keys, and the library's exact wide arithmetic
 //!   against Rust's u128.
 
 mod common;
 
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -25,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redis::Value;
 
-use common::{q, Server};
+use common::{q, Clock, Server};
 
 /// The one copy of the fallback, as clients load it.
 const LIBRARY: &str = include_str!("../scripts/lua/redis_rl.lua");
@@ -37,109 +33,27 @@ const T0: u64 = 1_795_996_800 * S + 250 * MS + 123_456_789;
 const MAXI: u64 = 9_007_199_254_740_991;
 
 // ---------------------------------------------------------------------------------------------
-// The virtual clock.
+// The virtual clock: the shared clock shim (tests/support/clock_shim.c), frozen.
 // ---------------------------------------------------------------------------------------------
 
-const VCLOCK_C: &str = r#"
-#define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
-
-/* CLOCK_REALTIME, gettimeofday and time read the ns since the epoch stored (little-endian
-   u64) in the file named by $RL_VCLOCK, mapped once at load; other clocks are untouched. */
-static volatile const uint64_t *vclock;
-
-__attribute__((constructor)) static void vclock_init(void) {
-    const char *path = getenv("RL_VCLOCK");
-    if (!path) return;
-    long fd = syscall(SYS_open, path, O_RDONLY);
-    if (fd < 0) return;
-    void *p = (void *)syscall(SYS_mmap, 0, 4096, PROT_READ, MAP_SHARED, fd, 0);
-    syscall(SYS_close, fd);
-    if (p != MAP_FAILED) vclock = p;
-}
-
-int clock_gettime(clockid_t id, struct timespec *ts) {
-    if (vclock && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) {
-        uint64_t ns = *vclock;
-        ts->tv_sec = (time_t)(ns / 1000000000u);
-        ts->tv_nsec = (long)(ns % 1000000000u);
-        return 0;
-    }
-    return (int)syscall(SYS_clock_gettime, id, ts);
-}
-
-int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
-    struct timespec ts;
-    (void)tz;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    tv->tv_sec = ts.tv_sec;
-    tv->tv_usec = ts.tv_nsec / 1000;
-    return 0;
-}
-
-time_t time(time_t *t) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (t) *t = ts.tv_sec;
-    return ts.tv_sec;
-}
-"#;
-
-/// Compiles the clock shim once per test process.
-fn shim() -> &'static Path {
-    static SHIM: OnceLock<PathBuf> = OnceLock::new();
-    SHIM.get_or_init(|| {
-        let dir =
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("vclock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = dir.join("vclock.c");
-        std::fs::write(&src, VCLOCK_C).unwrap();
-        let out = dir.join("vclock.so");
-        let status = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-O2", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("run cc");
-        assert!(status.success(), "compiling the clock shim failed");
-        out
-    })
-}
-
-/// The virtual time of one server: a file the shim maps.
+/// The virtual time of one server: the real-time clock frozen at `now`, moved only by the test.
 struct VClock {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-    file: std::fs::File,
+    clock: Clock,
     now: u64,
 }
 
 impl VClock {
     fn new(start_ns: u64) -> VClock {
-        let dir = tempfile::Builder::new()
-            .prefix("rl-vclock-")
-            .tempdir()
-            .unwrap();
-        let path = dir.path().join("clock");
-        std::fs::write(&path, start_ns.to_le_bytes()).unwrap();
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let clock = Clock::new();
+        clock.freeze_at(start_ns);
         VClock {
-            _dir: dir,
-            path,
-            file,
+            clock,
             now: start_ns,
         }
     }
 
     fn set(&mut self, ns: u64) {
-        self.file.write_all_at(&ns.to_le_bytes(), 0).unwrap();
+        self.clock.freeze_at(ns);
         self.now = ns;
     }
 
@@ -152,9 +66,7 @@ impl VClock {
 /// (and a note) when the shim does not govern the server's clock: Valkey 9.1 derives its wall
 /// clock from the monotonic one, so there the tests that need a virtual clock are skipped.
 fn virtual_server(clock: &VClock, module: bool) -> Option<(Server, redis::Connection)> {
-    let mut b = Server::builder()
-        .env("LD_PRELOAD", shim().to_str().unwrap())
-        .env("RL_VCLOCK", clock.path.to_str().unwrap());
+    let mut b = Server::builder().clock(&clock.clock);
     if !module {
         b = b.no_module();
     }
@@ -1244,7 +1156,6 @@ fn random_params(rng: &mut StdRng, algo: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-#[ignore = "needs RL.LEASE/FORCE/COST in the module"]
 fn lease_and_release_match_the_module() {
     let Some(mut d) = Diff::new() else { return };
     d.run(
@@ -1298,7 +1209,6 @@ fn lease_and_release_match_the_module() {
 }
 
 #[test]
-#[ignore = "needs RL.LEASE/FORCE/COST in the module"]
 fn force_matches_the_module() {
     let Some(mut d) = Diff::new() else { return };
     d.run(
@@ -1358,7 +1268,6 @@ fn force_matches_the_module() {
 }
 
 #[test]
-#[ignore = "needs RL.LEASE/FORCE/COST in the module"]
 fn cost_matches_the_module() {
     let Some(mut d) = Diff::new() else { return };
     d.run(
@@ -1412,7 +1321,6 @@ fn random_sequences_with_lease_force_cost_keep_the_rules() {
 }
 
 #[test]
-#[ignore = "needs RL.LEASE/FORCE/COST in the module"]
 fn random_sequences_with_lease_force_cost_match_the_module() {
     let (seeds, steps) = random_sizes();
     let Some(mut d) = Diff::new() else { return };
@@ -1422,7 +1330,6 @@ fn random_sequences_with_lease_force_cost_match_the_module() {
 }
 
 #[test]
-#[ignore = "needs the clock-step fix of issue 13 in the module (FIXED/SLIDING evaluate at max(now, last write))"]
 fn clock_steps_match_the_module() {
     let Some(mut d) = Diff::new() else { return };
     for (label, text) in [
@@ -1535,7 +1442,7 @@ fn lease_follows_the_spec() {
     f(c, "lease", "k", &["2", "10", "A"]);
     assert_eq!(
         f_err(c, "refund", &["k"], &["1"]),
-        "ERR key 'k' holds a LEASE limit: free its slots with RL.RELEASE"
+        "ERR key 'k' holds a LEASE limit: give its slots back with RL.RELEASE key token"
     );
     assert!(f_err(c, "gcra", &["k"], &["1", "1", "1"])
         .contains("holds a LEASE limit, not a GCRA limiter"));
@@ -1562,10 +1469,8 @@ fn lease_follows_the_spec() {
         [1, 1, 0, -1, 1000]
     );
     assert!(f_err(c, "lease", &["t"], &["10001", "1", "A"]).contains("rl.lease-max-limit (10000)"));
-    assert_eq!(
-        f_err(c, "lease", &["t"], &["1", "1", "A", "FORCE"]),
-        "ERR syntax error: unknown argument 'FORCE'"
-    );
+    assert!(f_err(c, "lease", &["t"], &["1", "1", "A", "FORCE"])
+        .starts_with("ERR FORCE cannot be used on a LEASE limit"));
     // In RL.ALL: a request that passes the rate limit but finds no slot consumes nothing.
     let (all, per) = f_all(
         c,
@@ -1670,13 +1575,13 @@ fn force_follows_the_spec() {
             "gcra",
             &["e"][..],
             &["1", "1", "1", "FORCE", "PEEK"][..],
-            "FORCE cannot be combined with PEEK",
+            "FORCE cannot be used with PEEK",
         ),
         (
             "gcra",
             &["e"],
             &["1", "1", "1", "FORCE", "MAXWAIT", "5"],
-            "FORCE cannot be combined with MAXWAIT",
+            "FORCE cannot be used with MAXWAIT",
         ),
         (
             "gcra",
@@ -1694,7 +1599,7 @@ fn force_follows_the_spec() {
             "window",
             &["e"],
             &["1", "1", "FORCE", "PEEK"],
-            "FORCE cannot be combined with PEEK",
+            "FORCE cannot be used with PEEK",
         ),
         (
             "all",
@@ -1706,7 +1611,7 @@ fn force_follows_the_spec() {
             "all",
             &["e"],
             &["LEASE", "1", "1", "t", "FORCE"],
-            "FORCE cannot be used with a LEASE spec",
+            "FORCE cannot be used on a LEASE limit",
         ),
     ] {
         let e = f_err(c, name, keys, args);
@@ -2145,8 +2050,7 @@ impl OtherServer {
             .arg(dir.path())
             .arg("--logfile")
             .arg(dir.path().join("log"))
-            .env("LD_PRELOAD", shim())
-            .env("RL_VCLOCK", &clock.path)
+            .envs(clock.clock.env())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

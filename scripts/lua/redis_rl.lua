@@ -611,7 +611,7 @@ end
 local function check_lease_limit(limit, digits)
   if cmp(limit, LEASE_MAX_LIMIT) > 0 then
     fail('ERR limit ' .. digits .. ' is above rl.lease-max-limit (' .. LEASE_MAX_LIMIT .. ') for '
-      .. 'LEASE: raise rl.lease-max-limit')
+      .. 'LEASE, which stores every lease: raise rl.lease-max-limit for larger concurrency limits')
   end
 end
 
@@ -1257,8 +1257,11 @@ local function rl_gcra(keys, args)
       end
     end
   end
-  if req.force and req.peek then fail('ERR syntax error: FORCE cannot be combined with PEEK') end
-  if req.force and seen_max_wait then fail('ERR syntax error: FORCE cannot be combined with MAXWAIT') end
+  if req.force and req.peek then fail('ERR FORCE cannot be used with PEEK: FORCE records usage, PEEK records nothing') end
+  if req.force and seen_max_wait then
+    fail('ERR FORCE cannot be used with MAXWAIT: FORCE records usage that already happened, '
+      .. 'MAXWAIT reserves a later start')
+  end
   reply_range(burst, 'burst')
   return run_one(keys[1], spec, req)
 end
@@ -1292,11 +1295,11 @@ local function rl_window(keys, args)
   end
   algo = algo or 'S'
   check_log_limit(algo, limit, digits)
+  if req.force and req.peek then fail('ERR FORCE cannot be used with PEEK: FORCE records usage, PEEK records nothing') end
   if req.force and algo == 'L' then
-    fail('ERR syntax error: FORCE cannot be used with LOG, which records only admitted requests: use '
-      .. 'FIXED or SLIDING')
+    fail('ERR FORCE cannot be used with LOG: a LOG records each admitted request and never holds '
+      .. 'more than its limit; use FIXED or SLIDING to record usage after the fact')
   end
-  if req.force and req.peek then fail('ERR syntax error: FORCE cannot be combined with PEEK') end
   reply_range(limit, 'limit')
   return run_one(keys[1], window_spec(limit, w, algo), req)
 end
@@ -1308,12 +1311,16 @@ local function rl_lease(keys, args)
   local limit, digits = positive(a[2], 'limit')
   local lease = seconds(a[3], 'lease')
   local token = token_arg(a[4])
+  check_lease_limit(limit, digits)
   local req = {quantity = 1}
   local o = Options(a, 5)
   for kw in o.next do
-    if not take_request_option(req, kw, o, false) then unknown(kw) end
+    if not take_request_option(req, kw, o, true) then unknown(kw) end
   end
-  check_lease_limit(limit, digits)
+  if req.force then
+    fail('ERR FORCE cannot be used on a LEASE limit: its slots are taken with RL.LEASE and given '
+      .. 'back with RL.RELEASE')
+  end
   return run_one(keys[1], {algo = 'E', limit = limit, lease = lease, token = token}, req)
 end
 
@@ -1325,6 +1332,17 @@ local function rl_all(keys, args)
   arity('RL.ALL', 2 + #keys + #args, -5)
   local n = #keys
   if n == 0 then not_positive('numkeys') end
+  -- numkeys that swallowed spec words as keys: the words after the keys cannot hold one spec
+  -- per key (each has at least 3 words) and a spec keyword stands among the keys.
+  if #args < 3 * n then
+    for i, k in ipairs(keys) do
+      local u = string.upper(k)
+      if u == 'GCRA' or u == 'WINDOW' or u == 'LEASE' then
+        fail('ERR syntax error: numkeys is ' .. n .. ', but the specs do not match it: the first '
+          .. 'spec starts after ' .. (i - 1) .. ' key(s) (give numkeys keys, then one spec per key)')
+      end
+    end
+  end
   local seen = {}
   for _, k in ipairs(keys) do
     if seen[k] then fail('ERR syntax error: key \'' .. shown(k) .. '\' given more than once') end
@@ -1340,7 +1358,8 @@ local function rl_all(keys, args)
   for i = 1, n do
     local kind = o.next()
     if kind == nil then
-      fail('ERR syntax error: expected ' .. n .. ' specs (GCRA … or WINDOW …), got ' .. (i - 1))
+      fail('ERR syntax error: expected ' .. n .. ' specs (GCRA … or WINDOW … or LEASE …), got '
+        .. (i - 1))
     end
     local k = string.upper(kind)
     local spec
@@ -1367,8 +1386,8 @@ local function rl_all(keys, args)
       check_lease_limit(limit, digits)
       spec = {algo = 'E', limit = limit, lease = lease, token = token}
     else
-      fail('ERR syntax error: expected GCRA or WINDOW for key ' .. i .. ' of ' .. n .. ', got \''
-        .. shown(kind) .. '\'')
+      fail('ERR syntax error: expected GCRA or WINDOW or LEASE for key ' .. i .. ' of ' .. n
+        .. ', got \'' .. shown(kind) .. '\'')
     end
     local nxt = o.peek()
     if nxt ~= nil and string.upper(nxt) == 'COST' then
@@ -1382,13 +1401,14 @@ local function rl_all(keys, args)
     if not take_request_option(req, kw, o, true) then unknown(kw) end
   end
   if req.force then
-    if req.peek then fail('ERR syntax error: FORCE cannot be combined with PEEK') end
+    if req.peek then fail('ERR FORCE cannot be used with PEEK: FORCE records usage, PEEK records nothing') end
     for _, s in ipairs(specs) do
       if s.algo == 'L' then
-        fail('ERR syntax error: FORCE cannot be used with LOG, which records only admitted '
-          .. 'requests: use FIXED or SLIDING')
+        fail('ERR FORCE cannot be used with LOG: a LOG records each admitted request and never holds '
+      .. 'more than its limit; use FIXED or SLIDING to record usage after the fact')
       elseif s.algo == 'E' then
-        fail('ERR syntax error: FORCE cannot be used with a LEASE spec')
+        fail('ERR FORCE cannot be used on a LEASE limit: its slots are taken with RL.LEASE and given '
+      .. 'back with RL.RELEASE')
       end
     end
   end
@@ -1488,7 +1508,8 @@ local function rl_refund(keys, args)
   local st = load(key)
   if st == nil then return {0, 0, 0} end
   if st.algo == 'E' then
-    fail('ERR key \'' .. shown(key) .. '\' holds a LEASE limit: free its slots with RL.RELEASE')
+    fail('ERR key \'' .. shown(key) .. '\' holds a LEASE limit: give its slots back with '
+      .. 'RL.RELEASE key token')
   end
   if st.algo == 'L' then
     local k, before, in_window = log_scan(st, now.us, st.W)

@@ -103,12 +103,7 @@ impl Builder {
     /// Runs the server with the clock shim preloaded: `clock.step_to(…)` moves its real-time
     /// clock.
     pub fn clock(mut self, clock: &Clock) -> Self {
-        self.env
-            .push(("LD_PRELOAD".into(), clock.shim.display().to_string()));
-        self.env.push((
-            "RL_CLOCK_OFFSET_FILE".into(),
-            clock.file.display().to_string(),
-        ));
+        self.env.extend(clock.env());
         self
     }
 
@@ -646,7 +641,7 @@ impl Clock {
             .expect("run the C compiler for the clock shim");
         assert!(status.success(), "building the clock shim failed");
         let file = dir.path().join("offset");
-        std::fs::write(&file, 0i64.to_le_bytes()).expect("write the offset file");
+        std::fs::write(&file, [0u8; 16]).expect("write the offset file");
         Clock {
             shim,
             file,
@@ -654,15 +649,35 @@ impl Clock {
         }
     }
 
+    /// The environment that makes a server process use this clock.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("LD_PRELOAD".into(), self.shim.display().to_string()),
+            (
+                "RL_CLOCK_OFFSET_FILE".into(),
+                self.file.display().to_string(),
+            ),
+        ]
+    }
+
     /// Sets the server clock to real time plus `offset_us` microseconds (negative: behind).
     pub fn step_to(&self, offset_us: i64) {
+        self.write(0, offset_us.to_le_bytes());
+        self.write(8, 0u64.to_le_bytes());
+    }
+
+    /// Freezes the server clock at `ns` since the epoch: it reads exactly that until moved.
+    pub fn freeze_at(&self, ns: u64) {
+        self.write(8, ns.max(1).to_le_bytes());
+    }
+
+    fn write(&self, at: u64, bytes: [u8; 8]) {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(&self.file)
             .expect("open the offset file");
-        // In place: the shim maps these 8 bytes; truncating would pull the page away.
-        f.write_all_at(&offset_us.to_le_bytes(), 0)
-            .expect("write the offset");
+        // In place: the shim maps these bytes; truncating would pull the page away.
+        f.write_all_at(&bytes, at).expect("write the clock file");
     }
 }
