@@ -201,7 +201,7 @@ class Limiter(LimiterBase):
         op, args = check_command(limit, cost=cost, peek=peek, max_wait=max_wait, force=force)
         full = self.full_key(key)
         # A request larger than the limit goes to Redis, which answers NEVER (HTTP 413).
-        plain = not (peek or force or max_wait is not None) and cost <= limit.capacity
+        plain = not (peek or force or max_wait is not None) and 1 <= cost <= limit.capacity
         ck: Hashable = (full, limit)
         if plain:
             local = self.local_denial(ck, cost)
