@@ -41,10 +41,25 @@ FALLBACK_MISSING = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(cluster: bool = False) -> int:
+    """free_port finds a free loopback port; for a cluster node, one ≤ 55535 whose bus port
+    (+10000) is free too."""
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 def ping(port: int, timeout: float = 0.2) -> bool:
@@ -67,8 +82,9 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="redis-rl-py-")
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        cluster = "--cluster-enabled" in extra
         for _ in range(5):
-            self.port = free_port()
+            self.port = free_port(cluster)
             if self._launch():
                 return
         raise RuntimeError(f"redis-server did not start: {self.log()}")

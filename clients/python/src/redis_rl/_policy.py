@@ -71,7 +71,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     rexc.ReadOnlyError,
     rexc.ClusterDownError,
     rexc.TryAgainError,
-    rexc.RedisClusterException,
+    rexc.SlotNotCoveredError,
     rexc.ClusterError,
     asyncio.TimeoutError,
     TimeoutError,
@@ -83,6 +83,9 @@ def is_unavailable(exc: BaseException) -> bool:
     """is_unavailable tells a Redis outage (connect, timeout, OOM, failover) from misuse."""
     if isinstance(exc, _UNAVAILABLE):
         return True
+    if isinstance(exc, rexc.RedisClusterException):
+        # "cannot be connected", not "keys must map to the same key slot" (a misuse).
+        return "connect" in str(exc).lower()
     if isinstance(exc, rexc.ResponseError):
         msg = str(exc)
         return msg.startswith(("OOM", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY"))
