@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any, Union
 
 from ._decision import Decision, Source, decision_from_reply
-from ._limits import Lease, Limit, check_token, positive
+from ._limits import GCRA, Algorithm, Lease, Limit, Window, check_token, positive
 from ._local import Credit, Credits, DenyCache, batchable, credit_deadlines
 from ._policy import Counters, FailurePolicy, Health
 from ._protocol import Arg, Mode, all_command, ints, source_of
@@ -91,6 +91,7 @@ class LimiterBase:
         self.batch_hold = _seconds(batch_hold, "batch_hold")
         self.credits: Credits | None = Credits() if batch is not None and batch > 1 else None
         self._rtt = 0.001
+        self._hints: dict[Hashable, tuple[int, float]] = {}
 
     # -- keys ---------------------------------------------------------------------------------
 
@@ -209,6 +210,58 @@ class LimiterBase:
                 key=key,
             ),
             old,
+        )
+
+    def first_take(self, ck: Hashable, limit: Limit, cost: int, k: int) -> int:
+        """first_take is how many units to ask for: `k`, unless the last reply for this key
+        (plus what GCRA refilled since) says fewer are there, so that a key running at its
+        limit costs one call per admission, not two."""
+        hint = self._hints.get(ck)
+        if hint is None:
+            return k
+        remaining, at = hint
+        elapsed = time.monotonic() - at
+        if isinstance(limit, GCRA):
+            remaining += int(elapsed * 1e9 / limit.emission_interval_ns)
+        elif elapsed > self.batch_hold:
+            return k
+        return max(cost, min(k, remaining))
+
+    def note_remaining(self, ck: Hashable, remaining: int) -> None:
+        if len(self._hints) > 10_000:
+            self._hints.clear()
+        self._hints[ck] = (remaining, time.monotonic())
+
+    @staticmethod
+    def denial_for_cost(limit: Limit, d: Decision, taken: int, cost: int) -> Decision | None:
+        """denial_for_cost derives, from Redis's denial of a batch of `taken` units, its
+        answer for `cost` units without a second call, where the algorithm allows: GCRA
+        (the wait shrinks by (taken − cost)·T) and FIXED (the wait is the window's end for
+        any quantity). None: ask Redis (SLIDING, or `cost` might pass now).
+
+        The returned wait is rounded up (a caller who waits it is admitted); the caller
+        caches it from 1 ms earlier (the reply's rounding), so the cache never outlasts
+        Redis's own denial.
+        """
+        if d.allowed or d.never or d.remaining >= cost or not isinstance(d.retry_after, timedelta):
+            return None
+        retry_us = d.retry_after // timedelta(microseconds=1)
+        if isinstance(limit, GCRA):
+            retry_us -= (taken - cost) * limit.emission_interval_ns // 1000
+            if retry_us <= 1000:
+                return None
+            retry_us = -(-retry_us // 1000) * 1000
+        elif not (isinstance(limit, Window) and limit.algorithm is Algorithm.FIXED):
+            return None
+        return Decision(
+            allowed=False,
+            limit=d.limit,
+            remaining=d.remaining,
+            retry_after=timedelta(microseconds=retry_us),
+            reset_after=d.reset_after,
+            source=d.source,
+            policy=limit,
+            key=d.key,
         )
 
     # -- check_all ----------------------------------------------------------------------------

@@ -217,7 +217,7 @@ class AsyncLimiter(LimiterBase):
             return local
         if self.health.skip():
             return self.degraded(limit, full, None)
-        want = k
+        want = self.first_take(ck, limit, cost, k)
         for _ in range(3):
             op, args = check_command(limit, cost=want, peek=False, max_wait=None, force=False)
             sent = time.monotonic()
@@ -226,6 +226,7 @@ class AsyncLimiter(LimiterBase):
                 return self.degraded(limit, full, got)
             reply, mode = got
             d = decision_from_reply(ints(reply), policy=limit, key=full, source=source_of(mode))
+            self.note_remaining(ck, d.remaining)
             if d.allowed:
                 d, old = self.keep_credit(ck, limit, full, want, cost, d, sent)
                 if old is not None:
@@ -234,6 +235,11 @@ class AsyncLimiter(LimiterBase):
                 return self.decided(d)
             self.remember(ck, want, d, sent)
             if d.never or want == cost:
+                break
+            derived = self.denial_for_cost(limit, d, want, cost)
+            if derived is not None:
+                self.remember(ck, cost, derived, sent - 0.001)
+                d = derived
                 break
             want = max(cost, min(want - 1, d.remaining))
         return self.decided(d)
