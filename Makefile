@@ -42,5 +42,8 @@ demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in
 clean: ## Remove build output
 	cargo clean
 
-bench: build ## Measure speed and memory against INCR and Lua limiters; writes BENCHMARKS.md (BENCH_QUICK=1: ~2 min)
+bench: build ## Measure speed and memory against INCR and Lua limiters (BENCHMARKS.md), then the Python client's fast path (BENCH_QUICK=1: ~2 min)
 	python3 bench/bench.py
+	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
+	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
+	.venv-py/bin/python clients/python/bench/fastpath.py $${BENCH_QUICK:+--seconds 1}
