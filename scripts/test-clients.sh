@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs the README's Python (redis-py) and Node (node-redis) examples, and the HTTP service
-# example's end-to-end test (examples/http/test_http.py), against real redis-servers with the
-# module. Needs the virtualenv made by test-compat.sh (or makes it)
+# example's end-to-end test (examples/http/test_http.py, built on the redis_rl package in
+# clients/python), against real redis-servers with the module. Needs the virtualenv made by
+# test-compat.sh (or makes it)
 # and npm. Prints one "test … ok/FAILED" line per example; exit status 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-compat
 [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV" || exit 1
-"$VENV/bin/pip" install -q --disable-pip-version-check "redis==8.1.0" || exit 1
+"$VENV/bin/pip" install -q --disable-pip-version-check "redis==8.1.0" ./clients/python || exit 1
 (cd examples/clients/node && npm ci --no-audit --no-fund --silent) || { echo "npm ci failed"; exit 1; }
 dir="$(mktemp -d)"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

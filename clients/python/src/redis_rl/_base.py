@@ -1,0 +1,326 @@
+"""What the sync and the asyncio limiter share: configuration and the I/O-free steps."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Any, Union
+
+from ._decision import Decision, Source, decision_from_reply
+from ._limits import GCRA, Algorithm, Lease, Limit, Window, check_token, positive
+from ._local import Credit, Credits, DenyCache, batchable, credit_deadlines
+from ._policy import Counters, FailurePolicy, Health
+from ._protocol import Arg, Mode, all_command, ints, source_of
+
+__all__ = ["Refund", "Release"]
+
+log = logging.getLogger("redis_rl")
+
+#: A check_all entry: a limit, or (limit, its own cost).
+LimitEntry = Union[Limit, tuple[Limit, int]]
+
+
+@dataclass(frozen=True)
+class Refund:
+    """Refund is RL.REFUND's reply: units given back, the key's remaining and reset time."""
+
+    refunded: int
+    remaining: int
+    reset_after: timedelta
+    degraded: bool = False
+
+
+@dataclass(frozen=True)
+class Release:
+    """Release is RL.RELEASE's reply: slots freed, the key's remaining and reset time."""
+
+    released: int
+    remaining: int
+    reset_after: timedelta
+    degraded: bool = False
+
+
+def _seconds(value: timedelta | float, name: str) -> float:
+    s = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not s > 0:
+        raise ValueError(f"{name} must be a positive duration")
+    return s
+
+
+class LimiterBase:
+    """LimiterBase holds a limiter's configuration, counters and local state."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        mode: Mode | str = Mode.AUTO,
+        on_error: FailurePolicy | str = FailurePolicy.OPEN,
+        prefix: str = "",
+        deny_cache: bool = True,
+        batch: int | None = None,
+        batch_hold: timedelta | float = 0.1,
+        probe_interval: timedelta | float = 1.0,
+        closed_retry_after: timedelta | float = 1.0,
+        load_library: bool = True,
+        hook: Callable[[str, int], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("prefix must not contain '{' or '}' (it would become the hash tag)")
+        self.redis = client
+        self.mode_setting = Mode(mode)
+        self.policy = FailurePolicy(on_error)
+        self.prefix = prefix
+        self.load_library = load_library
+        self.logger = logger or log
+        self.counters = Counters(hook)
+        self.health = Health(
+            self.policy,
+            self.counters,
+            _seconds(probe_interval, "probe_interval"),
+            timedelta(seconds=_seconds(closed_retry_after, "closed_retry_after")),
+            self.logger,
+        )
+        self.deny_cache: DenyCache | None = DenyCache() if deny_cache else None
+        self.batch = positive(batch, "batch") if batch is not None else None
+        self.batch_hold = _seconds(batch_hold, "batch_hold")
+        self.credits: Credits | None = Credits() if batch is not None and batch > 1 else None
+        self._rtt = 0.001
+        self._hints: dict[Hashable, tuple[int, float]] = {}
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def full_key(self, key: str) -> str:
+        """full_key is the key as sent: the limiter's prefix, then the caller's key."""
+        if not isinstance(key, str) or not key:
+            raise ValueError("key must be a non-empty string")
+        return self.prefix + key
+
+    # -- timing -------------------------------------------------------------------------------
+
+    def observe_rtt(self, sent: float) -> None:
+        rtt = time.monotonic() - sent
+        self._rtt = 0.8 * self._rtt + 0.2 * rtt
+
+    @property
+    def margin(self) -> float:
+        """margin is the safety gap kept before a window boundary or GCRA refund deadline."""
+        return 0.005 + 3 * self._rtt
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def local_denial(self, ck: Hashable, cost: int) -> Decision | None:
+        if self.deny_cache is None:
+            return None
+        d = self.deny_cache.lookup(ck, cost, time.monotonic())
+        if d is not None:
+            self.counters.add("denied_locally")
+            self.counters.count_decision(d)
+        return d
+
+    def remember(self, ck: Hashable, cost: int, d: Decision, sent: float) -> None:
+        if self.deny_cache is not None and not d.allowed:
+            self.deny_cache.store(ck, cost, d, sent)
+
+    def degraded(self, limit: Limit | None, key: str | None, cause: BaseException | None) -> Decision:
+        d = self.health.answer(limit, key, cause)
+        self.counters.count_decision(d)
+        return d
+
+    def degraded_all(
+        self, items: list[tuple[str, Limit, int | None, bytes | None]], cause: BaseException | None
+    ) -> Decision:
+        per = {k: self.health.answer(lim, k, cause) for k, lim, _, _ in items}
+        first = next(iter(per.values()))
+        d = Decision(
+            allowed=first.allowed,
+            limit=min(x.limit for x in per.values()),
+            remaining=0,
+            retry_after=first.retry_after,
+            reset_after=first.reset_after,
+            degraded=True,
+            source=Source.LOCAL,
+            per_key=MappingProxyType(per),
+        )
+        self.counters.count_decision(d)
+        return d
+
+    def decided(self, d: Decision) -> Decision:
+        self.health.success()
+        self.counters.count_decision(d)
+        return d
+
+    def batch_size(self, limit: Limit, cost: int) -> int:
+        """batch_size is how many units one batched call takes (0: do not batch)."""
+        if self.credits is None or self.batch is None or not batchable(limit):
+            return 0
+        k = min(self.batch, limit.capacity)
+        return k if cost < k else 0
+
+    def from_credit(self, ck: Hashable, limit: Limit, key: str, cost: int) -> Decision | None:
+        if self.credits is None:
+            return None
+        c = self.credits.take(ck, cost, time.monotonic())
+        if c is None:
+            return None
+        d = Decision(
+            allowed=True,
+            limit=limit.capacity,
+            remaining=c.remaining_seen + c.units,
+            retry_after=timedelta(0),
+            reset_after=timedelta(0),
+            source=Source.LOCAL,
+            policy=limit,
+            key=key,
+        )
+        self.counters.add("allowed_locally")
+        self.counters.count_decision(d)
+        return d
+
+    def keep_credit(
+        self, ck: Hashable, limit: Limit, key: str, taken: int, cost: int, d: Decision, sent: float
+    ) -> tuple[Decision, Credit | None]:
+        """keep_credit stores what a batched call took beyond `cost`; returns the decision
+        for the caller and a replaced credit to refund (if any)."""
+        units = taken - cost
+        if units <= 0 or self.credits is None:
+            return d, None
+        use_until, refund_until = credit_deadlines(
+            limit, taken, sent, d.reset_after, self.batch_hold, self.margin
+        )
+        if use_until <= time.monotonic():
+            return d, None  # too close to a window's end: the units lapse with it
+        old = self.credits.put(
+            ck, Credit(key, limit, units, use_until, refund_until, d.remaining)
+        )
+        return (
+            Decision(
+                allowed=True,
+                limit=d.limit,
+                remaining=d.remaining + units,
+                retry_after=d.retry_after,
+                reset_after=d.reset_after,
+                source=d.source,
+                policy=limit,
+                key=key,
+            ),
+            old,
+        )
+
+    def first_take(self, ck: Hashable, limit: Limit, cost: int, k: int) -> int:
+        """first_take is how many units to ask for: `k`, unless the last reply for this key
+        (plus what GCRA refilled since) says fewer are there, so that a key running at its
+        limit costs one call per admission, not two."""
+        hint = self._hints.get(ck)
+        if hint is None:
+            return k
+        remaining, at = hint
+        elapsed = time.monotonic() - at
+        if isinstance(limit, GCRA):
+            remaining += int(elapsed * 1e9 / limit.emission_interval_ns)
+        elif elapsed > self.batch_hold:
+            return k
+        return max(cost, min(k, remaining))
+
+    def note_remaining(self, ck: Hashable, remaining: int) -> None:
+        if len(self._hints) > 10_000:
+            self._hints.clear()
+        self._hints[ck] = (remaining, time.monotonic())
+
+    @staticmethod
+    def denial_for_cost(limit: Limit, d: Decision, taken: int, cost: int) -> Decision | None:
+        """denial_for_cost derives, from Redis's denial of a batch of `taken` units, its
+        answer for `cost` units without a second call, where the algorithm allows: GCRA
+        (the wait shrinks by (taken − cost)·T) and FIXED (the wait is the window's end for
+        any quantity). None: ask Redis (SLIDING, or `cost` might pass now).
+
+        The returned wait is rounded up (a caller who waits it is admitted); the caller
+        caches it from 1 ms earlier (the reply's rounding), so the cache never outlasts
+        Redis's own denial.
+        """
+        if d.allowed or d.never or d.remaining >= cost or not isinstance(d.retry_after, timedelta):
+            return None
+        retry_us = d.retry_after // timedelta(microseconds=1)
+        if isinstance(limit, GCRA):
+            retry_us -= (taken - cost) * limit.emission_interval_ns // 1000
+            if retry_us <= 1000:
+                return None
+            retry_us = -(-retry_us // 1000) * 1000
+        elif not (isinstance(limit, Window) and limit.algorithm is Algorithm.FIXED):
+            return None
+        return Decision(
+            allowed=False,
+            limit=d.limit,
+            remaining=d.remaining,
+            retry_after=timedelta(microseconds=retry_us),
+            reset_after=d.reset_after,
+            source=d.source,
+            policy=limit,
+            key=d.key,
+        )
+
+    # -- check_all ----------------------------------------------------------------------------
+
+    def all_items(
+        self,
+        limits: Mapping[str, LimitEntry],
+        tokens: Mapping[str, str | bytes] | None,
+    ) -> list[tuple[str, Limit, int | None, bytes | None]]:
+        if not limits:
+            raise ValueError("check_all needs at least one limit")
+        items: list[tuple[str, Limit, int | None, bytes | None]] = []
+        for key, entry in limits.items():
+            limit, own = (entry if isinstance(entry, tuple) else (entry, None))
+            token = None
+            if isinstance(limit, Lease):
+                raw = (tokens or {}).get(key)
+                token = check_token(raw) if raw is not None else None
+            items.append((self.full_key(key), limit, own, token))
+        return items
+
+    def all_args(
+        self,
+        items: list[tuple[str, Limit, int | None, bytes | None]],
+        cost: int,
+        peek: bool,
+        force: bool,
+    ) -> list[Arg]:
+        return all_command(items, cost=cost, peek=peek, force=force)
+
+    @staticmethod
+    def all_cache_key(
+        items: list[tuple[str, Limit, int | None, bytes | None]], cost: int
+    ) -> Hashable:
+        return ("ALL", tuple((k, lim, own, tok) for k, lim, own, tok in items), cost)
+
+    @staticmethod
+    def all_decision(
+        reply: Any, items: list[tuple[str, Limit, int | None, bytes | None]], mode: Mode
+    ) -> Decision:
+        combined = ints(reply[0])
+        src = source_of(mode)
+        per = {
+            key: decision_from_reply(ints(r), policy=lim, key=key, source=src)
+            for (key, lim, _, _), r in zip(items, reply[1])
+        }
+        binding: Limit | None = None
+        for d in per.values():
+            if d.limit == combined[1] and d.remaining == combined[2]:
+                binding = d.policy
+                break
+        top = decision_from_reply(combined, policy=binding, key=None, source=src)
+        return Decision(
+            allowed=top.allowed,
+            limit=top.limit,
+            remaining=top.remaining,
+            retry_after=top.retry_after,
+            reset_after=top.reset_after,
+            source=src,
+            policy=binding,
+            per_key=MappingProxyType(per),
+        )

@@ -1,0 +1,257 @@
+"""Failure policy, counters and the health state that logs once per burst of failures."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import redis.exceptions as rexc
+
+from ._decision import Decision, Source
+from ._limits import Limit
+
+__all__ = [
+    "Counters",
+    "FailurePolicy",
+    "LimiterError",
+    "LimiterUnavailable",
+    "RateLimitExceeded",
+    "is_unavailable",
+]
+
+log = logging.getLogger("redis_rl")
+
+
+class FailurePolicy(str, enum.Enum):
+    """FailurePolicy says what a check answers when Redis does not.
+
+    * OPEN: allow, with `degraded=True` (for limits that protect cost or fairness).
+    * CLOSED: deny with a short `retry_after`, `degraded=True` (for limits that protect
+      security: logins, one-time codes).
+    * RAISE: raise LimiterUnavailable and let the application decide.
+    """
+
+    OPEN = "open"
+    CLOSED = "closed"
+    RAISE = "raise"
+
+
+class LimiterError(Exception):
+    """LimiterError is the base of the errors this package raises itself."""
+
+
+class LimiterUnavailable(LimiterError):
+    """LimiterUnavailable: Redis did not answer (policy RAISE). The cause is chained."""
+
+
+class RateLimitExceeded(LimiterError):
+    """RateLimitExceeded is raised by `acquire` when the lease is denied; holds the Decision."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(
+            f"rate limit exceeded (retry after {decision.retry_after!r})"
+            if not decision.never
+            else "request can never pass: it asks for more than the limit"
+        )
+        self.decision = decision
+
+
+# Errors that mean "Redis is not answering this request" rather than "the request is wrong":
+# the failure policy answers them. Other ResponseErrors (bad arguments, WRONGTYPE) are raised.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.OutOfMemoryError,
+    rexc.ReadOnlyError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.SlotNotCoveredError,
+    rexc.ClusterError,
+    asyncio.TimeoutError,
+    TimeoutError,
+    ConnectionError,
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """is_unavailable tells a Redis outage (connect, timeout, OOM, failover) from misuse."""
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    if isinstance(exc, rexc.RedisClusterException):
+        # "cannot be connected", not "keys must map to the same key slot" (a misuse).
+        return "connect" in str(exc).lower()
+    if isinstance(exc, rexc.ResponseError):
+        msg = str(exc)
+        return msg.startswith(("OOM", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY"))
+    return False
+
+
+#: The counter names, in the order `Counters.snapshot()` lists them.
+COUNTER_NAMES = (
+    "allowed",
+    "denied",
+    "allowed_locally",
+    "denied_locally",
+    "degraded",
+    "errors",
+    "redis_calls",
+    "refunded",
+)
+
+
+class Counters:
+    """Counters counts decisions and Redis calls; thread-safe, readable at any time.
+
+    * allowed / denied: every decision returned (local and degraded ones included).
+    * allowed_locally: admitted from a batch credit, without a Redis call.
+    * denied_locally: denied by the deny cache, without a Redis call.
+    * degraded: answered by the failure policy.
+    * errors: Redis calls that failed (connect, timeout, OOM, failover).
+    * redis_calls: Redis calls made (one per round trip).
+    * refunded: units given back (refund() and batch leftovers).
+
+    `hook(name, n)` is called for every increment (for a metrics library); it must be cheap
+    and must not raise.
+    """
+
+    def __init__(self, hook: Callable[[str, int], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(COUNTER_NAMES, 0)
+        self.hook = hook
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._values[name] += n
+        if self.hook is not None:
+            self.hook(name, n)
+
+    def __getitem__(self, name: str) -> int:
+        return self._values[name]
+
+    def snapshot(self) -> dict[str, int]:
+        """snapshot gives a copy of every counter."""
+        with self._lock:
+            return dict(self._values)
+
+    def count_decision(self, d: Decision) -> None:
+        self.add("allowed" if d.allowed else "denied")
+        if d.degraded:
+            self.add("degraded")
+
+
+@dataclass
+class _Outage:
+    started: float
+    failures: int
+    next_probe: float
+
+
+class Health:
+    """Health tracks Redis failures: one log line per burst, a probe interval, recovery.
+
+    While Redis is failing, calls within `probe_interval` of the last failure are answered
+    by the policy without waiting on Redis; the first call after it tries Redis again. The
+    first success after a failure logs one recovery line.
+    """
+
+    def __init__(
+        self,
+        policy: FailurePolicy,
+        counters: Counters,
+        probe_interval: float,
+        closed_retry_after: timedelta,
+        logger: logging.Logger,
+    ) -> None:
+        self.policy = policy
+        self.counters = counters
+        self.probe_interval = probe_interval
+        self.closed_retry_after = closed_retry_after
+        self.logger = logger
+        self._lock = threading.Lock()
+        self._outage: _Outage | None = None
+
+    @property
+    def failing(self) -> bool:
+        """failing is True between a failure and the next success."""
+        return self._outage is not None
+
+    def skip(self) -> bool:
+        """skip says whether to answer by policy without trying Redis (inside the interval)."""
+        outage = self._outage
+        if outage is None:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if now < outage.next_probe:
+                return True
+            outage.next_probe = now + self.probe_interval  # this caller probes
+            return False
+
+    def success(self) -> None:
+        if self._outage is None:
+            return
+        with self._lock:
+            outage, self._outage = self._outage, None
+        if outage is not None:
+            self.logger.warning(
+                "redis-rl: Redis answers again after %d failed call(s) over %.1f s; "
+                "decisions come from Redis again",
+                outage.failures,
+                time.monotonic() - outage.started,
+            )
+
+    def failure(self, exc: BaseException) -> None:
+        self.counters.add("errors")
+        now = time.monotonic()
+        with self._lock:
+            first = self._outage is None
+            if self._outage is None:
+                self._outage = _Outage(now, 1, now + self.probe_interval)
+            else:
+                self._outage.failures += 1
+                self._outage.next_probe = now + self.probe_interval
+        if first:
+            self.logger.warning(
+                "redis-rl: Redis unavailable (%s: %s); policy %s until it answers "
+                "(logged once per outage)",
+                type(exc).__name__,
+                exc,
+                self.policy.value,
+            )
+
+    def answer(
+        self, policy_limit: Limit | None, key: str | None, cause: BaseException | None
+    ) -> Decision:
+        """answer gives the policy's decision (or raises for RAISE)."""
+        if self.policy is FailurePolicy.RAISE:
+            raise LimiterUnavailable(f"Redis unavailable: {cause}") from cause
+        cap = policy_limit.capacity if policy_limit is not None else 0
+        if self.policy is FailurePolicy.OPEN:
+            return Decision(
+                allowed=True,
+                limit=cap,
+                remaining=0,
+                retry_after=timedelta(0),
+                reset_after=timedelta(0),
+                degraded=True,
+                source=Source.LOCAL,
+                policy=policy_limit,
+                key=key,
+            )
+        return Decision(
+            allowed=False,
+            limit=cap,
+            remaining=0,
+            retry_after=self.closed_retry_after,
+            reset_after=self.closed_retry_after,
+            degraded=True,
+            source=Source.LOCAL,
+            policy=policy_limit,
+            key=key,
+        )

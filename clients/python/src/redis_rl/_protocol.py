@@ -1,0 +1,259 @@
+"""Commands and replies, shared by the sync and the asyncio client.
+
+The module's commands and the Lua fallback take the same arguments and give the same
+replies; only the framing differs: `RL.GCRA key a b c …` becomes
+`FCALL rl_gcra 1 key a b c …`, `RL.ALL n k1 … spec …` becomes `FCALL rl_all n k1 … spec …`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any, Union
+
+from ._decision import Source
+from ._limits import GCRA, Lease, Limit, Window, non_negative
+
+__all__ = ["Mode", "PoolState", "library_code", "pool_state"]
+
+Arg = Union[str, bytes, int]
+
+#: The Functions library's name (`#!lua name=redis_rl`).
+LIBRARY_NAME = "redis_rl"
+
+
+class Mode(str, enum.Enum):
+    """Mode chooses the module's commands, the Lua fallback, or detection (AUTO)."""
+
+    AUTO = "auto"
+    MODULE = "module"
+    FALLBACK = "fallback"
+
+
+_MODULE_COMMAND = {
+    "gcra": "RL.GCRA",
+    "window": "RL.WINDOW",
+    "all": "RL.ALL",
+    "refund": "RL.REFUND",
+    "lease": "RL.LEASE",
+    "release": "RL.RELEASE",
+}
+
+
+def frame(mode: Mode, op: str, keys: Sequence[str], args: Sequence[Arg]) -> list[Arg]:
+    """frame builds the wire command for `op` in MODULE or FALLBACK mode."""
+    if mode is Mode.FALLBACK:
+        return ["FCALL", f"rl_{op}", len(keys), *keys, *args]
+    if op == "all":
+        return [_MODULE_COMMAND[op], len(keys), *keys, *args]
+    return [_MODULE_COMMAND[op], *keys, *args]
+
+
+def check_command(
+    limit: Limit,
+    *,
+    cost: int,
+    peek: bool,
+    max_wait: timedelta | float | None,
+    force: bool,
+) -> tuple[str, list[Arg]]:
+    """check_command gives (op, arguments after the key) for one check."""
+    non_negative(cost, "QUANTITY")
+    if isinstance(limit, Lease):
+        raise TypeError("a Lease is taken with acquire(), not check()")
+    op = "gcra" if isinstance(limit, GCRA) else "window"
+    args: list[Arg] = list(limit.args())
+    if cost != 1:
+        args += ["QUANTITY", cost]
+    if peek:
+        args.append("PEEK")
+    if max_wait is not None:
+        if not isinstance(limit, GCRA):
+            raise TypeError("max_wait (MAXWAIT) is offered by GCRA limits only")
+        seconds = max_wait.total_seconds() if isinstance(max_wait, timedelta) else float(max_wait)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError("max_wait must be a non-negative duration")
+        args += ["MAXWAIT", int(seconds * 1000)]
+    if force:
+        args.append("FORCE")
+    return op, args
+
+
+def all_command(
+    items: Sequence[tuple[str, Limit, int | None, bytes | None]],
+    *,
+    cost: int,
+    peek: bool,
+    force: bool,
+) -> list[Arg]:
+    """all_command gives the arguments of RL.ALL after the keys.
+
+    Each item is (key, limit, per-limit cost or None, lease token or None). A per-limit
+    cost different from `cost` is sent as the spec's `COST n`.
+    """
+    non_negative(cost, "QUANTITY")
+    args: list[Arg] = []
+    for key, limit, own_cost, token in items:
+        args += limit.spec()
+        if isinstance(limit, Lease):
+            if token is None:
+                raise TypeError(f"the Lease for {key!r} needs a token (tokens={{key: token}})")
+            args.append(token)
+        if own_cost is not None and own_cost != cost:
+            args += ["COST", non_negative(own_cost, "COST")]
+    if cost != 1:
+        args += ["QUANTITY", cost]
+    if peek:
+        args.append("PEEK")
+    if force:
+        args.append("FORCE")
+    return args
+
+
+def ints(reply: Any) -> list[int]:
+    """ints reads a flat integer reply."""
+    return [int(x) for x in reply]
+
+
+def source_of(mode: Mode) -> Source:
+    return Source.FALLBACK if mode is Mode.FALLBACK else Source.MODULE
+
+
+def is_unknown_command(exc: BaseException) -> bool:
+    """is_unknown_command: the module is not (or no longer) loaded on this server."""
+    msg = str(exc).lower()
+    return "unknown command" in msg and "rl." in msg
+
+
+def is_missing_function(exc: BaseException) -> bool:
+    """is_missing_function: the Functions library is not (or no longer) loaded."""
+    msg = str(exc).lower()
+    return "function not found" in msg or "no such function" in msg
+
+
+def library_path() -> Path | None:
+    """library_path finds the Lua library: packaged, $REDIS_RL_LUA, or a source checkout."""
+    env = os.environ.get("REDIS_RL_LUA")
+    if env:
+        return Path(env)
+    try:
+        packaged = resources.files("redis_rl").joinpath("lua", "redis_rl.lua")
+        if packaged.is_file():
+            return Path(str(packaged))
+    except (FileNotFoundError, ModuleNotFoundError):  # pragma: no cover
+        pass
+    # An editable install or a checkout: the repository's one copy.
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "scripts" / "lua" / "redis_rl.lua"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+_code_lock = threading.Lock()
+_code: str | None = None
+
+
+def library_code() -> str:
+    """library_code gives the Functions library's source; raises if it was not packaged."""
+    global _code
+    with _code_lock:
+        if _code is None:
+            path = library_path()
+            if path is None:
+                from ._policy import LimiterError
+
+                raise LimiterError(
+                    "the Lua fallback library (scripts/lua/redis_rl.lua) is not in this "
+                    "installation: mode='fallback' needs it (set REDIS_RL_LUA to its path)"
+                )
+            _code = path.read_text(encoding="utf-8")
+        return _code
+
+
+@dataclass
+class PoolState:
+    """PoolState is what a client learned about one connection pool, once.
+
+    `mode` is the resolved mode (MODULE or FALLBACK) once detected; `library_ready` says the
+    Functions library was checked or loaded; `lease` whether RL.LEASE exists.
+    """
+
+    mode: Mode | None = None
+    library_ready: bool = False
+    lease: bool | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_states: weakref.WeakKeyDictionary[Any, PoolState] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def pool_state(client: Any) -> PoolState:
+    """pool_state gives the shared state of `client`'s connection pool (or the cluster)."""
+    owner = getattr(client, "connection_pool", None) or client
+    with _states_lock:
+        state = _states.get(owner)
+        if state is None:
+            state = PoolState()
+            _states[owner] = state
+        return state
+
+
+#: What redis-py's COMMAND reply parser raises on the nil entry of a missing command.
+PARSE_ERRORS = (TypeError, IndexError, AttributeError, KeyError)
+
+
+def command_exists(reply: Any) -> bool:
+    """command_exists reads a `COMMAND INFO name` reply (raw or parsed by redis-py).
+
+    redis-py's parser fails on the nil a server sends for a missing command; callers treat
+    PARSE_ERRORS from that call as "missing".
+    """
+    if reply is None:
+        return False
+    if isinstance(reply, dict):
+        return any(v for v in reply.values())
+    if isinstance(reply, (list, tuple)):
+        return any(x is not None for x in reply)
+    return bool(reply)
+
+
+def library_matches(listing: Any, code: str) -> bool | None:
+    """library_matches reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`.
+
+    True: loaded with this code; False: loaded with other code; None: not loaded.
+    """
+    entries = listing if isinstance(listing, list) else [listing] if listing else []
+    found = False
+    for entry in entries:
+        if isinstance(entry, dict):
+            fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in entry.items()}
+        elif isinstance(entry, list):
+            fields = {
+                (entry[i].decode() if isinstance(entry[i], bytes) else entry[i]): entry[i + 1]
+                for i in range(0, len(entry) - 1, 2)
+            }
+        else:
+            continue
+        name = fields.get("library_name")
+        if isinstance(name, bytes):
+            name = name.decode()
+        if name != LIBRARY_NAME:
+            continue
+        found = True
+        server_code = fields.get("library_code")
+        if isinstance(server_code, bytes):
+            server_code = server_code.decode()
+        if server_code != code:
+            return False
+    return True if found else None

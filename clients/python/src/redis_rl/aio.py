@@ -1,0 +1,481 @@
+"""The asyncio limiter, over `redis.asyncio.Redis` or `redis.asyncio.RedisCluster`.
+
+Same names and behaviour as the sync `Limiter`; the I/O methods are coroutines, `acquire`
+works with `async with` (or `await`), and `aclose()` replaces `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Generator, Hashable, Mapping
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+from redis.backoff import NoBackoff
+from redis.asyncio.retry import Retry
+
+from ._base import LimiterBase, LimitEntry, Refund, Release
+from ._decision import Decision, decision_from_reply
+from ._limits import Lease, Limit, check_token, non_negative, positive
+from ._local import Credit
+from ._policy import LimiterError, RateLimitExceeded, is_unavailable
+from ._protocol import (
+    Arg,
+    PARSE_ERRORS,
+    Mode,
+    check_command,
+    command_exists,
+    frame,
+    ints,
+    is_missing_function,
+    is_unknown_command,
+    library_code,
+    library_matches,
+    pool_state,
+    source_of,
+)
+
+__all__ = ["AsyncHeld", "AsyncLimiter"]
+
+
+class AsyncLimiter(LimiterBase):
+    """AsyncLimiter makes rate-limit decisions in Redis (asyncio). See `Limiter`.
+
+    `timeout`, if given, bounds every Redis call with asyncio.wait_for on top of the
+    client's own socket timeouts.
+    """
+
+    def __init__(
+        self,
+        client: aredis.Redis | aredis.RedisCluster,
+        *,
+        timeout: timedelta | float | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(client, **options)
+        self._state = pool_state(client)
+        self._detect_lock: asyncio.Lock | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._pending: list[Credit] = []
+        self.timeout = (
+            None
+            if timeout is None
+            else timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        timeout: timedelta | float = 0.5,
+        cluster: bool = False,
+        **options: Any,
+    ) -> AsyncLimiter:
+        """from_url builds the asyncio client (timeouts set, no retries) and the limiter."""
+        t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        kwargs: dict[str, Any] = {"socket_timeout": t, "socket_connect_timeout": t}
+        client: aredis.Redis | aredis.RedisCluster
+        if cluster:
+            client = aredis.RedisCluster.from_url(url, **kwargs)
+        else:
+            client = aredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
+        return cls(client, timeout=t * 2, **options)
+
+    # -- mode and the fallback library ----------------------------------------------------
+
+    async def resolved_mode(self) -> Mode:
+        """resolved_mode is the mode in use (MODULE or FALLBACK), detecting it if needed."""
+        return await self._mode()
+
+    async def _exec(self, *args: Arg, **kw: Any) -> Any:
+        coro = self.redis.execute_command(*args, **kw)
+        if self.timeout is None:
+            return await coro
+        return await asyncio.wait_for(coro, self.timeout)
+
+    async def _mode(self) -> Mode:
+        st = self._state
+        if self._detect_lock is None:
+            self._detect_lock = asyncio.Lock()
+        mode: Mode
+        if self.mode_setting is not Mode.AUTO:
+            mode = self.mode_setting
+        else:
+            if st.mode is None:
+                async with self._detect_lock:
+                    if st.mode is None:
+                        try:
+                            reply = await self._exec("COMMAND", "INFO", "RL.GCRA")
+                            found = command_exists(reply)
+                        except PARSE_ERRORS:
+                            found = False
+                        st.mode = Mode.MODULE if found else Mode.FALLBACK
+            mode = st.mode
+        if mode is Mode.FALLBACK and not st.library_ready:
+            async with self._detect_lock:
+                if not st.library_ready:
+                    await self._ensure_library()
+                    st.library_ready = True
+        return mode
+
+    async def _ensure_library(self) -> None:
+        code = library_code()
+        nodes: list[Any] = (
+            list(self.redis.get_primaries()) if isinstance(self.redis, aredis.RedisCluster) else [None]
+        )
+        for node in nodes:
+            kw: dict[str, Any] = {} if node is None else {"target_nodes": node}
+            listing = await self._exec("FUNCTION", "LIST", "LIBRARYNAME", "redis_rl", "WITHCODE", **kw)
+            state = library_matches(listing, code)
+            if state is True:
+                continue
+            if not self.load_library:
+                if state is None:
+                    raise LimiterError(
+                        "the redis_rl Functions library is not loaded and load_library=False"
+                    )
+                self.logger.warning("redis-rl: the server's redis_rl library differs from ours")
+                continue
+            await self._exec("FUNCTION", "LOAD", "REPLACE", code, **kw)
+
+    async def _call(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode]:
+        for attempt in (0, 1):
+            mode = await self._mode()
+            self.counters.add("redis_calls")
+            sent = time.monotonic()
+            try:
+                reply = await self._exec(*frame(mode, op, keys, args))
+                self.observe_rtt(sent)
+                return reply, mode
+            except redis.ResponseError as e:
+                if attempt == 0 and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
+                    self._state.mode = None
+                    continue
+                if attempt == 0 and mode is Mode.FALLBACK and is_missing_function(e):
+                    self._state.library_ready = False
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _guarded(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode] | BaseException:
+        try:
+            return await self._call(op, keys, args)
+        except Exception as e:
+            if not is_unavailable(e):
+                raise
+            self.health.failure(e)
+            return e
+
+    # -- decisions --------------------------------------------------------------------------
+
+    async def check(
+        self,
+        key: str,
+        limit: Limit,
+        cost: int = 1,
+        *,
+        peek: bool = False,
+        max_wait: timedelta | float | None = None,
+        force: bool = False,
+    ) -> Decision:
+        """check: see `Limiter.check`."""
+        op, args = check_command(limit, cost=cost, peek=peek, max_wait=max_wait, force=force)
+        full = self.full_key(key)
+        # A request larger than the limit goes to Redis, which answers NEVER (HTTP 413).
+        plain = not (peek or force or max_wait is not None) and 1 <= cost <= limit.capacity
+        ck: Hashable = (full, limit)
+        if plain:
+            local = self.local_denial(ck, cost)
+            if local is not None:
+                return local
+            k = self.batch_size(limit, cost)
+            if k:
+                return await self._check_batched(ck, full, limit, cost, k)
+        if self.health.skip():
+            return self.degraded(limit, full, None)
+        sent = time.monotonic()
+        got = await self._guarded(op, [full], args)
+        if isinstance(got, BaseException):
+            return self.degraded(limit, full, got)
+        reply, mode = got
+        d = decision_from_reply(
+            ints(reply), policy=limit, key=full, source=source_of(mode), reservation=max_wait is not None
+        )
+        if plain:
+            self.remember(ck, cost, d, sent)
+        return self.decided(d)
+
+    async def _check_batched(self, ck: Hashable, full: str, limit: Limit, cost: int, k: int) -> Decision:
+        local = self.from_credit(ck, limit, full, cost)
+        if local is not None:
+            return local
+        if self.health.skip():
+            return self.degraded(limit, full, None)
+        want = self.first_take(ck, limit, cost, k)
+        for _ in range(3):
+            op, args = check_command(limit, cost=want, peek=False, max_wait=None, force=False)
+            sent = time.monotonic()
+            got = await self._guarded(op, [full], args)
+            if isinstance(got, BaseException):
+                return self.degraded(limit, full, got)
+            reply, mode = got
+            d = decision_from_reply(ints(reply), policy=limit, key=full, source=source_of(mode))
+            self.note_remaining(ck, d.remaining)
+            if d.allowed:
+                d, old = self.keep_credit(ck, limit, full, want, cost, d, sent)
+                if old is not None:
+                    self._pending.append(old)
+                self._ensure_sweeper()
+                return self.decided(d)
+            self.remember(ck, want, d, sent)
+            if d.never or want == cost:
+                break
+            derived = self.denial_for_cost(limit, d, want, cost)
+            if derived is not None:
+                self.remember(ck, cost, derived, sent - 0.001)
+                d = derived
+                break
+            want = max(cost, min(want - 1, d.remaining))
+        return self.decided(d)
+
+    async def force(self, key: str, limit: Limit, cost: int) -> Decision:
+        """force: see `Limiter.force`."""
+        return await self.check(key, limit, cost, force=True)
+
+    async def check_all(
+        self,
+        limits: Mapping[str, LimitEntry],
+        cost: int = 1,
+        *,
+        peek: bool = False,
+        force: bool = False,
+        tokens: Mapping[str, str | bytes] | None = None,
+    ) -> Decision:
+        """check_all: see `Limiter.check_all`."""
+        items = self.all_items(limits, tokens)
+        args = self.all_args(items, cost, peek, force)
+        plain = not (peek or force) and all(
+            (cost if own is None else own) <= lim.capacity for _, lim, own, _ in items
+        )
+        ck = self.all_cache_key(items, cost)
+        if plain:
+            local = self.local_denial(ck, cost)
+            if local is not None:
+                return local
+        if self.health.skip():
+            return self.degraded_all(items, None)
+        sent = time.monotonic()
+        got = await self._guarded("all", [k for k, _, _, _ in items], args)
+        if isinstance(got, BaseException):
+            return self.degraded_all(items, got)
+        reply, mode = got
+        d = self.all_decision(reply, items, mode)
+        if plain:
+            self.remember(ck, cost, d, sent)
+        return self.decided(d)
+
+    async def refund(self, key: str, n: int = 1) -> Refund:
+        """refund: see `Limiter.refund`."""
+        full = self.full_key(key)
+        positive(n, "quantity")
+        if self.deny_cache is not None:
+            self.deny_cache.forget(full)
+        got = await self._guarded("refund", [full], [n])
+        if isinstance(got, BaseException):
+            self.health.answer(None, full, got)
+            return Refund(0, 0, timedelta(0), degraded=True)
+        self.health.success()
+        r = ints(got[0])
+        self.counters.add("refunded", r[0])
+        return Refund(r[0], r[1], timedelta(milliseconds=r[2]))
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def acquire(
+        self, key: str, lease: Lease, token: str | bytes | None = None, *, slots: int = 1
+    ) -> _Acquire:
+        """acquire: see `Limiter.acquire`; use `async with limiter.acquire(...) as held:`
+        or `held = await limiter.acquire(...)`."""
+        if not isinstance(lease, Lease):
+            raise TypeError("acquire() takes a Lease")
+        positive(slots, "QUANTITY")
+        tok = check_token(token if token is not None else uuid.uuid4().hex)
+        return _Acquire(self, self.full_key(key), lease, tok, slots)
+
+    async def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
+        non_negative(slots, "QUANTITY")
+        args: list[Arg] = [*lease.args(), tok]
+        if slots != 1:
+            args += ["QUANTITY", slots]
+        if peek:
+            args.append("PEEK")
+        if self.health.skip():
+            return self.degraded(lease, full, None)
+        got = await self._guarded("lease", [full], args)
+        if isinstance(got, BaseException):
+            return self.degraded(lease, full, got)
+        reply, mode = got
+        return self.decided(decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode)))
+
+    async def release(self, key: str, token: str | bytes) -> Release:
+        """release: see `Limiter.release`."""
+        return await self._release(self.full_key(key), check_token(token))
+
+    async def _release(self, full: str, tok: bytes) -> Release:
+        got = await self._guarded("release", [full], [tok])
+        if isinstance(got, BaseException):
+            self.health.answer(None, full, got)
+            return Release(0, 0, timedelta(0), degraded=True)
+        self.health.success()
+        r = ints(got[0])
+        return Release(r[0], r[1], timedelta(milliseconds=r[2]))
+
+    # -- batch refunds ------------------------------------------------------------------------
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.batch_hold / 2)
+            await self.refund_leftovers()
+
+    async def refund_leftovers(self, *, everything: bool = False) -> int:
+        """refund_leftovers: see `Limiter.refund_leftovers`."""
+        if self.credits is None:
+            return 0
+        todo = self.credits.drain() if everything else self.credits.expired(time.monotonic())
+        todo += self._pending
+        self._pending = []
+        total = 0
+        for c in todo:
+            if time.monotonic() >= c.refund_until:
+                continue
+            try:
+                r = ints((await self._call("refund", [c.key], [c.units]))[0])
+            except Exception as e:
+                if not is_unavailable(e):
+                    self.logger.warning("redis-rl: refund of batch leftovers failed: %s", e)
+                continue
+            total += r[0]
+        if total:
+            self.counters.add("refunded", total)
+        return total
+
+    async def aclose(self) -> None:
+        """aclose refunds held batch units and stops the background refunds."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except asyncio.CancelledError:
+                pass
+            self._sweeper = None
+        await self.refund_leftovers(everything=True)
+
+    async def __aenter__(self) -> AsyncLimiter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _Acquire:
+    """_Acquire is what AsyncLimiter.acquire returns: awaitable, or an async context manager."""
+
+    def __init__(self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int) -> None:
+        self._args = (limiter, key, lease, token, slots)
+        self._held: AsyncHeld | None = None
+
+    async def _take(self) -> AsyncHeld:
+        limiter, key, lease, token, slots = self._args
+        d = await limiter._lease_call(key, lease, token, slots)
+        if not d.allowed:
+            raise RateLimitExceeded(d)
+        held = AsyncHeld(limiter, key, lease, token, slots, d)
+        held._start()
+        return held
+
+    def __await__(self) -> Generator[Any, None, AsyncHeld]:
+        return self._take().__await__()
+
+    async def __aenter__(self) -> AsyncHeld:
+        self._held = await self._take()
+        return self._held
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._held is not None:
+            await self._held.release()
+
+
+class AsyncHeld:
+    """AsyncHeld is a lease taken by `AsyncLimiter.acquire`; see `Held`."""
+
+    def __init__(
+        self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision
+    ) -> None:
+        self.limiter = limiter
+        self.key = key
+        self.lease = lease
+        self.token = token
+        self.slots = slots
+        self.decision = decision
+        self.lost = False
+        self._released = False
+        self._last_renewed = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+
+    def _start(self) -> None:
+        if not self.decision.degraded:
+            self._task = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        every = self.lease.lease_ns / 1e9 / 3
+        while True:
+            await asyncio.sleep(every)
+            await self.renew()
+
+    async def renew(self) -> Decision:
+        """renew extends the lease to a full lease time from now."""
+        d = await self.limiter._lease_call(self.key, self.lease, self.token, self.slots)
+        if d.degraded:
+            if time.monotonic() - self._last_renewed > self.lease.lease_ns / 1e9:
+                self.lost = True
+        elif d.allowed:
+            self._last_renewed = time.monotonic()
+        else:
+            self.lost = True
+            self.limiter.logger.warning("redis-rl: lease on %r could not be renewed", self.key)
+        return d
+
+    async def release(self) -> Release | None:
+        """release frees the slots now (idempotent)."""
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._released or self.decision.degraded:
+            self._released = True
+            return None
+        self._released = True
+        return await self.limiter._release(self.key, self.token)
+
+    async def __aenter__(self) -> AsyncHeld:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()

@@ -1,0 +1,490 @@
+"""The synchronous limiter, over `redis.Redis` or `redis.RedisCluster`."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Hashable, Mapping
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ._base import LimiterBase, LimitEntry, Refund, Release
+from ._decision import Decision, decision_from_reply
+from ._limits import Lease, Limit, check_token, non_negative, positive
+from ._local import Credit
+from ._policy import LimiterError, RateLimitExceeded, is_unavailable
+from ._protocol import (
+    Arg,
+    PARSE_ERRORS,
+    Mode,
+    check_command,
+    command_exists,
+    frame,
+    ints,
+    is_missing_function,
+    is_unknown_command,
+    library_code,
+    library_matches,
+    pool_state,
+    source_of,
+)
+
+__all__ = ["Held", "Limiter"]
+
+
+class Limiter(LimiterBase):
+    """Limiter makes rate-limit decisions in Redis (sync).
+
+    `Limiter(redis.Redis(...))` or `Limiter(redis.RedisCluster(...))`, or
+    `Limiter.from_url("redis://host:6379/0", timeout=0.5)` which builds a client with the
+    connect/command timeout and without redis-py's retries (a retried limiter call can be
+    counted twice, and retries make an outage slow to detect).
+
+    Options (all keyword):
+      mode: "auto" (detect the module once per connection pool), "module" or "fallback"
+        (the Lua Functions library, loaded with FUNCTION LOAD when missing and
+        `load_library` is true).
+      on_error: "open" | "closed" | "raise" — see FailurePolicy.
+      prefix: prepended to every key (no braces: hash tags belong to the caller's keys).
+      deny_cache: answer denied keys locally until their retry_after (default on).
+      batch: take up to this many units per Redis call and admit locally from them
+        (GCRA, FIXED and SLIDING limits; default off); `batch_hold`: how long unused units
+        are held before being refunded (default 0.1 s).
+      probe_interval: during an outage, how often a call tries Redis again (default 1 s);
+        the others are answered by the policy at once.
+      closed_retry_after: the retry_after of a "closed" denial (default 1 s).
+      hook: called as hook(counter_name, n) on every counter increment.
+    """
+
+    def __init__(self, client: redis.Redis | redis.RedisCluster, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._state = pool_state(client)
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._pending: list[Credit] = []
+        self._pending_lock = threading.Lock()
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        timeout: timedelta | float = 0.5,
+        cluster: bool = False,
+        **options: Any,
+    ) -> Limiter:
+        """from_url builds the redis client (timeouts set, no retries) and the limiter."""
+        t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        kwargs: dict[str, Any] = {
+            "socket_timeout": t,
+            "socket_connect_timeout": t,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        client: redis.Redis | redis.RedisCluster
+        if cluster:
+            client = redis.RedisCluster.from_url(url, **kwargs)
+        else:
+            client = redis.Redis.from_url(url, **kwargs)
+        return cls(client, **options)
+
+    # -- mode and the fallback library ----------------------------------------------------
+
+    @property
+    def mode(self) -> Mode:
+        """mode is the resolved mode (MODULE or FALLBACK), detecting it if needed."""
+        return self._mode()
+
+    def _mode(self) -> Mode:
+        st = self._state
+        mode: Mode
+        if self.mode_setting is not Mode.AUTO:
+            mode = self.mode_setting
+        else:
+            if st.mode is None:
+                with st.lock:
+                    if st.mode is None:
+                        try:
+                            reply = self.redis.execute_command("COMMAND", "INFO", "RL.GCRA")
+                            found = command_exists(reply)
+                        except PARSE_ERRORS:
+                            found = False
+                        st.mode = Mode.MODULE if found else Mode.FALLBACK
+            mode = st.mode
+        if mode is Mode.FALLBACK and not st.library_ready:
+            with st.lock:
+                if not st.library_ready:
+                    self._ensure_library()
+                    st.library_ready = True
+        return mode
+
+    def _nodes(self) -> list[Any]:
+        if isinstance(self.redis, redis.RedisCluster):
+            return list(self.redis.get_primaries())  # type: ignore[no-untyped-call]
+        return [None]
+
+    def _on(self, node: Any, *args: Arg) -> Any:
+        if node is None:
+            return self.redis.execute_command(*args)
+        return self.redis.execute_command(*args, target_nodes=node)
+
+    def _ensure_library(self) -> None:
+        code = library_code()
+        for node in self._nodes():
+            listing = self._on(node, "FUNCTION", "LIST", "LIBRARYNAME", "redis_rl", "WITHCODE")
+            state = library_matches(listing, code)
+            if state is True:
+                continue
+            if not self.load_library:
+                if state is None:
+                    raise LimiterError(
+                        "the redis_rl Functions library is not loaded and load_library=False"
+                    )
+                self.logger.warning("redis-rl: the server's redis_rl library differs from ours")
+                continue
+            self._on(node, "FUNCTION", "LOAD", "REPLACE", code)
+
+    def _call(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode]:
+        """_call runs one command in the resolved mode, re-detecting once when the module
+        disappeared or the library was flushed (a restart, a failover)."""
+        for attempt in (0, 1):
+            mode = self._mode()
+            self.counters.add("redis_calls")
+            sent = time.monotonic()
+            try:
+                reply = self.redis.execute_command(*frame(mode, op, keys, args))
+                self.observe_rtt(sent)
+                return reply, mode
+            except redis.ResponseError as e:
+                if attempt == 0 and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
+                    self._state.mode = None
+                    continue
+                if attempt == 0 and mode is Mode.FALLBACK and is_missing_function(e):
+                    self._state.library_ready = False
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _guarded(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode] | BaseException:
+        """_guarded returns (reply, mode), or the outage error (after counting it)."""
+        try:
+            return self._call(op, keys, args)
+        except Exception as e:
+            if not is_unavailable(e):
+                raise
+            self.health.failure(e)
+            return e
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def check(
+        self,
+        key: str,
+        limit: Limit,
+        cost: int = 1,
+        *,
+        peek: bool = False,
+        max_wait: timedelta | float | None = None,
+        force: bool = False,
+    ) -> Decision:
+        """check asks whether `cost` units of `limit` on `key` may go ahead now, and takes them.
+
+        `peek`: evaluate without taking (dry run). `max_wait` (GCRA): a reservation — admit
+        a request that would be allowed within max_wait, with `retry_after` the wait before
+        acting. `force`: record usage that already happened, allowed or not (not for LOG).
+        """
+        op, args = check_command(limit, cost=cost, peek=peek, max_wait=max_wait, force=force)
+        full = self.full_key(key)
+        # A request larger than the limit goes to Redis, which answers NEVER (HTTP 413).
+        plain = not (peek or force or max_wait is not None) and 1 <= cost <= limit.capacity
+        ck: Hashable = (full, limit)
+        if plain:
+            local = self.local_denial(ck, cost)
+            if local is not None:
+                return local
+            k = self.batch_size(limit, cost)
+            if k:
+                return self._check_batched(ck, full, limit, cost, k)
+        if self.health.skip():
+            return self.degraded(limit, full, None)
+        sent = time.monotonic()
+        got = self._guarded(op, [full], args)
+        if isinstance(got, BaseException):
+            return self.degraded(limit, full, got)
+        reply, mode = got
+        d = decision_from_reply(
+            ints(reply), policy=limit, key=full, source=source_of(mode), reservation=max_wait is not None
+        )
+        if plain:
+            self.remember(ck, cost, d, sent)
+        return self.decided(d)
+
+    def _check_batched(self, ck: Hashable, full: str, limit: Limit, cost: int, k: int) -> Decision:
+        local = self.from_credit(ck, limit, full, cost)
+        if local is not None:
+            return local
+        if self.health.skip():
+            return self.degraded(limit, full, None)
+        want = self.first_take(ck, limit, cost, k)
+        for _ in range(3):
+            op, args = check_command(limit, cost=want, peek=False, max_wait=None, force=False)
+            sent = time.monotonic()
+            got = self._guarded(op, [full], args)
+            if isinstance(got, BaseException):
+                return self.degraded(limit, full, got)
+            reply, mode = got
+            d = decision_from_reply(ints(reply), policy=limit, key=full, source=source_of(mode))
+            self.note_remaining(ck, d.remaining)
+            if d.allowed:
+                d, old = self.keep_credit(ck, limit, full, want, cost, d, sent)
+                if old is not None:
+                    self._queue_refund(old)
+                self._ensure_sweeper()
+                return self.decided(d)
+            self.remember(ck, want, d, sent)
+            if d.never or want == cost:
+                break
+            derived = self.denial_for_cost(limit, d, want, cost)
+            if derived is not None:
+                self.remember(ck, cost, derived, sent - 0.001)
+                d = derived
+                break
+            want = max(cost, min(want - 1, d.remaining))
+        return self.decided(d)
+
+    def force(self, key: str, limit: Limit, cost: int) -> Decision:
+        """force records `cost` units of usage that already happened (RL.* … FORCE)."""
+        return self.check(key, limit, cost, force=True)
+
+    def check_all(
+        self,
+        limits: Mapping[str, LimitEntry],
+        cost: int = 1,
+        *,
+        peek: bool = False,
+        force: bool = False,
+        tokens: Mapping[str, str | bytes] | None = None,
+    ) -> Decision:
+        """check_all decides one request against several limits atomically (RL.ALL).
+
+        `limits` maps keys to limits, or to (limit, cost) for a per-limit cost (e.g. one
+        request and 1,200 tokens). Every limit admits it and all are charged, or none is.
+        The combined decision has the per-key ones in `per_key`. On a cluster, give the
+        keys one hash tag: `{user42}:rpm`, `{user42}:tpm`.
+        """
+        items = self.all_items(limits, tokens)
+        args = self.all_args(items, cost, peek, force)
+        plain = not (peek or force) and all(
+            (cost if own is None else own) <= lim.capacity for _, lim, own, _ in items
+        )
+        ck = self.all_cache_key(items, cost)
+        if plain:
+            local = self.local_denial(ck, cost)
+            if local is not None:
+                return local
+        if self.health.skip():
+            return self.degraded_all(items, None)
+        sent = time.monotonic()
+        got = self._guarded("all", [k for k, _, _, _ in items], args)
+        if isinstance(got, BaseException):
+            return self.degraded_all(items, got)
+        reply, mode = got
+        d = self.all_decision(reply, items, mode)
+        if plain:
+            self.remember(ck, cost, d, sent)
+        return self.decided(d)
+
+    def refund(self, key: str, n: int = 1) -> Refund:
+        """refund gives back up to `n` units to `key` (RL.REFUND); see Refund."""
+        full = self.full_key(key)
+        positive(n, "quantity")
+        if self.deny_cache is not None:
+            self.deny_cache.forget(full)
+        got = self._guarded("refund", [full], [n])
+        if isinstance(got, BaseException):
+            self.health.answer(None, full, got)  # raises for RAISE
+            return Refund(0, 0, timedelta(0), degraded=True)
+        self.health.success()
+        r = ints(got[0])
+        self.counters.add("refunded", r[0])
+        return Refund(r[0], r[1], timedelta(milliseconds=r[2]))
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def acquire(
+        self, key: str, lease: Lease, token: str | bytes | None = None, *, slots: int = 1
+    ) -> Held:
+        """acquire takes `slots` of the concurrency limit `lease` on `key` (RL.LEASE).
+
+        Returns a Held, a context manager that renews the lease in the background while held
+        and releases it on exit. Raises RateLimitExceeded when no slot is free (its
+        `decision` says when one may be). A retried acquire with the same token renews
+        rather than taking a second lease.
+        """
+        if not isinstance(lease, Lease):
+            raise TypeError("acquire() takes a Lease")
+        positive(slots, "QUANTITY")
+        tok = check_token(token if token is not None else uuid.uuid4().hex)
+        full = self.full_key(key)
+        d = self._lease_call(full, lease, tok, slots)
+        if not d.allowed:
+            raise RateLimitExceeded(d)
+        return Held(self, full, lease, tok, slots, d)
+
+    def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
+        non_negative(slots, "QUANTITY")
+        args: list[Arg] = [*lease.args(), tok]
+        if slots != 1:
+            args += ["QUANTITY", slots]
+        if peek:
+            args.append("PEEK")
+        if self.health.skip():
+            return self.degraded(lease, full, None)
+        got = self._guarded("lease", [full], args)
+        if isinstance(got, BaseException):
+            return self.degraded(lease, full, got)
+        reply, mode = got
+        return self.decided(decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode)))
+
+    def release(self, key: str, token: str | bytes) -> Release:
+        """release frees the lease `token` holds on `key` (RL.RELEASE); harmless twice."""
+        return self._release(self.full_key(key), check_token(token))
+
+    def _release(self, full: str, tok: bytes) -> Release:
+        got = self._guarded("release", [full], [tok])
+        if isinstance(got, BaseException):
+            self.health.answer(None, full, got)
+            return Release(0, 0, timedelta(0), degraded=True)
+        self.health.success()
+        r = ints(got[0])
+        return Release(r[0], r[1], timedelta(milliseconds=r[2]))
+
+    # -- batch refunds ------------------------------------------------------------------------
+
+    def _queue_refund(self, credit: Credit) -> None:
+        with self._pending_lock:
+            self._pending.append(credit)
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is not None or self.credits is None:
+            return
+        with self._pending_lock:
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(
+                    target=self._sweep_loop, name="redis-rl-refunds", daemon=True
+                )
+                self._sweeper.start()
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(self.batch_hold / 2):
+            self.refund_leftovers()
+
+    def refund_leftovers(self, *, everything: bool = False) -> int:
+        """refund_leftovers gives back batch units whose hold has passed (all with
+        `everything`), where that is still safe; returns the units refunded."""
+        if self.credits is None:
+            return 0
+        now = time.monotonic()
+        todo = self.credits.drain() if everything else self.credits.expired(now)
+        with self._pending_lock:
+            todo += self._pending
+            self._pending = []
+        total = 0
+        for c in todo:
+            if time.monotonic() >= c.refund_until:
+                continue  # the window rolled over / the bucket may have drained: let it lapse
+            try:
+                r = ints(self._call("refund", [c.key], [c.units])[0])
+            except Exception as e:  # a lost refund only under-admits
+                if not is_unavailable(e):
+                    self.logger.warning("redis-rl: refund of batch leftovers failed: %s", e)
+                continue
+            total += r[0]
+        if total:
+            self.counters.add("refunded", total)
+        return total
+
+    def close(self) -> None:
+        """close refunds held batch units and stops the background refunds."""
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=2)
+        self.refund_leftovers(everything=True)
+
+    def __enter__(self) -> Limiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Held:
+    """Held is a lease taken by `Limiter.acquire`: renewed in the background, released on exit.
+
+    `decision` is the acquire's Decision. `lost` becomes True if a renewal was denied (the
+    limit was lowered below what is held) or Redis could not be reached for a whole lease
+    time. A degraded Held (failure policy "open") holds nothing in Redis.
+    """
+
+    def __init__(
+        self, limiter: Limiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision
+    ) -> None:
+        self.limiter = limiter
+        self.key = key
+        self.lease = lease
+        self.token = token
+        self.slots = slots
+        self.decision = decision
+        self.lost = False
+        self._released = False
+        self._stop = threading.Event()
+        self._last_renewed = time.monotonic()
+        self._thread: threading.Thread | None = None
+        if not decision.degraded:
+            self._thread = threading.Thread(target=self._renew_loop, name="redis-rl-lease", daemon=True)
+            self._thread.start()
+
+    def _renew_loop(self) -> None:
+        every = self.lease.lease_ns / 1e9 / 3
+        while not self._stop.wait(every):
+            self.renew()
+
+    def renew(self) -> Decision:
+        """renew extends the lease to a full lease time from now (RL.LEASE with our token)."""
+        d = self.limiter._lease_call(self.key, self.lease, self.token, self.slots)
+        if d.degraded:
+            if time.monotonic() - self._last_renewed > self.lease.lease_ns / 1e9:
+                self.lost = True
+        elif d.allowed:
+            self._last_renewed = time.monotonic()
+        else:
+            self.lost = True
+            self.limiter.logger.warning("redis-rl: lease on %r could not be renewed", self.key)
+        return d
+
+    def release(self) -> Release | None:
+        """release frees the slots now (idempotent)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        if self._released or self.decision.degraded:
+            self._released = True
+            return None
+        self._released = True
+        return self.limiter._release(self.key, self.token)
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()

@@ -1,0 +1,59 @@
+"""Flask app for the end-to-end tests, run under gunicorn (configured by environment)."""
+
+from __future__ import annotations
+
+import os
+
+from flask import Flask, jsonify
+
+from redis_rl import GCRA, Limiter, Window
+from redis_rl.flask import rate_limit
+from redis_rl.http import Rule, client_ip, header
+from redis_rl.wsgi import RateLimitMiddleware
+
+limiter = Limiter.from_url(
+    os.environ["RL_REDIS_URL"],
+    mode=os.environ.get("RL_MODE", "auto"),
+    on_error=os.environ.get("RL_ON_ERROR", "open"),
+    prefix=os.environ.get("RL_PREFIX", "e2e:"),
+)
+app = Flask(__name__)
+app.wsgi_app = RateLimitMiddleware(  # type: ignore[method-assign]
+    app.wsgi_app,
+    limiter,
+    rules=[
+        Rule("/api/", {
+            "api": (GCRA(10, 1, 60), header("X-API-Key", "anonymous")),
+            "ip": (Window(100, 60, "LOG"), client_ip(["127.0.0.1"])),
+        }),
+        Rule("/upload", GCRA(5, 1, 60), key=client_ip(["127.0.0.1"]), name="upload",
+             cost=lambda info: int(info.headers.get("x-units", "1"))),
+    ],
+    exempt=["/health"],
+)
+
+
+@app.get("/api/thing")
+def thing():  # type: ignore[no-untyped-def]
+    return jsonify(ok="thing", pid=str(os.getpid()))
+
+
+@app.post("/upload")
+def upload():  # type: ignore[no-untyped-def]
+    return jsonify(ok="upload")
+
+
+@app.get("/reports")
+@rate_limit(limiter, GCRA(2, 1, 60, name="reports"), key=header("X-API-Key", "anonymous"))
+def report():  # type: ignore[no-untyped-def]
+    return jsonify(ok="report")
+
+
+@app.get("/health")
+def health():  # type: ignore[no-untyped-def]
+    return jsonify(ok="healthy")
+
+
+@app.get("/metrics")
+def metrics():  # type: ignore[no-untyped-def]
+    return jsonify(limiter.counters.snapshot())

@@ -1,0 +1,361 @@
+"""The real-server harness: redis-server processes on free loopback ports in temp dirs,
+with and without the module, a three-master cluster, stopped by PID.
+
+Every behaviour test runs in both modes: "module" against a server with the module loaded
+(mode="auto" must pick the module) and "fallback" against a server without it (mode="auto"
+must pick the Lua library). The fallback runs are skipped, with the reason, while
+scripts/lua/redis_rl.lua is not in the tree. Tests marked `needs_usage_accounting` are
+skipped while the server lacks RL.LEASE (module) or rl_lease (fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from redis_rl import AsyncLimiter, Limiter, Mode
+from redis_rl._protocol import library_path
+
+ROOT = Path(__file__).resolve().parents[3]
+MODULE = Path(os.environ.get("RL_MODULE") or ROOT / "target" / "release" / "libredis_rl.so")
+SERVER = os.environ.get("REDIS_SERVER", "redis-server")
+START_DEADLINE = 20.0
+
+FALLBACK_MISSING = (
+    "fallback mode needs scripts/lua/redis_rl.lua (the Functions library), which is not in "
+    "this tree yet"
+)
+
+
+def free_port(cluster: bool = False) -> int:
+    """free_port finds a free loopback port; for a cluster node, one ≤ 55535 whose bus port
+    (+10000) is free too."""
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def ping(port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """RedisServer is one redis-server process; stop/restart keep its port and directory."""
+
+    def __init__(self, *, module: bool = True, extra: tuple[str, ...] = ()) -> None:
+        if module and not MODULE.exists():
+            raise RuntimeError(f"no module at {MODULE}: run `cargo build --release`")
+        self.module = module
+        self.extra = extra
+        self.dir = tempfile.mkdtemp(prefix="redis-rl-py-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        cluster = "--cluster-enabled" in extra
+        for _ in range(5):
+            self.port = free_port(cluster)
+            if self._launch():
+                return
+        raise RuntimeError(f"redis-server did not start: {self.log()}")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log(self) -> str:
+        try:
+            return Path(self.dir, "redis.log").read_text()
+        except OSError:
+            return ""
+
+    def _launch(self) -> bool:
+        cmd = [
+            SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", self.dir, "--logfile", "redis.log",
+            "--enable-module-command", "yes", "--enable-debug-command", "yes",
+        ]
+        if self.module:
+            cmd += ["--loadmodule", str(MODULE)]
+        cmd += list(self.extra)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_DEADLINE
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.proc = None
+                if "Address already in use" in self.log():
+                    return False
+                raise RuntimeError(f"redis-server exited: {self.log()}")
+            if ping(self.port):
+                return True
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"redis-server did not answer within {START_DEADLINE} s: {self.log()}")
+
+    def stop(self) -> None:
+        """stop ends the server with SIGTERM (SIGKILL after 10 s) and reaps it."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def start(self) -> None:
+        """start runs the server again on the same port (after stop)."""
+        assert self.proc is None
+        if not self._launch():
+            raise RuntimeError(f"port {self.port} taken while the server was down")
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def client(self, **kw: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kw)
+
+
+class RedisCluster:
+    """RedisCluster is three masters (each with the module, or none) joined by redis-cli."""
+
+    def __init__(self, *, module: bool = True) -> None:
+        self.nodes = [
+            RedisServer(
+                module=module,
+                extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                       "--cluster-node-timeout", "5000"),
+            )
+            for _ in range(3)
+        ]
+        out = subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, text=True, timeout=60,
+        )
+        if out.returncode != 0:
+            self.close()
+            raise RuntimeError(f"cluster create failed: {out.stdout} {out.stderr}")
+        deadline = time.monotonic() + 30
+        for n in self.nodes:
+            c = n.client()
+            while True:
+                info = c.execute_command("CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                if "cluster_state:ok" in text and "cluster_slots_assigned:16384" in text:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("cluster did not become ok")
+                time.sleep(0.1)
+            c.close()
+
+    def close(self) -> None:
+        for n in self.nodes:
+            n.close()
+
+
+def has_usage_accounting(server: RedisServer) -> bool:
+    c = server.client()
+    try:
+        try:
+            return bool(c.execute_command("COMMAND", "INFO", "RL.LEASE"))
+        except (TypeError, IndexError, AttributeError, KeyError):
+            return False  # redis-py's parser fails on the nil of a missing command
+    finally:
+        c.close()
+
+
+def library_has(server: RedisServer, function: str) -> bool:
+    """library_has: the packaged Lua library registers `function`."""
+    path = library_path()
+    return path is not None and function in path.read_text()
+
+
+# -- servers ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def module_server() -> Iterator[RedisServer]:
+    s = RedisServer(module=True)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def plain_server() -> Iterator[RedisServer]:
+    s = RedisServer(module=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["module", "fallback"])
+def mode(request: pytest.FixtureRequest) -> str:
+    if request.param == "fallback" and library_path() is None:
+        pytest.skip(FALLBACK_MISSING)
+    return str(request.param)
+
+
+@pytest.fixture
+def server(mode: str, request: pytest.FixtureRequest) -> RedisServer:
+    """server is the module server in module mode, a server without the module in fallback."""
+    s: RedisServer = request.getfixturevalue("module_server" if mode == "module" else "plain_server")
+    if request.node.get_closest_marker("needs_usage_accounting"):
+        if mode == "module" and not has_usage_accounting(s):
+            pytest.skip("needs RL.LEASE / FORCE / COST: COMMAND INFO RL.LEASE is empty on this module build")
+        if mode == "fallback" and not library_has(s, "rl_lease"):
+            pytest.skip("needs rl_lease in scripts/lua/redis_rl.lua")
+    return s
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}:"
+
+
+@pytest.fixture
+def r(server: RedisServer) -> Iterator[redis.Redis]:
+    c = server.client()
+    yield c
+    c.close()
+
+
+def expected_mode(mode: str) -> Mode:
+    return Mode.MODULE if mode == "module" else Mode.FALLBACK
+
+
+class SyncAsAsync:
+    """SyncAsAsync gives a sync Limiter the AsyncLimiter's awaitable surface, so every
+    behaviour test runs against both implementations."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.inner = limiter
+        self.counters = limiter.counters
+        self.prefix = limiter.prefix
+
+    async def check(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.check(*a, **kw)
+
+    async def check_all(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.check_all(*a, **kw)
+
+    async def force(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.force(*a, **kw)
+
+    async def refund(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.refund(*a, **kw)
+
+    async def release(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.release(*a, **kw)
+
+    async def resolved_mode(self) -> Mode:
+        return self.inner.mode
+
+    async def refund_leftovers(self, **kw: Any) -> int:
+        return self.inner.refund_leftovers(**kw)
+
+    async def aclose(self) -> None:
+        self.inner.close()
+
+    def acquire(self, *a: Any, **kw: Any) -> Any:
+        inner = self.inner
+
+        class _Ctx:
+            async def __aenter__(self) -> Any:
+                self.held = inner.acquire(*a, **kw)
+                return self.held
+
+            async def __aexit__(self, *exc: object) -> None:
+                self.held.release()
+
+        return _Ctx()
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavor(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make_limiter(
+    server: RedisServer, flavor: str, prefix: str
+) -> AsyncIterator[Any]:
+    """make_limiter(**options) builds a limiter of the test's flavor on the test's server."""
+    made: list[Any] = []
+
+    def make(**options: Any) -> Any:
+        options.setdefault("prefix", prefix)
+        if flavor == "sync":
+            lim: Any = SyncAsAsync(Limiter(server.client(), **options))
+        else:
+            lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), **options)
+        made.append(lim)
+        return lim
+
+    yield make
+    for lim in made:
+        await lim.aclose()
+        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+        client = inner.redis
+        if isinstance(client, aredis.Redis):
+            await client.aclose()
+        else:
+            client.close()
+
+
+@pytest.fixture
+async def limiter(make_limiter: Any) -> Any:
+    return make_limiter()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)

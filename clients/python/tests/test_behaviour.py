@@ -1,0 +1,266 @@
+"""The client per CLIENTS.md, against a real server, in both modes and both flavors
+(sync Limiter, AsyncLimiter): decisions, check_all, refund, deny cache, batching."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+
+from redis_rl import GCRA, NEVER, Algorithm, Source, Window
+
+from .conftest import RedisServer, expected_mode
+
+pytestmark = pytest.mark.asyncio
+
+
+def ms(d: Any) -> float:
+    assert isinstance(d, timedelta), d
+    return d.total_seconds() * 1000
+
+
+async def test_auto_mode_picks_module_or_fallback(limiter: Any, mode: str) -> None:
+    assert await limiter.resolved_mode() is expected_mode(mode)
+    d = await limiter.check("k", GCRA(1, 1, 1))
+    assert d.source is (Source.MODULE if mode == "module" else Source.FALLBACK)
+
+
+async def test_idle_key_admits_exactly_burst_then_denies(limiter: Any) -> None:
+    g = GCRA(3, 1, 10)
+    got = [await limiter.check("user", g) for _ in range(3)]
+    assert [d.allowed for d in got] == [True, True, True]
+    assert [d.remaining for d in got] == [2, 1, 0]
+    assert all(d.limit == 3 and d.retry_after == timedelta(0) for d in got)
+    assert 29_900 <= ms(got[2].reset_after) <= 30_000
+    denied = await limiter.check("user", g)
+    assert not denied.allowed and not denied.never and not denied.degraded
+    assert 9_900 <= ms(denied.retry_after) <= 10_000
+    assert denied.headers()["Retry-After"] == "10"
+
+
+@pytest.mark.parametrize("algorithm", ["FIXED", "SLIDING", "LOG"])
+async def test_window_allows_limit_then_denies(limiter: Any, algorithm: str) -> None:
+    w = Window(2, 60, algorithm)
+    assert w.algorithm is Algorithm(algorithm)
+    got = [(await limiter.check("w", w)).allowed for _ in range(3)]
+    assert got == [True, True, False]
+
+
+async def test_cost_above_the_limit_is_never(limiter: Any) -> None:
+    d = await limiter.check("big", GCRA(3, 1, 10), cost=4)
+    assert not d.allowed and d.never and d.retry_after is NEVER
+    assert d.retry_after_seconds is None
+    assert "Retry-After" not in d.headers()
+    # Asked again: still Redis's NEVER, not a cached retry.
+    d2 = await limiter.check("big", GCRA(3, 1, 10), cost=4)
+    assert d2.never
+
+
+async def test_cost_zero_reports_without_taking(limiter: Any) -> None:
+    g = GCRA(5, 1, 60)
+    await limiter.check("c", g, cost=2)
+    d = await limiter.check("c", g, cost=0)
+    assert d.allowed and d.remaining == 3
+
+
+async def test_peek_writes_nothing(limiter: Any, r: redis.Redis) -> None:
+    g = GCRA(2, 1, 10)
+    d = await limiter.check("p", g, peek=True)
+    assert d.allowed and d.remaining == 1
+    assert r.exists(limiter.prefix + "p") == 0
+    assert (await limiter.check("p", g)).remaining == 1
+
+
+async def test_max_wait_is_a_reservation(limiter: Any) -> None:
+    g = GCRA(1, 1, 1)
+    assert (await limiter.check("m", g)).allowed
+    d = await limiter.check("m", g, max_wait=timedelta(seconds=2))
+    assert d.allowed and 900 <= ms(d.retry_after) <= 1000
+    too_long = await limiter.check("m", g, max_wait=0.5)
+    assert not too_long.allowed
+
+
+async def test_check_all_is_atomic_and_reports_each_key(limiter: Any, r: redis.Redis) -> None:
+    api, ip = GCRA(2, 1, 60, name="api"), Window(1, 60, "FIXED", name="ip")
+    limits = {"{c1}:api": api, "{c1}:ip": ip}
+    first = await limiter.check_all(limits)
+    assert first.allowed and len(first.per_key) == 2
+    assert first.remaining == 0 and first.policy == ip  # the binding limit
+    second = await limiter.check_all(limits)
+    assert not second.allowed
+    per = second.per_key
+    assert per[limiter.prefix + "{c1}:api"].allowed  # api alone would admit…
+    assert not per[limiter.prefix + "{c1}:ip"].allowed
+    # …but nothing was taken from it.
+    assert (await limiter.check("{c1}:api", api, peek=True)).remaining == 0
+    assert (await limiter.check("{c1}:api", api, cost=0)).remaining == 1
+    h = second.headers()
+    assert h["RateLimit-Policy"] == '"api";q=2;w=120, "ip";q=1;w=60'
+    assert h["RateLimit"].startswith('"api";r=0;t=') and ', "ip";r=0;t=' in h["RateLimit"]
+    assert "Retry-After" in h
+
+
+async def test_check_all_same_quantity_on_every_limit(limiter: Any) -> None:
+    limits = {"{q}:a": GCRA(5, 1, 60), "{q}:b": Window(4, 60, "SLIDING")}
+    d = await limiter.check_all(limits, cost=3)
+    assert d.allowed and d.remaining == 1
+    assert [x.remaining for x in d.per_key.values()] == [2, 1]
+
+
+async def test_refund_gives_units_back(limiter: Any) -> None:
+    g = GCRA(5, 1, 60)
+    await limiter.check("job", g, cost=3)
+    back = await limiter.refund("job", 1)
+    assert back.refunded == 1 and back.remaining == 3 and not back.degraded
+    missing = await limiter.refund("nothing-here", 2)
+    assert (missing.refunded, missing.remaining, missing.reset_after) == (0, 0, timedelta(0))
+
+
+async def test_wrongtype_is_raised_not_degraded(limiter: Any, r: redis.Redis) -> None:
+    r.set(limiter.prefix + "str", "x")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        await limiter.check("str", GCRA(1, 1, 1))
+    assert limiter.counters["errors"] == 0
+
+
+async def test_server_side_errors_are_raised(limiter: Any) -> None:
+    # LOG limits above the server's rl.log-max-limit (100000) are refused by the server.
+    with pytest.raises(redis.ResponseError, match="SLIDING"):
+        await limiter.check("log", Window(200_000, 60, "LOG"))
+
+
+async def test_prefix_is_part_of_the_key(limiter: Any, r: redis.Redis) -> None:
+    await limiter.check("pk", GCRA(2, 1, 10))
+    assert r.exists(limiter.prefix + "pk") == 1
+    assert r.pttl(limiter.prefix + "pk") > 0
+
+
+# -- deny cache -------------------------------------------------------------------------------
+
+
+async def test_deny_cache_answers_locally_until_retry_after(limiter: Any) -> None:
+    g = GCRA(1, 5, 1)  # one per 200 ms
+    assert (await limiter.check("d", g)).allowed
+    first = await limiter.check("d", g)
+    assert not first.allowed and first.source is not Source.LOCAL
+    calls = limiter.counters["redis_calls"]
+    local = [await limiter.check("d", g) for _ in range(50)]
+    assert all(not d.allowed and d.source is Source.LOCAL for d in local)
+    assert limiter.counters["redis_calls"] == calls  # no round trip while denied
+    assert limiter.counters["denied_locally"] == 50
+    assert all(0 < ms(d.retry_after) <= ms(first.retry_after) for d in local)
+    await asyncio.sleep(first.retry_after.total_seconds())  # type: ignore[union-attr]
+    again = await limiter.check("d", g)
+    assert again.allowed and again.source is not Source.LOCAL
+
+
+async def test_deny_cache_never_denies_what_redis_would_admit(limiter: Any, r: redis.Redis) -> None:
+    # While the cache denies a key, Redis denies it too: the cache's deadline counts from
+    # when the denied request was *sent*, never later than Redis's. Checked with a PEEK on
+    # the server right after each local denial that still had 20 ms or more to run.
+    g = GCRA(2, 10, 1)  # 100 ms per request
+    key = limiter.prefix + "x"
+    deadline = time.monotonic() + 1.0
+    checked = 0
+    while time.monotonic() < deadline:
+        d = await limiter.check("x", g)
+        if d.source is Source.LOCAL and ms(d.retry_after) >= 20:
+            peek = r.execute_command("RL.GCRA", key, 2, 10, 1, "PEEK") if await limiter.resolved_mode() == "module" \
+                else r.execute_command("FCALL", "rl_gcra", 1, key, 2, 10, 1, "PEEK")
+            assert peek[0] == 0, (d, peek)
+            checked += 1
+        await asyncio.sleep(0.005)
+    assert checked >= 20
+
+
+async def test_deny_cache_lets_smaller_requests_ask_redis(limiter: Any) -> None:
+    g = GCRA(3, 1, 60)
+    await limiter.check("s", g, cost=2)
+    denied = await limiter.check("s", g, cost=2)
+    assert not denied.allowed
+    small = await limiter.check("s", g, cost=1)
+    assert small.allowed and small.source is not Source.LOCAL
+
+
+async def test_refund_clears_local_denials(limiter: Any) -> None:
+    g = GCRA(1, 1, 60)
+    await limiter.check("rf", g)
+    assert not (await limiter.check("rf", g)).allowed
+    await limiter.refund("rf", 1)
+    assert (await limiter.check("rf", g)).allowed
+
+
+async def test_deny_cache_can_be_turned_off(make_limiter: Any) -> None:
+    lim = make_limiter(deny_cache=False)
+    g = GCRA(1, 1, 60)
+    await lim.check("o", g)
+    for _ in range(3):
+        assert (await lim.check("o", g)).source is not Source.LOCAL
+    assert lim.counters["redis_calls"] == 4
+
+
+# -- batching ---------------------------------------------------------------------------------
+
+
+async def test_batching_admits_locally_and_never_more_than_the_limit(make_limiter: Any, r: redis.Redis) -> None:
+    lim = make_limiter(batch=5, batch_hold=0.2)
+    g = GCRA(20, 20, 1)  # 20 at once, then one per 50 ms
+    start = time.monotonic()
+    admitted = 0
+    for _ in range(400):
+        if (await lim.check("b", g)).allowed:
+            admitted += 1
+    elapsed = time.monotonic() - start
+    bound = 20 + int(elapsed * 20) + 1
+    assert 20 <= admitted <= bound
+    snap = lim.counters.snapshot()
+    assert snap["allowed_locally"] > 0
+    assert snap["redis_calls"] < admitted
+    await lim.aclose()  # gives back what is still held
+
+
+async def test_batch_leftovers_are_refunded(make_limiter: Any, r: redis.Redis) -> None:
+    lim = make_limiter(batch=5, batch_hold=0.1)
+    g = GCRA(50, 1, 60)
+    d = await lim.check("lo", g)
+    assert d.allowed and d.remaining == 49  # 45 left in Redis + 4 held here
+    peek = await lim.check("lo", g, cost=0)
+    assert peek.remaining == 45
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        if (await lim.check("lo", g, cost=0)).remaining == 49:
+            break
+    assert (await lim.check("lo", g, cost=0)).remaining == 49
+    assert lim.counters["refunded"] == 4
+
+
+async def test_batching_near_the_limit_takes_what_is_left(make_limiter: Any) -> None:
+    lim = make_limiter(batch=10, batch_hold=5)
+    g = GCRA(12, 1, 3600)
+    got = [(await lim.check("n", g)).allowed for _ in range(14)]
+    assert got == [True] * 12 + [False, False]
+
+
+async def test_batching_fixed_window_never_exceeds_any_window(make_limiter: Any, r: redis.Redis) -> None:
+    # Two limiters (two "processes") batching on one FIXED window key: each window admits
+    # at most its limit; units are never used or refunded across a window boundary.
+    w = Window(15, 0.5, "FIXED")
+    a, b = make_limiter(batch=4, batch_hold=1), make_limiter(batch=4, batch_hold=1)
+    per_window: dict[int, int] = {}
+    deadline = time.time() + 2.2
+    while time.time() < deadline:
+        for lim in (a, b):
+            before = time.time()
+            d = await lim.check("fw", w)
+            after = time.time()
+            if d.allowed:
+                # The window the admission lands in (by this host's clock; the server runs
+                # here too). Skip the rare admission that straddles a boundary.
+                if int(before / 0.5) == int(after / 0.5):
+                    per_window[int(before / 0.5)] = per_window.get(int(before / 0.5), 0) + 1
+    assert per_window and max(per_window.values()) <= 15, per_window

@@ -1,0 +1,160 @@
+"""End to end, as users run it: two app processes under a real server (uvicorn for the
+FastAPI app, gunicorn for the Flask app) share one limit in one redis-server, and an HTTP
+client makes real requests to both. The fleet never admits more than the limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import RedisServer, free_port, ping
+
+pytestmark = pytest.mark.e2e
+
+APPS = Path(__file__).parent / "apps"
+
+
+def wait_http(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: float = 20) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app exited: {log.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"app did not answer on {port}: {log.read_text()}")
+
+
+@pytest.fixture(params=["uvicorn", "gunicorn"])
+def fleet(request: pytest.FixtureRequest, server: RedisServer, mode: str, tmp_path: Path) -> Iterator[list[int]]:
+    """fleet is two app processes (ports) on the test's server."""
+    kind = str(request.param)
+    env = dict(os.environ, RL_REDIS_URL=server.url, RL_PREFIX=f"e2e{uuid.uuid4().hex[:8]}:")
+    procs: list[subprocess.Popen[bytes]] = []
+    ports: list[int] = []
+    try:
+        for i in range(2):
+            port = free_port()
+            log = tmp_path / f"{kind}-{i}.log"
+            if kind == "uvicorn":
+                cmd = [sys.executable, "-m", "uvicorn", "asgi_app:app", "--app-dir", str(APPS),
+                       "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            else:
+                cmd = [sys.executable, "-m", "gunicorn", "--chdir", str(APPS), "-w", "1",
+                       "-b", f"127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app"]
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            procs.append(proc)
+            wait_http(port, proc, log)
+            ports.append(port)
+        yield ports
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_two_processes_share_one_limit(fleet: list[int]) -> None:
+    a, b = fleet
+    with httpx.Client(timeout=5) as http:
+        replies = [
+            http.get(f"http://127.0.0.1:{a if i % 2 == 0 else b}/api/thing", headers={"X-API-Key": "cust-1"})
+            for i in range(30)
+        ]
+        statuses = [r.status_code for r in replies]
+        assert statuses.count(200) == 10 and statuses.count(429) == 20, statuses
+        pids = {r.json()["pid"] for r in replies if r.status_code == 200}
+        assert len(pids) == 2  # both processes admitted some
+        ok = replies[0]
+        assert ok.headers["RateLimit-Policy"] == '"api";q=10;w=600, "ip";q=100;w=60'
+        assert ok.headers["RateLimit"].startswith('"api";r=9;t=60, "ip";r=99;t=')
+        denied = replies[-1]
+        assert denied.headers["Retry-After"] == "60"
+        assert denied.headers["Content-Type"].startswith("application/json")
+        assert denied.json() == {"error": "rate_limited", "message": "too many requests",
+                                 "policy": "api", "retry_after": 60}
+        # Another API key has its own limit.
+        assert http.get(f"http://127.0.0.1:{b}/api/thing", headers={"X-API-Key": "cust-2"}).status_code == 200
+
+
+def test_per_ip_limit_honours_trusted_proxies(fleet: list[int]) -> None:
+    a, b = fleet
+    with httpx.Client(timeout=5) as http:
+        # The app trusts 127.0.0.1 (our connection) as a proxy, so X-Forwarded-For names the
+        # client; a forged left-most entry does not help. (The IP limit is scoped under the
+        # API key: a rule's limits share the first key's hash tag.)
+        r = http.get(f"http://127.0.0.1:{a}/api/thing",
+                     headers={"X-API-Key": "k-ip", "X-Forwarded-For": "6.6.6.6, 198.51.100.20"})
+        assert r.status_code == 200
+        assert '"ip";r=99' in r.headers["RateLimit"]
+        r2 = http.get(f"http://127.0.0.1:{b}/api/thing",
+                      headers={"X-API-Key": "k-ip", "X-Forwarded-For": "7.7.7.7, 198.51.100.20"})
+        assert '"ip";r=98' in r2.headers["RateLimit"]  # same client IP, other process
+        r3 = http.get(f"http://127.0.0.1:{b}/api/thing",
+                      headers={"X-API-Key": "k-ip", "X-Forwarded-For": "198.51.100.21"})
+        assert '"ip";r=99' in r3.headers["RateLimit"]  # another client IP
+
+
+def test_413_for_a_request_that_can_never_pass(fleet: list[int]) -> None:
+    a, _ = fleet
+    with httpx.Client(timeout=5) as http:
+        r = http.post(f"http://127.0.0.1:{a}/upload", headers={"X-Units": "6"})
+        assert r.status_code == 413
+        assert r.json()["error"] == "request_too_large" and "Retry-After" not in r.headers
+        assert http.post(f"http://127.0.0.1:{a}/upload", headers={"X-Units": "5"}).status_code == 200
+
+
+def test_per_endpoint_decorator_and_exemptions(fleet: list[int]) -> None:
+    a, b = fleet
+    with httpx.Client(timeout=5) as http:
+        got = [http.get(f"http://127.0.0.1:{p}/reports", headers={"X-API-Key": "rep"}) for p in (a, b, a)]
+        assert [r.status_code for r in got] == [200, 200, 429]
+        assert got[0].headers["RateLimit-Policy"] == '"reports";q=2;w=120'
+        assert got[2].headers["Retry-After"] == "60"
+        assert "application/json" in got[2].headers["Content-Type"]
+        assert json.loads(got[2].content)  # a JSON body
+        health = http.get(f"http://127.0.0.1:{a}/health")
+        assert health.status_code == 200 and "RateLimit" not in health.headers
+
+
+def test_failure_policy_through_the_server(fleet: list[int], server: RedisServer) -> None:
+    # The apps are configured fail-open: with Redis paused they answer 200 within the
+    # client's timeout, and come back to Redis's decisions when it resumes.
+    a, _ = fleet
+    with httpx.Client(timeout=5) as http:
+        assert http.get(f"http://127.0.0.1:{a}/api/thing", headers={"X-API-Key": "fo"}).status_code == 200
+        server.pause()
+        try:
+            start = time.monotonic()
+            r = http.get(f"http://127.0.0.1:{a}/api/thing", headers={"X-API-Key": "fo"})
+            assert r.status_code == 200 and "RateLimit" not in r.headers
+            assert time.monotonic() - start < 2.5
+        finally:
+            server.resume()
+        assert ping(server.port, timeout=2)
+        deadline = time.monotonic() + 5
+        while True:
+            r = http.get(f"http://127.0.0.1:{a}/api/thing", headers={"X-API-Key": "fo"})
+            if "RateLimit" in r.headers:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        m = http.get(f"http://127.0.0.1:{a}/metrics").json()
+        assert m["degraded"] >= 1 and m["errors"] >= 1

@@ -1,0 +1,181 @@
+"""The failure policy with a real redis-server stopped and started again in the middle of a
+run, and paused (SIGSTOP) to make commands time out: open / closed / raise, one log line per
+outage and one on recovery, counters, and recovery without help."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from redis_rl import GCRA, AsyncLimiter, Limiter, LimiterUnavailable, Source, Window
+
+from .conftest import RedisServer, expected_mode
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def own_server(mode: str) -> Iterator[RedisServer]:
+    """own_server is a server this test may stop (module or not, per mode)."""
+    s = RedisServer(module=(mode == "module"))
+    yield s
+    s.close()
+
+
+def make(flavor: str, server: RedisServer, **options: Any) -> Any:
+    options.setdefault("probe_interval", 0.1)
+    if flavor == "sync":
+        return Limiter.from_url(server.url, timeout=0.3, **options)
+    return AsyncLimiter.from_url(server.url, timeout=0.3, **options)
+
+
+async def call(lim: Any, method: str, *a: Any, **kw: Any) -> Any:
+    result = getattr(lim, method)(*a, **kw)
+    if hasattr(result, "__await__"):
+        result = await result
+    return result
+
+
+async def close(lim: Any) -> None:
+    if isinstance(lim, AsyncLimiter):
+        await lim.aclose()
+        await lim.redis.aclose()
+    else:
+        lim.close()
+        lim.redis.close()
+
+
+def outage_logs(caplog: pytest.LogCaptureFixture) -> tuple[int, int]:
+    down = sum("Redis unavailable" in r.getMessage() for r in caplog.records)
+    up = sum("answers again" in r.getMessage() for r in caplog.records)
+    return down, up
+
+
+async def run_through_outage(
+    lim: Any, server: RedisServer, limit: Any, key: str
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """Checks before, during and after an outage: stop the server mid-run, keep checking,
+    start it again, keep checking until Redis answers (bounded)."""
+    before = [await call(lim, "check", key, limit) for _ in range(3)]
+    server.stop()
+    during = []
+    for _ in range(30):
+        during.append(await call(lim, "check", key, limit))
+    server.start()
+    after = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        d = await call(lim, "check", key, limit)
+        after.append(d)
+        if not d.degraded:
+            break
+        time.sleep(0.02)
+    return before, during, after
+
+
+async def test_open_admits_degraded_then_recovers(
+    own_server: RedisServer, flavor: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="redis_rl")
+    lim = make(flavor, own_server, on_error="open")
+    g = GCRA(100, 100, 1)
+    before, during, after = await run_through_outage(lim, own_server, g, "open")
+    assert all(d.allowed and not d.degraded for d in before)
+    assert before[0].source is (Source.MODULE if mode == "module" else Source.FALLBACK)
+    assert all(d.allowed and d.degraded and d.source is Source.LOCAL for d in during)
+    assert "RateLimit" not in during[0].headers()  # nothing is known about the key
+    assert not after[-1].degraded and after[-1].allowed, after
+    snap = lim.counters.snapshot()
+    assert snap["degraded"] >= 30 and 1 <= snap["errors"] <= 30
+    assert outage_logs(caplog) == (1, 1)  # once per burst of failures, once on recovery
+    await close(lim)
+
+
+async def test_closed_denies_with_a_short_retry_then_recovers(
+    own_server: RedisServer, flavor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="redis_rl")
+    lim = make(flavor, own_server, on_error="closed", closed_retry_after=timedelta(seconds=2))
+    w = Window(100, 60, "FIXED")
+    before, during, after = await run_through_outage(lim, own_server, w, "closed")
+    assert all(d.allowed for d in before)
+    assert all(not d.allowed and d.degraded for d in during)
+    assert during[0].retry_after == timedelta(seconds=2)
+    assert during[0].headers()["Retry-After"] == "2"
+    assert after[-1].allowed and not after[-1].degraded
+    assert outage_logs(caplog) == (1, 1)
+    await close(lim)
+
+
+async def test_raise_raises_then_recovers(own_server: RedisServer, flavor: str) -> None:
+    lim = make(flavor, own_server, on_error="raise")
+    g = GCRA(10, 1, 1)
+    assert (await call(lim, "check", "r", g)).allowed
+    own_server.stop()
+    with pytest.raises(LimiterUnavailable) as info:
+        await call(lim, "check", "r", g)
+    assert info.value.__cause__ is not None
+    with pytest.raises(LimiterUnavailable):
+        await call(lim, "refund", "r", 1)
+    own_server.start()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            d = await call(lim, "check", "r", g)
+            break
+        except LimiterUnavailable:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert d.allowed and not d.degraded
+    await close(lim)
+
+
+async def test_a_stalled_server_times_out_into_the_policy(own_server: RedisServer, flavor: str) -> None:
+    lim = make(flavor, own_server, on_error="open", probe_interval=1.0)
+    g = GCRA(10, 1, 1)
+    assert not (await call(lim, "check", "t", g)).degraded
+    own_server.pause()  # accepts connections, answers nothing
+    try:
+        start = time.monotonic()
+        d = await call(lim, "check", "t", g)
+        took = time.monotonic() - start
+        assert d.degraded and d.allowed
+        assert took < 1.5, took  # the 0.3 s timeout, not a hang
+        # Inside the probe interval the policy answers at once, without waiting on Redis.
+        start = time.monotonic()
+        for _ in range(100):
+            assert (await call(lim, "check", "t", g)).degraded
+        assert time.monotonic() - start < 0.5
+    finally:
+        own_server.resume()
+    deadline = time.monotonic() + 5
+    while (await call(lim, "check", "t", g)).degraded:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    await close(lim)
+
+
+async def test_server_restarted_empty_is_detected_again(own_server: RedisServer, flavor: str, mode: str) -> None:
+    # A restart without persistence loses the Functions library: the fallback reloads it.
+    lim = make(flavor, own_server, on_error="raise")
+    g = GCRA(5, 1, 60)
+    assert (await call(lim, "check", "e", g)).remaining == 4
+    own_server.stop()
+    own_server.start()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            d = await call(lim, "check", "e", g)
+            break
+        except LimiterUnavailable:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert d.allowed and d.remaining == 4  # the state went with the restart
+    mode_now = lim.mode if isinstance(lim, Limiter) else await lim.resolved_mode()
+    assert mode_now is expected_mode(mode)
+    await close(lim)

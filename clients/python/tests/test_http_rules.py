@@ -1,0 +1,142 @@
+"""Key functions (the trusted-proxy rule), rules and the 429/413 answer: pure, no server."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+
+import pytest
+
+from redis_rl import GCRA, NEVER, Decision, Source, Window
+from redis_rl.http import (
+    RequestInfo,
+    Rule,
+    client_ip,
+    header,
+    plan,
+    respond,
+    route,
+    safe_key_part,
+    user,
+)
+
+
+def req(peer: str | None = "203.0.113.9", path: str = "/api/x", method: str = "GET", **headers: str) -> RequestInfo:
+    return RequestInfo(method, path, {k.replace("_", "-").lower(): v for k, v in headers.items()}, peer)
+
+
+def test_client_ip_ignores_forwarding_headers_from_untrusted_peers() -> None:
+    key = client_ip(["10.0.0.0/8"])
+    assert key(req("203.0.113.9", x_forwarded_for="1.2.3.4")) == "203.0.113.9"
+
+
+def test_client_ip_walks_x_forwarded_for_from_the_right_skipping_trusted_proxies() -> None:
+    key = client_ip(["10.0.0.0/8", "192.0.2.1"])
+    # A client-forged left part is ignored: the first untrusted hop from the right wins.
+    info = req("10.0.0.5", x_forwarded_for="6.6.6.6, 198.51.100.7, 192.0.2.1, 10.1.1.1")
+    assert key(info) == "198.51.100.7"
+    assert key(req("10.0.0.5")) == "10.0.0.5"  # no header: the proxy itself
+    assert key(req("10.0.0.5", x_forwarded_for="10.2.2.2, 10.3.3.3")) == "10.2.2.2"
+
+
+def test_client_ip_reads_forwarded_only_when_configured() -> None:
+    fwd = 'for=6.6.6.6, for="[2001:db8::1]:4711";proto=https, for=10.0.0.2'
+    only_xff = client_ip(["10.0.0.0/8"])
+    assert only_xff(req("10.0.0.1", forwarded=fwd)) == "10.0.0.1"
+    key = client_ip(["10.0.0.0/8"], header="Forwarded")
+    assert key(req("10.0.0.1", forwarded=fwd)) == "2001:db8::1"
+    assert key(req("10.0.0.1", forwarded=fwd, x_forwarded_for="9.9.9.9")) == "2001:db8::1"
+
+
+def test_client_ip_normalises_ports_and_ipv6() -> None:
+    key = client_ip(["::1"])
+    assert key(req("::1", x_forwarded_for="198.51.100.7:5555")) == "198.51.100.7"
+    assert key(req("::1", x_forwarded_for="[2001:DB8:0::1]:80")) == "2001:db8::1"
+    assert client_ip()(req("2001:db8:0:0::1")) == "2001:db8::1"
+
+
+def test_other_key_functions() -> None:
+    assert header("X-API-Key")(req(x_api_key="k1")) == "k1"
+    assert header("X-API-Key")(req()) is None
+    assert header("X-API-Key", "anonymous")(req()) == "anonymous"
+    assert user()(RequestInfo("GET", "/", {}, None, user="u7")) == "u7"
+    assert route()(RequestInfo("POST", "/users/9", {}, None, route="/users/{id}")) == "POST /users/{id}"
+
+
+def test_client_values_cannot_change_the_hash_tag() -> None:
+    assert safe_key_part("{evil}") == "%7Bevil%7D"
+    assert safe_key_part("a b") == "a%20b"
+    assert safe_key_part("x" * 200).startswith("sha256:")
+    rule = Rule("/", {"api": (GCRA(5, 1, 1), header("x-api-key")), "ip": (Window(9, 60), client_ip())})
+    p = plan([rule], req(x_api_key="}{"))
+    assert p is not None
+    assert list(p.keys) == ["{%7D%7B}:api:%7D%7B", "{%7D%7B}:ip:203.0.113.9"]
+
+
+def test_rules_match_by_path_and_method_first_match_wins() -> None:
+    login = Rule("/login", Window(5, 60, "LOG"), key=client_ip(), methods=["post"])
+    users = Rule("/users/*/avatar", GCRA(2, 1, 1), key=route())
+    api = Rule("/api/", GCRA(10, 1, 1), key=header("x-api-key", "anonymous"), name="api")
+    rx = Rule(re.compile(r"/v\d+/.*"), GCRA(3, 1, 1), key=client_ip(), name="versioned")
+    rules = [login, users, api, rx]
+    assert plan(rules, req(path="/login", method="GET")) is None
+    assert plan(rules, req(path="/login", method="POST")).rule is login  # type: ignore[union-attr]
+    assert plan(rules, req(path="/users/3/avatar")).rule is users  # type: ignore[union-attr]
+    p = plan(rules, req(path="/api/things"))
+    assert p is not None and p.rule is api and list(p.keys) == ["api:anonymous"]
+    assert p.names == {"api:anonymous": "api"}
+    assert plan(rules, req(path="/api")) is not None
+    assert plan(rules, req(path="/v2/x")).rule is rx  # type: ignore[union-attr]
+    assert plan(rules, req(path="/health")) is None
+    assert plan(rules, req(path="/api/x"), exempt=["/api/x"]) is None
+
+
+def test_a_rule_whose_keys_do_not_apply_does_not_limit() -> None:
+    rule = Rule("/", GCRA(1, 1, 1), key=user())
+    assert plan([rule], req()) is None
+
+
+def test_cost_function() -> None:
+    rule = Rule("/upload", GCRA(10, 1, 1), key=client_ip(), cost=lambda i: (i.content_length or 0) // 1000)
+    info = RequestInfo("POST", "/upload", {}, "1.2.3.4", content_length=5000)
+    p = plan([rule], info)
+    assert p is not None and p.cost == 5
+
+
+def decision(**kw: object) -> Decision:
+    base: dict[str, object] = dict(
+        allowed=True, limit=10, remaining=3, retry_after=timedelta(0),
+        reset_after=timedelta(seconds=7.2), source=Source.MODULE, policy=GCRA(10, 1, 1, name="api"),
+        key="api:k",
+    )
+    base.update(kw)
+    return Decision(**base)  # type: ignore[arg-type]
+
+
+def test_admitted_requests_carry_the_fields() -> None:
+    v = respond(decision(), {"api:k": "api"})
+    assert v.status is None
+    assert v.headers == {"RateLimit-Policy": '"api";q=10;w=10', "RateLimit": '"api";r=3;t=8'}
+
+
+def test_denied_requests_get_429_json_and_retry_after() -> None:
+    v = respond(decision(allowed=False, remaining=0, retry_after=timedelta(milliseconds=1500)), {"api:k": "api"},
+                x_headers=True)
+    assert v.status == 429
+    assert v.headers["Retry-After"] == "2" and v.headers["X-RateLimit-Remaining"] == "0"
+    body = json.loads(v.body)
+    assert body == {"error": "rate_limited", "message": "too many requests", "policy": "api", "retry_after": 2}
+
+
+def test_never_gets_413_and_closed_degraded_gets_503() -> None:
+    v = respond(decision(allowed=False, remaining=0, retry_after=NEVER), {"api:k": "api"})
+    assert v.status == 413 and "Retry-After" not in v.headers
+    d = decision(allowed=False, remaining=0, retry_after=timedelta(seconds=1), degraded=True, source=Source.LOCAL)
+    v = respond(d, {"api:k": "api"})
+    assert v.status == 503 and v.headers["Retry-After"] == "1" and "RateLimit" not in v.headers
+
+
+def test_names_are_validated() -> None:
+    with pytest.raises(ValueError):
+        GCRA(1, 1, 1, name='bad"\n')

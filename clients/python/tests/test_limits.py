@@ -1,0 +1,115 @@
+"""Limits are validated values with the module's rules and messages; Decision reads replies."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+import redis
+
+from redis_rl import GCRA, NEVER, InvalidLimit, Lease, Source, Window, tag
+from redis_rl._decision import decision_from_reply
+from redis_rl._limits import format_seconds
+
+from .conftest import RedisServer
+
+
+@pytest.mark.parametrize(
+    ("period", "wire"),
+    [
+        (60, "60"),
+        ("0.25", "0.25"),
+        (0.1, "0.1"),
+        (timedelta(milliseconds=1500), "1.5"),
+        (Decimal("0.000000001"), "0.000000001"),
+        ("315360000", "315360000"),
+        ("007", "7"),
+    ],
+)
+def test_durations_are_kept_exactly(period: object, wire: str) -> None:
+    assert GCRA(1, 1, period).args()[2] == wire  # type: ignore[arg-type]
+
+
+def test_emission_interval_and_window() -> None:
+    g = GCRA(10, 3, 1)
+    assert g.emission_interval_ns == 333_333_333
+    assert g.window == timedelta(seconds=3.333334)
+    assert Window(5, 60).window == timedelta(seconds=60)
+    assert Lease(3, "0.5").lease == timedelta(milliseconds=500)
+    assert tag("user42", "api") == "{user42}:api"
+
+
+BAD = [
+    (lambda: GCRA(0, 1, 1), "burst must be a positive integer"),
+    (lambda: GCRA(True, 1, 1), "burst must be a positive integer"),
+    (lambda: GCRA(2**64, 1, 1), "burst must be a positive integer"),
+    (lambda: GCRA(1, -1, 1), "rate must be a positive integer"),
+    (lambda: GCRA(1, 3, "0.000000001"), "rate is too high for period"),
+    (lambda: GCRA(2**63, 1, 4), "burst is too large"),
+    (lambda: Window(1, 0), "window must be seconds as a plain decimal"),
+    (lambda: Window(0, 1), "limit must be a positive integer"),
+    (lambda: Window(1, 1, "HOURLY"), "algorithm must be FIXED, SLIDING or LOG"),
+    (lambda: Lease(1, "1e3"), "lease must be seconds as a plain decimal"),
+]
+
+
+@pytest.mark.parametrize(("build", "message"), BAD)
+def test_bad_limits_fail_when_built(build: object, message: str) -> None:
+    with pytest.raises(InvalidLimit, match=message):
+        build()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("text", ["1e3", "-1", "+1", "0x10", "inf", "nan", "1,5", ".5", "5.", "", "0",
+                                  "1.0000000001", "315360000.000000001", " 1"])
+def test_period_grammar_matches_the_module(text: str, module_server: RedisServer) -> None:
+    with pytest.raises(InvalidLimit) as ours:
+        GCRA(1, 1, text)
+    c = module_server.client()
+    try:
+        with pytest.raises(redis.ResponseError) as theirs:
+            c.execute_command("RL.GCRA", "grammar", 1, 1, text)
+    finally:
+        c.close()
+    assert str(theirs.value) == str(ours.value)  # same text, without the "ERR " prefix
+
+
+@pytest.mark.parametrize(("args", "build"), [
+    ((0, 1, "1"), lambda: GCRA(0, 1, 1)),
+    ((1, 3, "0.000000001"), lambda: GCRA(1, 3, "0.000000001")),
+    ((2**63, 1, "4"), lambda: GCRA(2**63, 1, 4)),
+])
+def test_count_messages_match_the_module(args: tuple[object, ...], build: object, module_server: RedisServer) -> None:
+    with pytest.raises(InvalidLimit) as ours:
+        build()  # type: ignore[operator]
+    c = module_server.client()
+    try:
+        with pytest.raises(redis.ResponseError) as theirs:
+            c.execute_command("RL.GCRA", "grammar", *args)
+    finally:
+        c.close()
+    assert str(theirs.value) == str(ours.value)
+
+
+def test_format_seconds_round_trips() -> None:
+    for ns in (1, 10, 999_999_999, 1_000_000_000, 1_500_000_000, 315_360_000 * 10**9):
+        text = format_seconds(ns)
+        assert GCRA(1, 1, text).period_ns == ns
+
+
+def test_reply_to_decision() -> None:
+    allowed = decision_from_reply([1, 10, 9, -1, 100], policy=None, key="k", source=Source.MODULE)
+    assert allowed.allowed and allowed.retry_after == timedelta(0) and bool(allowed)
+    denied = decision_from_reply([0, 10, 0, 1234, 5000], policy=None, key="k", source=Source.MODULE)
+    assert denied.retry_after == timedelta(milliseconds=1234) and not denied
+    never = decision_from_reply([0, 10, 3, -1, 0], policy=None, key="k", source=Source.MODULE)
+    assert never.retry_after is NEVER and never.never
+    reserved = decision_from_reply([1, 1, 0, 950, 2000], policy=None, key="k", source=Source.MODULE,
+                                   reservation=True)
+    assert reserved.allowed and reserved.retry_after == timedelta(milliseconds=950)
+
+
+def test_limits_are_hashable_values() -> None:
+    assert GCRA(1, 1, 60) == GCRA(1, 1, "60") == GCRA(1, 1, timedelta(minutes=1))
+    assert len({Window(1, 1), Window(1, "1"), Window(1, 1, "FIXED")}) == 2
+    assert repr(GCRA(10, 5, "0.5", name="api")) == "GCRA(10, 5, '0.5', name='api')"

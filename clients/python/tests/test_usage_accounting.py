@@ -1,0 +1,121 @@
+"""Leases (acquire/release, background renewal), FORCE and per-limit COST, per SPEC.md
+"Usage accounting". Skipped while the server lacks RL.LEASE (module) or rl_lease (fallback)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+
+from redis_rl import GCRA, Lease, RateLimitExceeded, Window
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.needs_usage_accounting]
+
+
+async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> None:
+    lease = Lease(2, 10)
+    async with limiter.acquire("jobs", lease) as a:
+        assert a.decision.allowed and a.decision.remaining == 1
+        async with limiter.acquire("jobs", lease) as b:
+            assert b.decision.remaining == 0
+            with pytest.raises(RateLimitExceeded) as info:
+                async with limiter.acquire("jobs", lease):
+                    pass
+            d = info.value.decision
+            assert not d.allowed and not d.never
+            assert 9_000 <= d.retry_after.total_seconds() * 1000 <= 10_000
+    async with limiter.acquire("jobs", lease, slots=2) as both:
+        assert both.decision.remaining == 0
+
+
+async def test_acquire_renews_in_the_background(limiter: Any) -> None:
+    lease = Lease(1, 0.3)
+    async with limiter.acquire("long", lease) as held:
+        await asyncio.sleep(1.0)  # three lease times: held only through renewals
+        with pytest.raises(RateLimitExceeded):
+            async with limiter.acquire("long", lease):
+                pass
+        assert not held.lost
+    async with limiter.acquire("long", lease):
+        pass  # released on exit
+
+
+async def test_a_crashed_holder_frees_its_slot_when_the_lease_ends(limiter: Any, r: redis.Redis) -> None:
+    key = limiter.prefix + "crash"
+    # A holder that took a lease and died (no renewal, no release).
+    mode = await limiter.resolved_mode()
+    args = [key, 1, "0.2", "dead-process"]
+    r.execute_command("RL.LEASE", *args) if mode == "module" else r.execute_command(
+        "FCALL", "rl_lease", 1, *args
+    )
+    with pytest.raises(RateLimitExceeded):
+        async with limiter.acquire("crash", Lease(1, "0.2")):
+            pass
+    await asyncio.sleep(0.25)
+    async with limiter.acquire("crash", Lease(1, "0.2")) as held:
+        assert held.decision.allowed
+
+
+async def test_acquire_with_the_same_token_renews_instead_of_taking_twice(limiter: Any) -> None:
+    lease = Lease(2, 10)
+    async with limiter.acquire("tok", lease, token="job-7") as a:
+        async with limiter.acquire("tok", lease, token="job-7") as again:
+            assert again.decision.remaining == 1  # still one lease of one slot
+        assert a.token == b"job-7"
+    released = await limiter.release("tok", "job-7")
+    assert released.released == 0  # releasing twice is harmless
+
+
+async def test_force_records_usage_past_the_limit(limiter: Any) -> None:
+    g = GCRA(5, 1, 1)
+    d = await limiter.force("f", g, 8)
+    assert d.allowed and d.remaining == 0
+    assert d.retry_after == timedelta(0)
+    denied = await limiter.check("f", g)
+    assert not denied.allowed  # until the excess has drained
+    w = Window(10, 60, "FIXED")
+    d = await limiter.force("fw", w, 25)
+    assert d.allowed and d.remaining == 0
+
+
+async def test_force_on_log_is_an_error(limiter: Any) -> None:
+    with pytest.raises(redis.ResponseError):
+        await limiter.force("fl", Window(10, 60, "LOG"), 1)
+
+
+async def test_check_all_with_per_limit_costs(limiter: Any) -> None:
+    # One request and 1,200 tokens: requests per minute and tokens per minute together.
+    rpm, tpm = Window(600, 60, "FIXED", name="rpm"), Window(2000, 60, "FIXED", name="tpm")
+    d = await limiter.check_all({"{t}:rpm": rpm, "{t}:tpm": (tpm, 1200)})
+    assert d.allowed
+    per = list(d.per_key.values())
+    assert per[0].remaining == 599 and per[1].remaining == 800
+    # The binding limit is tokens: 800 left admit no further call of 1,200.
+    assert d.policy == tpm and d.remaining == 800
+    denied = await limiter.check_all({"{t}:rpm": rpm, "{t}:tpm": (tpm, 1200)})
+    assert not denied.allowed
+    # A cost of 0 only reports.
+    report = await limiter.check_all({"{t}:rpm": rpm, "{t}:tpm": (tpm, 0)})
+    assert report.allowed
+
+
+async def test_check_all_with_a_lease_spec(limiter: Any) -> None:
+    limits = {"{j}:rate": GCRA(10, 1, 1), "{j}:slots": Lease(1, 10)}
+    d = await limiter.check_all(limits, tokens={"{j}:slots": "w1"})
+    assert d.allowed
+    d2 = await limiter.check_all(limits, tokens={"{j}:slots": "w2"})
+    assert not d2.allowed
+    # Nothing was taken from the rate limit by the denied call.
+    assert (await limiter.check("{j}:rate", GCRA(10, 1, 1), cost=0)).remaining == 9
+    released = await limiter.release("{j}:slots", "w1")
+    assert released.released == 1
+
+
+async def test_check_all_force(limiter: Any) -> None:
+    limits = {"{u}:a": GCRA(2, 1, 60), "{u}:b": Window(2, 60, "FIXED")}
+    d = await limiter.check_all(limits, cost=5, force=True)
+    assert d.allowed and d.remaining == 0
+    assert not (await limiter.check_all(limits)).allowed
