@@ -283,10 +283,21 @@ fn followed_keys(res: &Results, n: usize) -> Vec<(usize, u32)> {
             .then(a.2.cmp(&b.2))
             .then(a.3.cmp(&b.3))
     });
-    all.into_iter()
-        .take(n)
-        .map(|(_, _, li, k)| (li, k))
-        .collect()
+    // One panel per key text: a key limited under two limits is shown once, under the one
+    // that denied it most.
+    let mut seen: Vec<&[u8]> = Vec::new();
+    let mut out = Vec::new();
+    for (_, _, li, k) in all {
+        if out.len() == n {
+            break;
+        }
+        let text = res.keys[li].get(k);
+        if !seen.contains(&text) {
+            seen.push(text);
+            out.push((li, k));
+        }
+    }
+    out
 }
 
 fn main() -> ExitCode {

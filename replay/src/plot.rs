@@ -52,14 +52,24 @@ fn width_label(width_ns: u64) -> String {
     }
 }
 
-fn clock_label(start_ns: u64, x_s: f64, span_s: f64) -> String {
-    let ns = start_ns + (x_s.max(0.0) * 1e9) as u64;
+fn clock_label(origin_ns: u64, x: f64, unit_s: u64, span_s: u64) -> String {
+    let ns = origin_ns + (x.max(0.0) * unit_s as f64 * 1e9) as u64;
     let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, 0);
     match t {
-        Some(t) if span_s > 2.0 * 86_400.0 => t.format("%m-%d %H:%M").to_string(),
-        Some(t) if span_s > 600.0 => t.format("%H:%M").to_string(),
+        Some(t) if span_s > 2 * 86_400 => t.format("%m-%d %H:%M").to_string(),
+        Some(t) if span_s > 600 => t.format("%H:%M").to_string(),
         Some(t) => t.format("%H:%M:%S").to_string(),
         None => String::new(),
+    }
+}
+
+/// The x unit of a timeline spanning `span_s` seconds: minutes up to 3 h, hours up to 10
+/// days, else days (so that the axis ticks fall on round clock times).
+fn time_unit(span_s: u64) -> u64 {
+    match span_s {
+        0..=10_800 => 60,
+        10_801..=864_000 => 3600,
+        _ => 86_400,
     }
 }
 
@@ -71,22 +81,25 @@ fn panel(
     admitted: &[u64],
 ) -> Result<(), Error> {
     let spec = &series.spec;
-    let w = spec.width_ns as f64 / 1e9;
-    let span = w * spec.buckets as f64;
+    let span_s = spec.width_ns * spec.buckets as u64 / 1_000_000_000;
+    let unit_s = time_unit(span_s);
+    let unit_ns = unit_s * 1_000_000_000;
+    let origin = spec.start_ns - spec.start_ns % unit_ns;
+    let x_of = |ns: u64| (ns - origin) as f64 / unit_ns as f64;
+    let x_end = x_of(spec.start_ns + spec.width_ns * spec.buckets as u64);
     let top = requests.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 15))
         .margin(8)
         .x_label_area_size(28)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..span, 0f64..top)
+        .build_cartesian_2d(x_of(spec.start_ns)..x_end, 0f64..top)
         .map_err(err)?;
-    let start = spec.start_ns;
     chart
         .configure_mesh()
-        .x_labels(8)
+        .x_labels(10)
         .y_labels(5)
-        .x_label_formatter(&|x| clock_label(start, *x, span))
+        .x_label_formatter(&|x| clock_label(origin, *x, unit_s, span_s))
         .y_label_formatter(&|y| thousands(*y as u64))
         .y_desc(format!("requests / {}", width_label(spec.width_ns)))
         .light_line_style(WHITE.mix(0.0))
@@ -96,7 +109,10 @@ fn panel(
     let steps = |v: &[u64]| -> Vec<(f64, f64)> {
         v.iter()
             .enumerate()
-            .flat_map(|(i, &c)| [(i as f64 * w, c as f64), ((i + 1) as f64 * w, c as f64)])
+            .flat_map(|(i, &c)| {
+                let b = spec.start_ns + i as u64 * spec.width_ns;
+                [(x_of(b), c as f64), (x_of(b + spec.width_ns), c as f64)]
+            })
             .collect()
     };
     chart
@@ -314,40 +330,44 @@ pub fn sweep(
     root.fill(&WHITE).map_err(err)?;
     let lo = results.first().map_or(1, |r| r.size) as f64;
     let hi = results.last().map_or(2, |r| r.size).max(2) as f64;
-    let y_top = results
+    // Shares in percent on a log axis, so that a target of 0.1 % is as visible as 50 %;
+    // a share of 0 is drawn on the floor.
+    let smallest = results
         .iter()
-        .map(|r| suggest::key_share(r).max(suggest::request_share(r)))
-        .fold(target, f64::max)
-        * 100.0
-        * 1.1;
-    let y_top = y_top.max(0.01);
+        .flat_map(|r| [suggest::key_share(r), suggest::request_share(r)])
+        .filter(|&v| v > 0.0)
+        .fold(target.max(1e-6), f64::min)
+        * 100.0;
+    let floor = smallest / 4.0;
+    let pct = |v: f64| (v * 100.0).max(floor);
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FONT, 17))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((lo..hi * 1.05).log_scale(), 0f64..y_top)
+        .y_label_area_size(70)
+        .build_cartesian_2d((lo..hi * 1.05).log_scale(), (floor..100.0).log_scale())
         .map_err(err)?;
     chart
         .configure_mesh()
         .x_desc("size (log scale)")
-        .y_desc("denied (%)")
+        .y_desc("denied, % (log scale; 0 at the floor)")
         .x_label_formatter(&|x| thousands(x.round() as u64))
         .y_label_formatter(&|y| format!("{y}"))
+        .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(err)?;
     let keys: Vec<(f64, f64)> = results
         .iter()
-        .map(|r| (r.size as f64, suggest::key_share(r) * 100.0))
+        .map(|r| (r.size as f64, pct(suggest::key_share(r))))
         .collect();
     let reqs: Vec<(f64, f64)> = results
         .iter()
-        .map(|r| (r.size as f64, suggest::request_share(r) * 100.0))
+        .map(|r| (r.size as f64, pct(suggest::request_share(r))))
         .collect();
     chart
         .draw_series(LineSeries::new(keys.clone(), DENY.stroke_width(2)))
         .map_err(err)?
-        .label("keys ever denied")
+        .label("keys ever denied by it")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], DENY.stroke_width(2)));
     chart
         .draw_series(keys.iter().map(|&p| Circle::new(p, 3, DENY.filled())))
@@ -355,7 +375,7 @@ pub fn sweep(
     chart
         .draw_series(LineSeries::new(reqs.clone(), ADMIT.stroke_width(2)))
         .map_err(err)?
-        .label("requests denied")
+        .label("requests denied by it")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], ADMIT.stroke_width(2)));
     chart
         .draw_series(reqs.iter().map(|&p| Circle::new(p, 3, ADMIT.filled())))
@@ -374,7 +394,7 @@ pub fn sweep(
         let x = results[i].size as f64;
         chart
             .draw_series(LineSeries::new(
-                [(x, 0.0), (x, y_top)],
+                [(x, floor), (x, 100.0)],
                 RGBColor(44, 160, 44).stroke_width(2),
             ))
             .map_err(err)?
