@@ -75,7 +75,11 @@ const CRAWLERS: [(&str, &str, u64); 4] = [
         "Mozilla/5.0 (compatible; SearchIndexer/1.0; \"polite\" crawler)",
         1,
     ),
-    ("2001:db8:cafe::b07", "feed-fetcher/3.2 (+https://feeds.example.net)", 1),
+    (
+        "2001:db8:cafe::b07",
+        "feed-fetcher/3.2 (+https://feeds.example.net)",
+        1,
+    ),
 ];
 const ABUSER: &str = "203.0.113.66";
 const OFFICE: &str = "198.51.100.23";
@@ -237,7 +241,11 @@ impl Sim {
                         method: "GET",
                         target: asset.to_owned(),
                         status,
-                        bytes: if status == 304 { 0 } else { rng.gen_range(300..90_000) },
+                        bytes: if status == 304 {
+                            0
+                        } else {
+                            rng.gen_range(300..90_000)
+                        },
                         referer: Some(format!("https://shop.example.com{page}")),
                         ua: ua.to_owned(),
                     };
@@ -270,8 +278,8 @@ impl Sim {
                         88..=93 => ("POST", "/api/v1/cart".to_owned(), 201),
                         _ => ("GET", "/cart".to_owned(), 200),
                     };
-                    let referer = (!page.is_empty())
-                        .then(|| format!("https://shop.example.com{page}"));
+                    let referer =
+                        (!page.is_empty()).then(|| format!("https://shop.example.com{page}"));
                     page = target.split('?').next().unwrap_or("/").to_owned();
                     req = Request {
                         start: t,
