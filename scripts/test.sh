@@ -19,6 +19,9 @@ run cargo build
 run cargo test --lib --no-default-features
 RL_MODULE="$PWD/target/release/libredis_rl.so" RL_DEBUG_MODULE="$PWD/target/debug/libredis_rl.so" \
     run cargo test --test '*'
+# rl-replay (workspace crate replay/): parsers, engine, CLI end to end, and the comparison
+# with a real server running the release module.
+RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --release -p rl-replay
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
 echo

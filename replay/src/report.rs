@@ -412,7 +412,7 @@ pub fn text(r: &Report) -> String {
             &mut o,
             &[
                 "candidate",
-                "keys denied",
+                "keys denied by it",
                 "requests denied by it",
                 "denied overall",
             ],
@@ -422,14 +422,18 @@ pub fn text(r: &Report) -> String {
         match &s.suggested {
             Some(spec) => {
                 let c = s.candidates.iter().find(|c| &c.spec == spec);
-                let (kd, k) = c.map_or((0, 0), |c| (c.keys_denied, c.keys));
+                let (kd, k, rd, r) = c.map_or((0, 0, 0, 0), |c| {
+                    (c.keys_denied, c.keys, c.denied_by_limit, c.requests)
+                });
                 let _ = writeln!(
                     o,
                     "Suggested: {spec} per {} — the smallest candidate from which on at most \
-                     {target} % of keys would ever have been denied ({} of {}).",
+                     {target} % of keys would ever have been denied ({} of {} keys; it denies \
+                     {} of their requests).",
                     l.per,
                     thousands(kd),
-                    thousands(k)
+                    thousands(k),
+                    percent(rd, r)
                 );
                 if s.candidates.first().is_some_and(|c| &c.spec == spec) {
                     let _ = writeln!(
