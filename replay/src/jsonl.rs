@@ -7,7 +7,6 @@
 //! their text. Times: epoch numbers (unit guessed or given), RFC 3339, or the CLF format.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -36,8 +35,38 @@ impl std::fmt::Display for Malformed {
     }
 }
 
-#[derive(Deserialize)]
-struct Object<'a>(#[serde(borrow)] HashMap<Cow<'a, str>, &'a RawValue>);
+/// Object is a JSON object's top-level members, in order, values left unparsed (a few
+/// members: a linear scan beats hashing).
+struct Object<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Object<'a> {
+    fn get(&self, name: &str) -> Option<&'a RawValue> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
+    }
+}
+
+impl<'de> Deserialize<'de> for Object<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = Object<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Object<'de>, M::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(entry) = map.next_entry::<Cow<'de, str>, &'de RawValue>()? {
+                    members.push(entry);
+                }
+                Ok(Object(members))
+            }
+        }
+        d.deserialize_map(Members)
+    }
+}
 
 /// Names tried, in order, for each logical field when none is configured.
 fn defaults(field: &str) -> &'static [&'static str] {
@@ -86,7 +115,7 @@ fn defaults(field: &str) -> &'static [&'static str] {
 
 /// Parser reads JSON lines for a schema.
 pub struct Parser {
-    /// For each slot, the names to try.
+    /// For each slot, the names to try (empty: the run does not read the slot).
     names: Vec<Vec<String>>,
     time_names: Vec<String>,
     unit: Unit,
@@ -114,11 +143,15 @@ fn text_of(raw: &RawValue) -> Option<Cow<'_, [u8]>> {
 
 /// Finds `name` in `obj`: the whole name first, then dotted steps into nested objects.
 fn lookup<'a>(obj: &Object<'a>, name: &str) -> Option<&'a RawValue> {
-    if let Some(v) = obj.0.get(name) {
+    if let Some(v) = obj.get(name) {
         return Some(v);
     }
     let (head, rest) = name.split_once('.')?;
-    let inner: Object<'a> = serde_json::from_str(obj.0.get(head)?.get()).ok()?;
+    let raw = obj.get(head)?.get();
+    if !raw.trim_start().starts_with('{') {
+        return None;
+    }
+    let inner: Object<'a> = serde_json::from_str(raw).ok()?;
     lookup(&inner, rest)
 }
 
@@ -139,9 +172,19 @@ impl Parser {
                 }
             }
         };
+        // Look up only what templates and routes read, plus what the path, method and
+        // protocol can be derived from.
+        let used = &schema.used;
+        let derived = used[slot::PATH] || used[slot::METHOD] || used[slot::PROTOCOL];
+        let wanted = |i: usize| {
+            used[i]
+                || (i == slot::URI && used[slot::PATH])
+                || (i == slot::REQUEST && (derived || used[slot::URI]))
+        };
         let names = KNOWN
             .iter()
-            .map(|k| configured(k))
+            .enumerate()
+            .map(|(i, k)| if wanted(i) { configured(k) } else { Vec::new() })
             .chain(schema.others.iter().map(|o| configured(o)))
             .collect();
         Self {
@@ -199,13 +242,22 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    /// A schema that reads every known field.
+    fn everything() -> Schema {
+        let mut schema = Schema::default();
+        for k in KNOWN {
+            schema.slot(k).unwrap();
+        }
+        schema
+    }
+
     fn get(r: &Record<'_>, s: usize) -> Option<String> {
         r.get(s).map(|v| String::from_utf8_lossy(v).into_owned())
     }
 
     #[test]
     fn nginx_style_json() {
-        let p = &mut Parser::new(&Schema::default(), &[], Unit::Auto);
+        let p = &mut Parser::new(&everything(), &[], Unit::Auto);
         let r = p
             .parse(
                 br#"{"msec":"1764567890.123","remote_addr":"2001:db8::1","remote_user":"","request":"GET /a/b?x=1 HTTP/1.1","status":200,"http_user_agent":"say \"hi\""}"#,
@@ -222,7 +274,7 @@ mod tests {
 
     #[test]
     fn caddy_style_nested_json() {
-        let mut schema = Schema::default();
+        let mut schema = everything();
         let key = schema.slot("request.headers.X-Api-Key").unwrap();
         let p = &mut Parser::new(&schema, &[], Unit::Auto);
         let r = p
@@ -239,7 +291,7 @@ mod tests {
 
     #[test]
     fn configured_names_and_units() {
-        let mut schema = Schema::default();
+        let mut schema = everything();
         let tenant = schema.slot("tenant").unwrap();
         let fields = vec![
             ("time".to_owned(), "when".to_owned()),
@@ -257,6 +309,19 @@ mod tests {
             .parse(br#"{"when":"2025-12-01T05:24:50.5+00:00","client":"::1"}"#)
             .unwrap();
         assert_eq!(r.time_ns, 1_764_566_690 * S + S / 2);
+    }
+
+    #[test]
+    fn only_the_fields_a_run_reads_are_looked_up() {
+        let mut schema = Schema::default();
+        schema.slot("path").unwrap();
+        let p = &mut Parser::new(&schema, &[], Unit::Auto);
+        let r = p
+            .parse(br#"{"time":1,"ip":"::1","request":"POST /a/b?c HTTP/1.1","ua":"x"}"#)
+            .unwrap();
+        assert_eq!(get(&r, slot::PATH).as_deref(), Some("/a/b"));
+        assert_eq!(get(&r, slot::IP), None);
+        assert_eq!(get(&r, slot::UA), None);
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub fn path_of(target: &[u8]) -> &[u8] {
 pub struct Schema {
     /// Names of the slots after the known ones.
     pub others: Vec<String>,
+    /// Known slots some template or route reads.
+    pub used: [bool; KNOWN.len()],
 }
 
 impl Schema {
@@ -124,6 +126,7 @@ impl Schema {
     pub fn slot(&mut self, name: &str) -> Result<usize, String> {
         let name = if name == "user_agent" { "ua" } else { name };
         if let Some(i) = KNOWN.iter().position(|k| *k == name) {
+            self.used[i] = true;
             return Ok(i);
         }
         if let Some(i) = self.others.iter().position(|o| o == name) {
