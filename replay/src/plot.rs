@@ -168,11 +168,12 @@ pub fn timeline(path: &Path, res: &Results, series: &Series) -> Result<(), Error
         let key = String::from_utf8_lossy(res.keys[li].get(kid));
         let key: String = key.chars().take(60).collect();
         let title = format!(
-            "{key} (#{} {}): {} of {} denied",
+            "{key} under #{} {}: {} of {} requests denied ({} by this limit)",
             li + 1,
             res.defs[li].limit,
             thousands(u64::from(ks.denied)),
-            thousands(u64::from(ks.requests))
+            thousands(u64::from(ks.requests)),
+            thousands(u64::from(ks.by_this))
         );
         panel(
             &areas[j + 1],
