@@ -187,10 +187,14 @@ fn replay(steps: &[Step], at: impl Fn(&Step) -> u64, dir: &Path, name: &str) -> 
     decided
 }
 
-/// Whether the durations of two replies (retry_after_ms, reset_after_ms) are within 1 ms: the
-/// server's clock is a few µs past `before`, which can move a rounded-up millisecond.
-fn durations_close(a: &[i64; 5], b: &[i64; 5]) -> bool {
-    a[3..].iter().zip(&b[3..]).all(|(x, y)| (x - y).abs() <= 1)
+/// Whether the server's durations (retry_after_ms, reset_after_ms) lie between what the
+/// replay answers at the instant before the call and at the instant after it (± 1 ms for the
+/// rounding up to milliseconds): the server read its clock somewhere in between.
+fn durations_between(server: &[i64; 5], early: &[i64; 5], late: &[i64; 5]) -> bool {
+    (3..5).all(|j| {
+        let (lo, hi) = (early[j].min(late[j]), early[j].max(late[j]));
+        (lo - 1..=hi + 1).contains(&server[j])
+    })
 }
 
 /// The part of a reply that µs cannot change: allowed, limit, remaining.
@@ -220,24 +224,27 @@ fn replay_decides_every_request_as_the_server_did() {
         checked += 1;
         let ctx = format!("step {i} ({s:?})");
         let reply = a.reply.expect("every request has a limit");
+        let reply_late = b.reply.expect("every request has a limit");
         assert_eq!(a.allowed, s.combined[0] == 1, "{ctx}: allowed");
         assert_eq!(exact(&reply), exact(&s.combined), "{ctx}: combined reply");
         assert!(
-            durations_close(&reply, &s.combined),
-            "{ctx}: combined {reply:?} vs server {:?}",
+            durations_between(&s.combined, &reply, &reply_late),
+            "{ctx}: combined {reply:?} .. {reply_late:?} vs server {:?}",
             s.combined
         );
         let ks = keys(s.ip, s.user, s.path);
         let mine: Vec<&PerLimit> = a.limits.iter().flatten().collect();
+        let mine_late: Vec<&PerLimit> = b.limits.iter().flatten().collect();
         assert_eq!(mine.len(), s.each.len(), "{ctx}: limits applied");
         let applied = ks.iter().flatten();
-        for ((m, server), key) in mine.iter().zip(&s.each).zip(applied) {
+        for (((m, m_late), server), key) in mine.iter().zip(&mine_late).zip(&s.each).zip(applied) {
             assert_eq!(&m.key, key, "{ctx}: key");
             assert_eq!(exact(&m.reply), exact(server), "{ctx}: per-key reply");
             assert!(
-                durations_close(&m.reply, server),
-                "{ctx}: per-key {:?} vs server {server:?}",
-                m.reply
+                durations_between(server, &m.reply, &m_late.reply),
+                "{ctx}: per-key {:?} .. {:?} vs server {server:?}",
+                m.reply,
+                m_late.reply
             );
         }
         if a.allowed {
