@@ -113,6 +113,17 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = Param::Both)]
     param: Param,
 
+    /// Do not refine the suggestion: by default, when the input can be read again, the sizes
+    /// between the suggested candidate and the one below it are replayed too (up to 16 per
+    /// extra pass) until the suggestion is the exact smallest integer size.
+    #[arg(long)]
+    no_refine: bool,
+
+    /// Write every key that saw a denial, per limit, as JSON lines (key, counts, first and
+    /// last denial, peak).
+    #[arg(long, value_name = "FILE")]
+    keys: Option<PathBuf>,
+
     /// The module's rl-log-max-limit: the largest LOG limit.
     #[arg(long, default_value_t = LOG_MAX_LIMIT_DEFAULT)]
     log_max_limit: u64,
@@ -334,8 +345,10 @@ fn execute(cli: &Cli, plan: Plan) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(Box::new(create(p)?)),
         None => None,
     };
-    // Pictures need a second pass; standard input is kept in a temporary file for it.
-    let needs_second = cli.out_dir.is_some();
+    // Pictures and the refined suggestion need more passes; standard input is kept in a
+    // temporary file for them.
+    let needs_second = cli.out_dir.is_some() || (sweep_spec.is_some() && !cli.no_refine);
+    let sweep_limit = sweep_spec.as_ref().map(|s| (s.index, defs[s.index].limit));
     let mut spool = if needs_second && input.sources.contains(&Source::Stdin) {
         Some(tempfile::NamedTempFile::new()?)
     } else {
@@ -365,11 +378,53 @@ fn execute(cli: &Cli, plan: Plan) -> Result<(), Box<dyn std::error::Error>> {
             w.flush()?;
         }
     }
-    let results = replayer.finish()?;
+    let mut results = replayer.finish()?;
+    let reread = InputSpec {
+        sources: input
+            .sources
+            .iter()
+            .map(|s| match (s, &spool) {
+                (Source::Stdin, Some(f)) => Source::File(f.path().to_path_buf()),
+                (s, _) => s.clone(),
+            })
+            .collect(),
+        ..input.clone()
+    };
+    let target = cli.target / 100.0;
+    let mut refine_passes = 0;
+    if let (Some((index, limit)), false) = (sweep_limit, cli.no_refine) {
+        // Replay the sizes between the suggestion and the candidate below it, up to 16 at a
+        // time, until they are adjacent integers.
+        while let Some((_, sweep)) = &mut results.sweep {
+            let Some(j) = suggest::recommend(sweep, target).filter(|&j| j > 0) else {
+                break;
+            };
+            let sizes = suggest::between(sweep[j - 1].size, sweep[j].size, 16);
+            let candidates = suggest::candidates(&limit, cli.param, &sizes, cli.log_max_limit);
+            if candidates.is_empty() || refine_passes >= 8 {
+                break;
+            }
+            let opts = Options {
+                skew_ns,
+                spread: cli.spread,
+                examples: 0,
+                decisions: None,
+                sweep: Some(SweepSpec { index, candidates }),
+                series: None,
+            };
+            let mut extra = Replayer::new(defs.clone(), opts);
+            run::pass(&reread, &schema, &mut extra, None)?;
+            refine_passes += 1;
+            if let Some((_, more)) = extra.finish()?.sweep {
+                sweep.extend(more);
+                sweep.sort_by_key(|r| r.size);
+                sweep.dedup_by_key(|r| r.size);
+            }
+        }
+    }
     let seconds = started.elapsed().as_secs_f64();
 
     let mut pictures = Vec::new();
-    let target = cli.target / 100.0;
     if let Some(dir) = &cli.out_dir {
         std::fs::create_dir_all(dir)?;
         let peaks = dir.join("peaks.svg");
@@ -398,17 +453,6 @@ fn execute(cli: &Cli, plan: Plan) -> Result<(), Box<dyn std::error::Error>> {
             let (start_ns, width_ns, buckets) =
                 plot::buckets_for(results.totals.first_ns, results.totals.last_ns, 240);
             let keys = followed_keys(&results, cli.plot_keys);
-            let second_input = InputSpec {
-                sources: input
-                    .sources
-                    .iter()
-                    .map(|s| match (s, &spool) {
-                        (Source::Stdin, Some(f)) => Source::File(f.path().to_path_buf()),
-                        (s, _) => s.clone(),
-                    })
-                    .collect(),
-                ..input.clone()
-            };
             let opts = Options {
                 skew_ns,
                 spread: cli.spread,
@@ -423,7 +467,7 @@ fn execute(cli: &Cli, plan: Plan) -> Result<(), Box<dyn std::error::Error>> {
                 }),
             };
             let mut second = Replayer::new(defs.clone(), opts);
-            run::pass(&second_input, &schema, &mut second, None)?;
+            run::pass(&reread, &schema, &mut second, None)?;
             let again = second.finish()?;
             if let Some(series) = &again.series {
                 let path = dir.join("timeline.svg");
@@ -433,10 +477,15 @@ fn execute(cli: &Cli, plan: Plan) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
+    if let Some(path) = &cli.keys {
+        let mut w = create(path)?;
+        report::write_denied_keys(&results, &mut w)?;
+        w.flush()?;
+    }
     let rep = report::build(
         &results,
         cli.top,
-        sweep_what.map(|w| (w, target)),
+        sweep_what.map(|w| (w, target, refine_passes)),
         pictures,
         seconds,
     );

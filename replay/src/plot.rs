@@ -383,7 +383,7 @@ pub fn sweep(
         .map_err(err)?;
     chart
         .draw_series(DashedLineSeries::new(
-            [(lo, target * 100.0), (hi * 1.05, target * 100.0)],
+            [(lo, pct(target)), (hi * 1.05, pct(target))],
             6,
             4,
             BLACK.stroke_width(1),

@@ -477,7 +477,7 @@ impl Replayer {
             ks.peak = ks.peak.max(ks.in_bucket);
             if allowed {
                 st.allowed += 1;
-            } else {
+            } else if !main.out.overflow {
                 st.denied += 1;
                 if ks.denied == 0 {
                     ks.first_denied = t;

@@ -119,6 +119,8 @@ pub struct SweepReport {
     pub candidates: Vec<SweepResult>,
     /// The suggested spec, if any candidate met the target.
     pub suggested: Option<String>,
+    /// Extra passes that replayed the sizes below the suggestion (0: not refined).
+    pub refine_passes: usize,
 }
 
 /// The whole JSON report.
@@ -144,7 +146,7 @@ pub struct Report {
 pub fn build(
     res: &Results,
     top: usize,
-    sweep: Option<(String, f64)>,
+    sweep: Option<(String, f64, usize)>,
     pictures: Vec<String>,
     seconds: f64,
 ) -> Report {
@@ -208,10 +210,11 @@ pub fn build(
         })
         .collect();
     let suggest = match (&res.sweep, sweep) {
-        (Some((index, results)), Some((param, target))) => Some(SweepReport {
+        (Some((index, results)), Some((param, target, refine_passes))) => Some(SweepReport {
             limit: index + 1,
             param,
             target_key_share: target,
+            refine_passes,
             suggested: suggest::recommend(results, target).map(|i| results[i].spec.clone()),
             candidates: results.clone(),
         }),
@@ -219,8 +222,16 @@ pub fn build(
     };
     Report {
         input: res.totals.clone(),
-        from: format_utc(res.totals.first_ns),
-        to: format_utc(res.totals.last_ns),
+        from: if res.totals.requests == 0 {
+            "-".to_owned()
+        } else {
+            format_utc(res.totals.first_ns)
+        },
+        to: if res.totals.requests == 0 {
+            "-".to_owned()
+        } else {
+            format_utc(res.totals.last_ns)
+        },
         limits,
         suggest,
         pictures,
@@ -435,7 +446,18 @@ pub fn text(r: &Report) -> String {
                     thousands(k),
                     percent(rd, r)
                 );
-                if s.candidates.first().is_some_and(|c| &c.spec == spec) {
+                if s.refine_passes > 0 {
+                    let _ = writeln!(
+                        o,
+                        "  (exact: the sizes below it were replayed too, in {} more pass{})",
+                        s.refine_passes,
+                        if s.refine_passes == 1 { "" } else { "es" }
+                    );
+                }
+                if s.candidates
+                    .first()
+                    .is_some_and(|c| &c.spec == spec && c.size > 1)
+                {
                     let _ = writeln!(
                         o,
                         "  (the smallest candidate of the sweep: a smaller one may do; widen \
@@ -456,6 +478,41 @@ pub fn text(r: &Report) -> String {
         let _ = writeln!(o, "\nPictures: {}", r.pictures.join(", "));
     }
     o
+}
+
+/// Writes every key that saw a denial, per limit, as JSON lines.
+pub fn write_denied_keys(res: &Results, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    #[derive(Serialize)]
+    struct Line<'a> {
+        limit: usize,
+        spec: &'a str,
+        key: String,
+        requests: u32,
+        denied: u32,
+        denied_by_limit: u32,
+        first_denied: String,
+        last_denied: String,
+        peak_per_period: u32,
+    }
+    for (i, ((def, st), keys)) in res.defs.iter().zip(&res.stats).zip(&res.keys).enumerate() {
+        let spec = def.limit.to_string();
+        for (k, s) in st.keys.iter().enumerate().filter(|(_, s)| s.denied > 0) {
+            let line = Line {
+                limit: i + 1,
+                spec: &spec,
+                key: String::from_utf8_lossy(keys.get(k as u32)).into_owned(),
+                requests: s.requests,
+                denied: s.denied,
+                denied_by_limit: s.by_this,
+                first_denied: format_utc(s.first_denied),
+                last_denied: format_utc(s.last_denied),
+                peak_per_period: s.peak,
+            };
+            serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::other)?;
+            out.write_all(b"\n")?;
+        }
+    }
+    Ok(())
 }
 
 fn table<const N: usize>(o: &mut String, head: &[&str; N], rows: &[[String; N]]) {

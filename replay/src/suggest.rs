@@ -40,6 +40,24 @@ pub fn sizes(min: u64, max: u64, steps: usize) -> Vec<u64> {
     out
 }
 
+/// Up to `n` sizes strictly between `lo` and `hi`, evenly spaced, ascending (all of them when
+/// there are at most `n`).
+pub fn between(lo: u64, hi: u64, n: u64) -> Vec<u64> {
+    let gap = hi.saturating_sub(lo);
+    if gap <= 1 {
+        return Vec::new();
+    }
+    if gap - 1 <= n {
+        return (lo + 1..hi).collect();
+    }
+    let mut out: Vec<u64> = (1..=n)
+        .map(|k| lo + (u128::from(gap) * u128::from(k) / u128::from(n + 1)) as u64)
+        .filter(|&s| s > lo && s < hi)
+        .collect();
+    out.dedup();
+    out
+}
+
 /// The default sweep around `size`: a tenth of it to ten times it.
 pub fn default_range(size: u64) -> (u64, u64) {
     ((size / 10).max(1), size.saturating_mul(10).max(2))
@@ -140,6 +158,20 @@ mod tests {
         assert!(s.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(default_range(20), (2, 200));
         assert_eq!(default_range(3), (1, 30));
+    }
+
+    #[test]
+    fn refinement_fills_the_gap() {
+        assert_eq!(between(4, 5, 16), Vec::<u64>::new());
+        assert_eq!(between(4, 8, 16), [5, 6, 7]);
+        let b = between(100, 200, 16);
+        assert_eq!(b.len(), 16);
+        assert!(b.windows(2).all(|w| w[0] < w[1]) && b[0] > 100 && b[15] < 200);
+        // Two passes of 16 close any gap up to 17 · 17.
+        let first = between(0, 289, 16);
+        let step = first[1] - first[0];
+        assert!(step <= 17);
+        assert!(between(first[0], first[1], 16).len() as u64 == step - 1);
     }
 
     #[test]

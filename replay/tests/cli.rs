@@ -53,6 +53,7 @@ fn generated_log_finds_the_abuser_and_draws_the_pictures() {
     let json = dir.path().join("report.json");
     let pics = dir.path().join("pics");
     let decisions = dir.path().join("decisions.jsonl");
+    let denied_keys = dir.path().join("keys.jsonl");
     let out = ok(replay()
         .arg(&log)
         .args(["-l", "GCRA 20 10 1 per {ip}"])
@@ -64,6 +65,8 @@ fn generated_log_finds_the_abuser_and_draws_the_pictures() {
         .arg(&pics)
         .arg("--decisions")
         .arg(&decisions)
+        .arg("--keys")
+        .arg(&denied_keys)
         .output()
         .unwrap());
     let text = String::from_utf8(out.stdout).unwrap();
@@ -102,6 +105,23 @@ fn generated_log_finds_the_abuser_and_draws_the_pictures() {
     let pick = s["suggested"].as_str().unwrap();
     let c = cands.iter().find(|c| c["spec"] == pick).unwrap();
     assert!(n(&c["keys_denied"]) * 1000 <= n(&c["keys"]));
+    // Refined to the exact size: the size just below it was replayed and misses the target.
+    assert!(n(&s["refine_passes"]) >= 1);
+    let below = cands
+        .iter()
+        .find(|b| n(&b["size"]) + 1 == n(&c["size"]))
+        .expect("the size below the suggestion was replayed");
+    assert!(n(&below["keys_denied"]) * 1000 > n(&below["keys"]));
+    // --keys lists every key that saw a denial, under each limit.
+    let listed = std::fs::read_to_string(&denied_keys).unwrap();
+    let want: u64 = r["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| n(&l["keys_denied"]))
+        .sum();
+    assert_eq!(listed.lines().count() as u64, want);
+    assert!(listed.contains(ABUSER));
     // Real charts: SVG with axes text and drawn shapes.
     for name in ["timeline.svg", "peaks.svg", "sweep.svg"] {
         let svg = std::fs::read_to_string(pics.join(name)).unwrap();
