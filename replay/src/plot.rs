@@ -351,6 +351,7 @@ pub fn sweep(
     chart
         .configure_mesh()
         .x_desc("size (log scale)")
+        .x_labels(20)
         .y_desc("denied, % (log scale; 0 at the floor)")
         .x_label_formatter(&|x| thousands(x.round() as u64))
         .y_label_formatter(&|y| format!("{y}"))
