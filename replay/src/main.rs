@@ -38,7 +38,7 @@ every limit that applies to it admits it, and only then does it count against th
 #[derive(Parser, Debug)]
 #[command(name = "rl-replay", version, after_help = EXAMPLES)]
 struct Cli {
-    /// Logs to replay, in order (gzip accepted). None or `-`: standard input.
+    /// Logs to replay, oldest first (gzip accepted). None or `-`: standard input.
     inputs: Vec<String>,
 
     /// A limit: `SPEC [per TEMPLATE] [on [METHOD] PATH_PREFIX]`; repeat for several (up to 8).
@@ -62,8 +62,8 @@ struct Cli {
     #[arg(long, default_value = "10", value_name = "SECONDS")]
     skew: String,
 
-    /// Spread requests that share one timestamp evenly over that second (CLF times have 1 s
-    /// resolution; without this they all arrive at the second's start).
+    /// Spread requests that share one whole-second timestamp evenly over that second (CLF
+    /// times have 1 s resolution; without this they all arrive at the second's start).
     #[arg(long)]
     spread: bool,
 

@@ -230,7 +230,7 @@ impl Series {
 pub struct Options {
     /// Lines up to this much earlier than the latest line seen are put back in order.
     pub skew_ns: u64,
-    /// Spread requests that share one timestamp evenly over the following second.
+    /// Spread requests that share one whole-second timestamp evenly over that second.
     pub spread: bool,
     /// Malformed lines to keep as examples.
     pub examples: usize,
@@ -415,7 +415,8 @@ impl Replayer {
         let Some(t) = self.queue.front().map(|e| e.t) else {
             return;
         };
-        if !self.opts.spread {
+        // Only whole-second stamps are spread: finer ones already say when within the second.
+        if !self.opts.spread || t % NANOS_PER_SEC != 0 {
             let ev = self.queue.pop_front().expect("front exists");
             self.decide(&ev, t);
             return;
@@ -699,6 +700,13 @@ mod tests {
             let res = r.finish().unwrap();
             assert_eq!(res.totals.denied, denied, "spread {spread}");
         }
+        // A stamp finer than the second is taken as it is.
+        let mut r = Replayer::new(defs.clone(), opts(0, true));
+        r.begin_source("t".into());
+        for line in 1..=4 {
+            offer(&mut r, line, T0 + 1_000_000, "a");
+        }
+        assert_eq!(r.finish().unwrap().totals.denied, 3);
     }
 
     #[test]
