@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
+.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -56,3 +56,16 @@ bench: build ## Measure speed and memory against INCR and Lua limiters (BENCHMAR
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
 	.venv-py/bin/python clients/python/bench/fastpath.py $${BENCH_QUICK:+--seconds 1}
+	$(MAKE) bench-replay
+
+replay-demo: ## rl-replay on a generated sample log: summary, --suggest, pictures in target/replay-demo/
+	cargo build --release -p rl-replay
+	@mkdir -p target/replay-demo
+	target/release/rl-loggen --lines 300000 --seed 1 > target/replay-demo/access.log
+	target/release/rl-replay target/replay-demo/access.log \
+		-l 'GCRA 20 10 1 per {ip}' -l 'WINDOW 5 60 LOG per {ip} on POST /login' \
+		--suggest --out-dir target/replay-demo --json target/replay-demo/report.json
+
+bench-replay: ## rl-replay lines/s and peak memory on a generated 10M-line log; writes its section of BENCHMARKS.md
+	cargo build --release -p rl-replay
+	python3 replay/bench/bench.py

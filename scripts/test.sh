@@ -19,6 +19,9 @@ run cargo build
 run cargo test --lib --no-default-features
 RL_MODULE="$PWD/target/release/libredis_rl.so" RL_DEBUG_MODULE="$PWD/target/debug/libredis_rl.so" \
     run cargo test --test '*'
+# rl-replay (workspace crate replay/): parsers, engine, CLI end to end, and the comparison
+# with a real server running the release module.
+RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --release -p rl-replay
 # The Python client package (clients/python): installed (not editable, as users get it) into
 # the virtualenv .venv-py with its test extras, then its pytest suite against real servers
 # (mypy --strict is one of its tests).

@@ -1,0 +1,436 @@
+//! plot draws the pictures (SVG, with plotters): the timeline of requests against admitted
+//! requests for all traffic and the most limited keys, the distribution of keys' peak rates
+//! against each limit, and the `--suggest` sweep. Floats appear here only as drawing
+//! coordinates.
+
+use std::path::Path;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::replay::{Results, Series, SweepResult};
+use crate::report::{percent, thousands};
+use crate::suggest;
+
+type Error = Box<dyn std::error::Error>;
+
+const GREY: RGBColor = RGBColor(150, 150, 150);
+const ADMIT: RGBColor = RGBColor(31, 119, 180);
+const DENY: RGBColor = RGBColor(214, 39, 40);
+const FONT: &str = "sans-serif";
+
+fn err<E: std::fmt::Debug>(e: E) -> Error {
+    format!("drawing failed: {e:?}").into()
+}
+
+/// Bucket widths the timeline chooses from, in seconds.
+const WIDTHS: [u64; 16] = [
+    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21_600, 86_400,
+];
+
+/// Chooses a bucket width so that the span `first..=last` (ns) fills at most `max_buckets`;
+/// returns `(start_ns, width_ns, buckets)`.
+pub fn buckets_for(first_ns: u64, last_ns: u64, max_buckets: u64) -> (u64, u64, usize) {
+    let span_s = last_ns.saturating_sub(first_ns) / 1_000_000_000 + 1;
+    let width_s = WIDTHS
+        .iter()
+        .copied()
+        .find(|w| span_s.div_ceil(*w) <= max_buckets)
+        .unwrap_or_else(|| span_s.div_ceil(max_buckets));
+    let width = width_s * 1_000_000_000;
+    let start = first_ns - first_ns % width;
+    let buckets = ((last_ns - start) / width + 1) as usize;
+    (start, width, buckets)
+}
+
+fn width_label(width_ns: u64) -> String {
+    let s = width_ns / 1_000_000_000;
+    match s {
+        s if s % 3600 == 0 => format!("{} h", s / 3600),
+        s if s % 60 == 0 => format!("{} min", s / 60),
+        s => format!("{s} s"),
+    }
+}
+
+fn clock_label(origin_ns: u64, x: f64, unit_s: u64, span_s: u64) -> String {
+    let ns = origin_ns + (x.max(0.0) * unit_s as f64 * 1e9) as u64;
+    let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, 0);
+    match t {
+        Some(t) if span_s > 2 * 86_400 => t.format("%m-%d %H:%M").to_string(),
+        Some(t) if span_s > 600 => t.format("%H:%M").to_string(),
+        Some(t) => t.format("%H:%M:%S").to_string(),
+        None => String::new(),
+    }
+}
+
+/// The x unit of a timeline spanning `span_s` seconds: minutes up to 3 h, hours up to 10
+/// days, else days (so that the axis ticks fall on round clock times).
+fn time_unit(span_s: u64) -> u64 {
+    match span_s {
+        0..=10_800 => 60,
+        10_801..=864_000 => 3600,
+        _ => 86_400,
+    }
+}
+
+fn panel(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    series: &Series,
+    requests: &[u64],
+    admitted: &[u64],
+) -> Result<(), Error> {
+    let spec = &series.spec;
+    let span_s = spec.width_ns * spec.buckets as u64 / 1_000_000_000;
+    let unit_s = time_unit(span_s);
+    let unit_ns = unit_s * 1_000_000_000;
+    let origin = spec.start_ns - spec.start_ns % unit_ns;
+    let x_of = |ns: u64| (ns - origin) as f64 / unit_ns as f64;
+    let x_end = x_of(spec.start_ns + spec.width_ns * spec.buckets as u64);
+    let top = requests.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, (FONT, 15))
+        .margin(8)
+        .x_label_area_size(28)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x_of(spec.start_ns)..x_end, 0f64..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_labels(10)
+        .y_labels(5)
+        .x_label_formatter(&|x| clock_label(origin, *x, unit_s, span_s))
+        .y_label_formatter(&|y| thousands(*y as u64))
+        .y_desc(format!("requests / {}", width_label(spec.width_ns)))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(err)?;
+    // Steps: each bucket is a flat segment, so a single busy bucket reads as one.
+    let steps = |v: &[u64]| -> Vec<(f64, f64)> {
+        v.iter()
+            .enumerate()
+            .flat_map(|(i, &c)| {
+                let b = spec.start_ns + i as u64 * spec.width_ns;
+                [(x_of(b), c as f64), (x_of(b + spec.width_ns), c as f64)]
+            })
+            .collect()
+    };
+    chart
+        .draw_series(AreaSeries::new(steps(requests), 0.0, DENY.mix(0.25)))
+        .map_err(err)?
+        .label("requests")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], DENY.mix(0.25).filled()));
+    chart
+        .draw_series(AreaSeries::new(steps(admitted), 0.0, ADMIT.mix(0.55)))
+        .map_err(err)?
+        .label("admitted")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], ADMIT.mix(0.55).filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(GREY)
+        .label_font((FONT, 13))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+/// Draws the timeline: all requests, then each followed key, as stacked panels.
+pub fn timeline(path: &Path, res: &Results, series: &Series) -> Result<(), Error> {
+    let panels = 1 + series.spec.keys.len();
+    let root = SVGBackend::new(path, (1000, 60 + 230 * panels as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let (head, body) = root.split_vertically(44);
+    head.draw_text(
+        "Requests and what the limits would have admitted (the red part was denied)",
+        &(FONT, 20).into_font().color(&BLACK),
+        (12, 12),
+    )
+    .map_err(err)?;
+    let areas = body.split_evenly((panels, 1));
+    let t = &res.totals;
+    let total_title = format!(
+        "All requests: {} of {} denied ({})",
+        thousands(t.denied),
+        thousands(t.requests),
+        percent(t.denied, t.requests)
+    );
+    panel(
+        &areas[0],
+        &total_title,
+        series,
+        &series.total,
+        &series.total_admitted,
+    )?;
+    for (j, &(li, kid)) in series.spec.keys.iter().enumerate() {
+        let ks = &res.stats[li].keys[kid as usize];
+        let key = String::from_utf8_lossy(res.keys[li].get(kid));
+        let key: String = key.chars().take(60).collect();
+        let title = format!(
+            "{key} under #{} {}: {} of {} requests denied ({} by this limit)",
+            li + 1,
+            res.defs[li].limit,
+            thousands(u64::from(ks.denied)),
+            thousands(u64::from(ks.requests)),
+            thousands(u64::from(ks.by_this))
+        );
+        panel(
+            &areas[j + 1],
+            &title,
+            series,
+            &series.requests[j],
+            &series.admitted[j],
+        )?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Draws, for each limit, how many keys reached each peak (most requests in one period or
+/// window), on log scales, against the limit's allowance per period and its burst.
+pub fn peaks(path: &Path, res: &Results) -> Result<(), Error> {
+    let n = res.defs.len();
+    let root = SVGBackend::new(path, (1000, 60 + 330 * n as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let (head, body) = root.split_vertically(44);
+    head.draw_text(
+        "Keys by their peak rate, against each limit",
+        &(FONT, 20).into_font().color(&BLACK),
+        (12, 12),
+    )
+    .map_err(err)?;
+    let areas = body.split_evenly((n, 1));
+    for (i, area) in areas.iter().enumerate() {
+        let def = &res.defs[i];
+        let st = &res.stats[i];
+        // Bins by powers of two: [1], [2,3], [4,7], …
+        let mut bins = vec![(0u64, 0u64); 33]; // (keys, keys with a denial)
+        for k in st.keys.iter().filter(|k| k.requests > 0) {
+            let b = 31 - u32::max(k.peak, 1).leading_zeros() as usize;
+            bins[b].0 += 1;
+            bins[b].1 += u64::from(k.denied > 0);
+        }
+        let last = bins.iter().rposition(|b| b.0 > 0).unwrap_or(0);
+        let limit_at = def.limit.per_period().max(def.limit.capacity());
+        let x_max = ((2u64 << last).max(limit_at * 2)) as f64;
+        let y_max = bins.iter().map(|b| b.0).max().unwrap_or(1).max(1) as f64 * 3.0;
+        let period = def.limit.period_ns() as f64 / 1e9;
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!(
+                    "#{} {} per {}: {} keys; peak = most requests in one {period} s",
+                    i + 1,
+                    def.limit,
+                    def.template,
+                    thousands(st.keys.len() as u64)
+                ),
+                (FONT, 15),
+            )
+            .margin(8)
+            .x_label_area_size(34)
+            .y_label_area_size(60)
+            .build_cartesian_2d((1f64..x_max).log_scale(), (0.5f64..y_max).log_scale())
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(format!("peak requests per {period} s (log scale)"))
+            .y_desc("keys (log scale)")
+            .x_label_formatter(&|x| thousands(x.round() as u64))
+            .y_label_formatter(&|y| {
+                if *y >= 1.0 {
+                    thousands(y.round() as u64)
+                } else {
+                    String::new()
+                }
+            })
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(
+                bins.iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.0 > 0)
+                    .map(|(b, c)| {
+                        let x0 = (1u64 << b) as f64;
+                        let x1 = (2u64 << b) as f64;
+                        Rectangle::new(
+                            [(x0 * 1.04, 0.5), (x1 / 1.04, c.0 as f64)],
+                            ADMIT.mix(0.6).filled(),
+                        )
+                    }),
+            )
+            .map_err(err)?
+            .label("keys")
+            .legend(|(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 16, y + 5)], ADMIT.mix(0.6).filled())
+            });
+        chart
+            .draw_series(
+                bins.iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.1 > 0)
+                    .map(|(b, c)| {
+                        let x0 = (1u64 << b) as f64;
+                        let x1 = (2u64 << b) as f64;
+                        Rectangle::new(
+                            [(x0 * 1.04, 0.5), (x1 / 1.04, c.1 as f64)],
+                            DENY.mix(0.8).filled(),
+                        )
+                    }),
+            )
+            .map_err(err)?
+            .label("keys with a denied request")
+            .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], DENY.mix(0.8).filled()));
+        let allowance = def.limit.per_period() as f64;
+        chart
+            .draw_series(LineSeries::new(
+                [(allowance, 0.5), (allowance, y_max)],
+                BLACK.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(format!("limit: {} per {period} s", def.limit.per_period()))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(2)));
+        if def.limit.is_gcra() && def.limit.capacity() != def.limit.per_period() {
+            let burst = def.limit.capacity() as f64;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(burst, 0.5), (burst, y_max)],
+                    6,
+                    4,
+                    BLACK.stroke_width(1),
+                ))
+                .map_err(err)?
+                .label(format!("burst: {}", def.limit.capacity()))
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(1)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(GREY)
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Draws the sweep: share of keys and of requests denied against the swept size, the target
+/// line and the suggested size.
+pub fn sweep(
+    path: &Path,
+    title: &str,
+    results: &[SweepResult],
+    target: f64,
+    pick: Option<usize>,
+) -> Result<(), Error> {
+    let root = SVGBackend::new(path, (1000, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let lo = results.first().map_or(1, |r| r.size) as f64;
+    let hi = results.last().map_or(2, |r| r.size).max(2) as f64;
+    // Shares in percent on a log axis, so that a target of 0.1 % is as visible as 50 %;
+    // a share of 0 is drawn on the floor.
+    let smallest = results
+        .iter()
+        .flat_map(|r| [suggest::key_share(r), suggest::request_share(r)])
+        .filter(|&v| v > 0.0)
+        .fold(target.max(1e-6), f64::min)
+        * 100.0;
+    let floor = smallest / 4.0;
+    let pct = |v: f64| (v * 100.0).max(floor);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FONT, 17))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d((lo..hi * 1.05).log_scale(), (floor..100.0).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("size (log scale)")
+        .x_labels(20)
+        .y_desc("denied, % (log scale; 0 at the floor)")
+        .x_label_formatter(&|x| thousands(x.round() as u64))
+        .y_label_formatter(&|y| format!("{y}"))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(err)?;
+    let keys: Vec<(f64, f64)> = results
+        .iter()
+        .map(|r| (r.size as f64, pct(suggest::key_share(r))))
+        .collect();
+    let reqs: Vec<(f64, f64)> = results
+        .iter()
+        .map(|r| (r.size as f64, pct(suggest::request_share(r))))
+        .collect();
+    chart
+        .draw_series(LineSeries::new(keys.clone(), DENY.stroke_width(2)))
+        .map_err(err)?
+        .label("keys ever denied by it")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], DENY.stroke_width(2)));
+    chart
+        .draw_series(keys.iter().map(|&p| Circle::new(p, 3, DENY.filled())))
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(reqs.clone(), ADMIT.stroke_width(2)))
+        .map_err(err)?
+        .label("requests denied by it")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], ADMIT.stroke_width(2)));
+    chart
+        .draw_series(reqs.iter().map(|&p| Circle::new(p, 3, ADMIT.filled())))
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(lo, pct(target)), (hi * 1.05, pct(target))],
+            6,
+            4,
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err)?
+        .label(format!("target: {} % of keys", target * 100.0))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(1)));
+    if let Some(i) = pick {
+        let x = results[i].size as f64;
+        chart
+            .draw_series(LineSeries::new(
+                [(x, floor), (x, 100.0)],
+                RGBColor(44, 160, 44).stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(format!("suggested: {}", results[i].spec))
+            .legend(|(x, y)| {
+                PathElement::new([(x, y), (x + 16, y)], RGBColor(44, 160, 44).stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(GREY)
+        .label_font((FONT, 13))
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn bucket_widths_are_round_and_cover_the_span() {
+        assert_eq!(buckets_for(100 * S, 100 * S, 240), (100 * S, S, 1));
+        let (start, w, n) = buckets_for(1000 * S + 7, 1000 * S + 86_399 * S, 240);
+        assert_eq!(w, 600 * S);
+        assert!(start <= 1000 * S && start + w * n as u64 > 1000 * S + 86_399 * S);
+        assert!(n <= 241);
+        let (_, w, _) = buckets_for(0, 3_000_000 * S, 10);
+        assert!(w >= 300_000 * S);
+    }
+}

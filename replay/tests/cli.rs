@@ -1,0 +1,269 @@
+//! End-to-end runs of the `rl-replay` binary: on logs that `rl-loggen` generates (seeded mix
+//! of visitors, an office behind one address, crawlers and one abusive client), on hand-written
+//! edge lines, from standard input with gzip, and on bad arguments.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const ABUSER: &str = "203.0.113.66";
+
+fn replay() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rl-replay"))
+}
+
+fn generate(lines: u64, seed: u64, format: &str) -> Vec<u8> {
+    let out = Command::new(env!("CARGO_BIN_EXE_rl-loggen"))
+        .args(["--lines", &lines.to_string(), "--seed", &seed.to_string()])
+        .args(["--format", format])
+        .output()
+        .expect("run rl-loggen");
+    assert!(out.status.success());
+    out.stdout
+}
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "rl-replay failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("json report")).expect("json")
+}
+
+#[test]
+fn generator_is_seeded() {
+    let a = generate(2000, 5, "clf");
+    assert_eq!(a, generate(2000, 5, "clf"));
+    assert_ne!(a, generate(2000, 6, "clf"));
+    assert_eq!(a.iter().filter(|&&b| b == b'\n').count(), 2000);
+}
+
+#[test]
+fn generated_log_finds_the_abuser_and_draws_the_pictures() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, generate(60_000, 11, "clf")).unwrap();
+    let json = dir.path().join("report.json");
+    let pics = dir.path().join("pics");
+    let decisions = dir.path().join("decisions.jsonl");
+    let denied_keys = dir.path().join("keys.jsonl");
+    let out = ok(replay()
+        .arg(&log)
+        .args(["-l", "GCRA 20 10 1 per {ip}"])
+        .args(["-l", "WINDOW 5 60 LOG per {ip} on POST /login"])
+        .args(["--suggest", "1", "--sweep", "2..200", "--steps", "12"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--out-dir")
+        .arg(&pics)
+        .arg("--decisions")
+        .arg(&decisions)
+        .arg("--keys")
+        .arg(&denied_keys)
+        .output()
+        .unwrap());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("Most limited keys of #2 WINDOW 5 60 LOG per {ip}"),
+        "{text}"
+    );
+    assert!(text.contains("Suggested: GCRA"), "{text}");
+    let r = read_json(&json);
+    let input = &r["input"];
+    assert_eq!(input["lines"], 60_000);
+    assert_eq!(input["malformed"], 0);
+    assert!(input["out_of_order"].as_u64().unwrap() > 0);
+    assert_eq!(input["late"], 0);
+    let n = |v: &Value| v.as_u64().unwrap();
+    assert_eq!(
+        n(&input["allowed"]) + n(&input["denied"]),
+        n(&input["requests"])
+    );
+    // The login limit catches the abuser, and (nearly) only the abuser.
+    let login = &r["limits"][1];
+    assert_eq!(login["on"], "POST /login");
+    assert_eq!(login["top"][0]["key"], ABUSER);
+    assert!(n(&login["top"][0]["denied"]) > 500);
+    assert!(n(&login["keys_denied"]) <= 3, "{login}");
+    // Every request has its decision line.
+    let lines = std::fs::read_to_string(&decisions).unwrap();
+    assert_eq!(lines.lines().count(), 60_000);
+    // The sweep: keys denied fall as the limit grows, and the suggestion meets the target.
+    let s = &r["suggest"];
+    let cands = s["candidates"].as_array().unwrap();
+    assert!(cands.len() >= 8);
+    let first = n(&cands[0]["keys_denied"]);
+    let last = n(&cands[cands.len() - 1]["keys_denied"]);
+    assert!(first > last, "{first} {last}");
+    let pick = s["suggested"].as_str().unwrap();
+    let c = cands.iter().find(|c| c["spec"] == pick).unwrap();
+    assert!(n(&c["keys_denied"]) * 1000 <= n(&c["keys"]));
+    // Refined to the exact size: the size just below it was replayed and misses the target.
+    assert!(n(&s["refine_passes"]) >= 1);
+    let below = cands
+        .iter()
+        .find(|b| n(&b["size"]) + 1 == n(&c["size"]))
+        .expect("the size below the suggestion was replayed");
+    assert!(n(&below["keys_denied"]) * 1000 > n(&below["keys"]));
+    // --keys lists every key that saw a denial, under each limit.
+    let listed = std::fs::read_to_string(&denied_keys).unwrap();
+    let want: u64 = r["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| n(&l["keys_denied"]))
+        .sum();
+    assert_eq!(listed.lines().count() as u64, want);
+    assert!(listed.contains(ABUSER));
+    // Real charts: SVG with axes text and drawn shapes.
+    for name in ["timeline.svg", "peaks.svg", "sweep.svg"] {
+        let svg = std::fs::read_to_string(pics.join(name)).unwrap();
+        assert!(svg.starts_with("<svg"), "{name}");
+        assert!(svg.contains("<text") && (svg.contains("<polygon") || svg.contains("<rect")));
+    }
+    let timeline = std::fs::read_to_string(pics.join("timeline.svg")).unwrap();
+    assert!(timeline.contains(ABUSER));
+}
+
+#[test]
+fn json_lines_and_gzip_on_standard_input_give_the_same_answer_as_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = generate(20_000, 3, "json");
+    let log = dir.path().join("access.jsonl");
+    std::fs::write(&log, &data).unwrap();
+    let from_file = dir.path().join("file.json");
+    ok(replay()
+        .arg(&log)
+        .args(["-l", "WINDOW 5 60 LOG per {ip} on POST /login", "-q"])
+        .arg("--json")
+        .arg(&from_file)
+        .output()
+        .unwrap());
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&data).unwrap();
+    let gz = gz.finish().unwrap();
+    let from_stdin = dir.path().join("stdin.json");
+    let mut child = replay()
+        .args(["-", "-l", "WINDOW 5 60 LOG per {ip} on POST /login", "-q"])
+        .arg("--json")
+        .arg(&from_stdin)
+        .arg("--out-dir")
+        .arg(dir.path().join("pics"))
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&gz).unwrap();
+    assert!(child.wait().unwrap().success());
+    let (a, b) = (read_json(&from_file), read_json(&from_stdin));
+    assert_eq!(a["limits"], b["limits"]);
+    assert_eq!(a["input"]["requests"], 20_000);
+    assert_eq!(a["limits"][0]["top"][0]["key"], ABUSER);
+    // The timeline came from a second pass over the spooled standard input.
+    assert!(dir.path().join("pics/timeline.svg").exists());
+}
+
+const EDGE: &str = r#"2001:db8::1 - - [03/Nov/2025:10:00:00 +0000] "GET /a HTTP/1.1" 200 5 "-" "ua"
+::ffff:192.0.2.1 - alice [03/Nov/2025:10:00:01 +0000] "GET /b\"c HTTP/1.1" 200 - "-" "say \"hi\" \\"
+10.0.0.1 - - [03/Nov/2025:10:00:02 +0000] "GET /x HTTP/1.1" 200 9 "-" "nginx \x22escapes\x22"
+10.0.0.1 - - [03/Nov/2025:10:00:02 +0000] "\x16\x03\x01\x00" 400 157 "-" "-"
+10.0.0.1 - - [03/Nov/2025:10:00:03 +0000] "GET / HTTP/1.1" 200
+10.0.0.1 - - [03/Nov/2025:25:00:03 +0000] "GET / HTTP/1.1" 200 1
+10.0.0.1 - - [03/Nov/2025:10:00:03] "GET / HTTP/1.1" 200 1
+
+10.0.0.1 - - [03/Nov/2025:10:00:04 +0000] "GET / HTTP/1.1 200 1
+2001:db8::1 - - [03/Nov/2025:09:59:58 +0000] "GET /a HTTP/1.1" 200 5
+10.0.0.2 - - [03/Nov/2025:10:00:30 +0000] "GET / HTTP/1.1" 200 1
+10.0.0.2 - - [03/Nov/2025:10:00:40 +0000] "GET / HTTP/1.1" 200 1
+2001:db8::1 - - [03/Nov/2025:10:00:10 +0000] "GET /a HTTP/1.1" 200 5
+2001:db8::1 - - [03/Nov/2025:10:00:25 +0000] "GET /a HTTP/1.1" 200 5 "-" "-" "extra"
+"#;
+
+#[test]
+fn edge_lines_are_parsed_counted_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("edge.log");
+    std::fs::write(&log, EDGE).unwrap();
+    let json = dir.path().join("r.json");
+    let out = ok(replay()
+        .arg(&log)
+        .args(["-l", "GCRA 1 1 60 per {ip}", "--skew", "5"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let r = read_json(&json);
+    let input = &r["input"];
+    assert_eq!(input["lines"], 14);
+    assert_eq!(input["malformed"], 5, "{text}");
+    assert_eq!(input["requests"], 9);
+    // 09:59:58 comes after 10:00:02 (4 s back: within the 5 s skew); 10:00:10 and 10:00:25
+    // come after 10:00:40, when 10:00:30 has been decided (beyond the skew: late).
+    assert_eq!(input["out_of_order"], 3);
+    assert_eq!(input["late"], 2);
+    let examples = input["examples"].as_array().unwrap();
+    let shown: Vec<(u64, &str)> = examples
+        .iter()
+        .map(|e| (e["line"].as_u64().unwrap(), e["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (5, "missing bytes"),
+            (6, "bad timestamp"),
+            (7, "bad timestamp"),
+            (8, "empty line"),
+            (9, "unterminated quote in request"),
+        ]
+    );
+    assert!(text.contains("edge.log:6: bad timestamp"), "{text}");
+    // 2001:db8::1: 09:59:58 allowed (reordered first), 10:00:00 denied (1 per minute), and
+    // the two late lines are decided at 10:00:30: denied.
+    let ip = &r["limits"][0];
+    let top = &ip["top"][0];
+    assert_eq!(top["key"], "2001:db8::1");
+    assert_eq!(
+        (top["requests"].as_u64(), top["denied"].as_u64()),
+        (Some(4), Some(3))
+    );
+    assert_eq!(top["first_denied"], "2025-11-03T10:00:00Z");
+    assert_eq!(top["last_denied"], "2025-11-03T10:00:30Z");
+    assert_eq!(ip["keys"], 4);
+}
+
+#[test]
+fn bad_arguments_exit_2_and_name_the_argument() {
+    let cases = [
+        (vec!["-l", "GCRA 0 1 1"], "burst must be a positive integer"),
+        (vec!["-l", "WINDOW 5 1e3"], "window must be seconds"),
+        (vec!["-l", "GCRA 1 1 1 per ip"], "names no field"),
+        (vec!["-l", "GCRA 1 1 1 on login"], "needs a path prefix"),
+        (vec!["-l", "GCRA 1 1 1 on GET/x"], "'GET/x' is not a method"),
+        (vec!["-l", "GCRA 1 1 1 at /x"], "unexpected 'at'"),
+        (vec!["-l", "WINDOW 200000 1 LOG"], "rl.log-max-limit"),
+        (
+            vec!["-l", "GCRA 1 1 1", "--suggest", "2"],
+            "there are 1 limits",
+        ),
+        (vec!["-l", "GCRA 1 1 1", "--skew", "1e3"], "--skew"),
+    ];
+    for (args, want) in cases {
+        let out = replay().args(&args).stdin(Stdio::null()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let out = replay()
+        .args(["/no/such/file", "-l", "GCRA 1 1 1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/file"));
+}
