@@ -75,6 +75,51 @@ pub enum StateRef<'a> {
 }
 
 impl State {
+    /// The state `write` makes of a missing key (None for a refund or release, which leave a
+    /// missing key missing).
+    pub fn from_write(write: &Write) -> Option<State> {
+        let mut state = match write {
+            Write::Gcra(g) => return Some(State::Gcra(*g)),
+            Write::Fixed(s) => return Some(State::Fixed(Box::new(*s))),
+            Write::Sliding(s) => return Some(State::Sliding(Box::new(*s))),
+            Write::Log(w) => State::Log(Box::new(LogState::new(&crate::params::WindowParams {
+                limit: w.limit,
+                window: w.window,
+            }))),
+            Write::Lease(LeaseWrite::Acquire { .. }) => State::Lease(Box::default()),
+            Write::LogRefund { .. } | Write::Lease(LeaseWrite::Release { .. }) => return None,
+        };
+        state.apply(write);
+        Some(state)
+    }
+
+    /// Applies `write` in place: stores a new GCRA/FIXED/SLIDING state, appends to or refunds
+    /// a LOG, takes or releases a lease. Returns false, changing nothing, when the write is
+    /// for another algorithm.
+    pub fn apply(&mut self, write: &Write) -> bool {
+        match (self, write) {
+            (State::Gcra(g), Write::Gcra(w)) => *g = *w,
+            (State::Fixed(s), Write::Fixed(w)) => **s = *w,
+            (State::Sliding(s), Write::Sliding(w)) => **s = *w,
+            (State::Log(s), Write::Log(w)) => s.apply(w),
+            (State::Log(s), Write::LogRefund { at, quantity }) => {
+                s.refund(*at, *quantity);
+            }
+            (State::Lease(s), Write::Lease(w)) => s.apply(w),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Whether a LOG holds no request, or a LEASE no lease, any more (the key goes).
+    pub fn is_emptied(&self) -> bool {
+        match self {
+            State::Log(s) => s.log.total() == 0,
+            State::Lease(s) => s.is_empty(),
+            _ => false,
+        }
+    }
+
     /// Returns a borrowed view.
     pub fn as_ref(&self) -> StateRef<'_> {
         match self {

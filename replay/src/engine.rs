@@ -4,8 +4,8 @@
 //!
 //! The interface:
 //! * [`Limit::parse`] reads one spec in RL.ALL's grammar (`GCRA burst rate period`,
-//!   `WINDOW limit window [FIXED|SLIDING|LOG]`) with the module's argument rules and error
-//!   texts;
+//!   `WINDOW limit window [FIXED|SLIDING|LOG]`) with the module's own parser
+//!   ([`redis_rl::limit::parse_spec`]), argument rules and error texts;
 //! * a [`Table`] holds one limit's per-key states (keys are dense `u32` ids);
 //! * [`decide_all`] decides one request at an instant on one key of each applicable limit and
 //!   commits it the way RL.ALL does: every limit evaluates (reads only); allowed only if every
@@ -13,72 +13,28 @@
 //! * [`Decision`] is what the module would reply for it ([`Decision::reply`] gives the five
 //!   integers).
 //!
-//! The glue this mirrors (`src/module/commands/limit.rs`: `evaluate`/`commit`, and `all.rs`)
-//! is not called: it needs Redis. The decisions themselves are the core's `decide` functions.
+//! The decisions are the module's: [`redis_rl::limit::Limit::decide`] on the stored state,
+//! then [`redis_rl::state::State::apply`] of its write, exactly what the module's glue does
+//! around the same calls (`src/module/limits.rs`), minus Redis.
 
 use std::fmt;
 
-use redis_rl::algo::fixed_window::{self, FixedState};
-use redis_rl::algo::gcra::{self, GcraRequest, GcraState};
-use redis_rl::algo::sliding_log::{self, LogState, LogWrite};
-use redis_rl::algo::sliding_window::{self, SlidingState};
 use redis_rl::decision::{self, Verdict};
-use redis_rl::params::{self, GcraParams, ParamError, WindowParams};
-use redis_rl::time::{ceil_ms, NANOS_PER_SEC};
+use redis_rl::limit::{self, parse_spec, Request, SpecError as CoreSpecError, WindowKind};
+use redis_rl::params::{GcraParams, ParamError, WindowParams};
+use redis_rl::state::{State, Write};
+use redis_rl::time::{Instant, Span, NANOS_PER_SEC};
 
 /// The module's default `rl.log-max-limit`: the largest `limit` a LOG window accepts.
 pub const LOG_MAX_LIMIT_DEFAULT: u64 = 100_000;
 
-/// The window algorithms of a `WINDOW` spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    /// Fixed window counter.
-    Fixed,
-    /// Sliding window counter (the default).
-    Sliding,
-    /// Exact sliding log.
-    Log,
-}
-
-impl Algorithm {
-    fn parse(word: &str) -> Option<Self> {
-        if word.eq_ignore_ascii_case("FIXED") {
-            Some(Self::Fixed)
-        } else if word.eq_ignore_ascii_case("SLIDING") {
-            Some(Self::Sliding)
-        } else if word.eq_ignore_ascii_case("LOG") {
-            Some(Self::Log)
-        } else {
-            None
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::Fixed => "FIXED",
-            Self::Sliding => "SLIDING",
-            Self::Log => "LOG",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Gcra {
-        params: GcraParams,
-        rate: u64,
-        period_ns: u64,
-    },
-    Window {
-        params: WindowParams,
-        algorithm: Algorithm,
-    },
-}
-
-/// Limit is one validated spec.
+/// Limit is one validated spec, with the `rate` and `period` it was written with (GCRA's
+/// parameters keep only the emission interval).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limit {
-    kind: Kind,
+    core: limit::Limit,
+    rate: u64,
+    period_ns: u64,
 }
 
 /// SpecError is a spec the module would refuse; its text is the module's error without `ERR `.
@@ -99,11 +55,16 @@ impl From<ParamError> for SpecError {
     }
 }
 
-fn value<'a>(words: &[&'a str], at: usize, what: &str) -> Result<&'a str, SpecError> {
-    words
-        .get(at)
-        .copied()
-        .ok_or_else(|| SpecError(format!("spec is missing its {what}")))
+impl From<CoreSpecError> for SpecError {
+    fn from(e: CoreSpecError) -> Self {
+        // The core's syntax errors carry the server's "syntax error: " prefix.
+        let text = e.to_string();
+        Self(
+            text.strip_prefix("syntax error: ")
+                .map(str::to_owned)
+                .unwrap_or(text),
+        )
+    }
 }
 
 impl Limit {
@@ -111,97 +72,101 @@ impl Limit {
     /// case-insensitive, counts and seconds as the module reads them, LOG's `limit` at most
     /// `log_max_limit`). Returns the limit and how many words it took.
     pub fn parse(words: &[&str], log_max_limit: u64) -> Result<(Self, usize), SpecError> {
-        let kind = value(words, 0, "kind (GCRA or WINDOW)")?;
-        if kind.eq_ignore_ascii_case("GCRA") {
-            let burst = params::positive(value(words, 1, "GCRA burst")?.as_bytes(), "burst")?;
-            let rate = params::positive(value(words, 2, "GCRA rate")?.as_bytes(), "rate")?;
-            let period_ns = params::seconds(value(words, 3, "GCRA period")?.as_bytes(), "period")?;
-            let limit = Self::gcra(burst, rate, period_ns)?;
-            Ok((limit, 4))
-        } else if kind.eq_ignore_ascii_case("WINDOW") {
-            let limit = params::positive(value(words, 1, "WINDOW limit")?.as_bytes(), "limit")?;
-            let window_ns =
-                params::seconds(value(words, 2, "WINDOW window")?.as_bytes(), "window")?;
-            let (algorithm, used) = match words.get(3).and_then(|w| Algorithm::parse(w)) {
-                Some(a) => (a, 4),
-                None => (Algorithm::Sliding, 3),
-            };
-            Ok((
-                Self::window(limit, window_ns, algorithm, log_max_limit)?,
-                used,
-            ))
-        } else {
-            Err(SpecError(format!("expected GCRA or WINDOW, got '{kind}'")))
+        let kind = words
+            .first()
+            .ok_or_else(|| SpecError("spec is missing its kind (GCRA or WINDOW)".into()))?;
+        if !kind.eq_ignore_ascii_case("GCRA") && !kind.eq_ignore_ascii_case("WINDOW") {
+            return Err(SpecError(format!("expected GCRA or WINDOW, got '{kind}'")));
         }
+        let mut it = words.iter().map(|w| w.as_bytes());
+        let spec = parse_spec(&mut it, 1, 1)?;
+        if spec.cost.is_some() {
+            return Err(SpecError(
+                "COST is not a limit's own: give QUANTITY per request".into(),
+            ));
+        }
+        let used = words.len() - it.count();
+        // GCRA's rate and period, as written (the core keeps only their ratio).
+        let (rate, period_ns) = match spec.limit {
+            limit::Limit::Gcra(_) => {
+                let rate = redis_rl::params::positive(words[2].as_bytes(), "rate")?;
+                let period = redis_rl::params::seconds(words[3].as_bytes(), "period")?;
+                (rate, period.as_ns())
+            }
+            limit::Limit::Fixed(p) | limit::Limit::Sliding(p) | limit::Limit::Log(p) => {
+                (p.limit, p.window.as_ns())
+            }
+            limit::Limit::Lease(..) => unreachable!("only GCRA and WINDOW specs reach here"),
+        };
+        let limit = Self {
+            core: spec.limit,
+            rate,
+            period_ns,
+        };
+        limit.check_log_cap(log_max_limit)?;
+        Ok((limit, used))
     }
 
-    fn gcra(burst: u64, rate: u64, period_ns: u64) -> Result<Self, SpecError> {
-        Ok(Self {
-            kind: Kind::Gcra {
-                params: GcraParams::new(burst, rate, period_ns)?,
-                rate,
-                period_ns,
-            },
-        })
-    }
-
-    fn window(
-        limit: u64,
-        window_ns: u64,
-        algorithm: Algorithm,
-        log_max_limit: u64,
-    ) -> Result<Self, SpecError> {
-        let params = WindowParams::new(limit, window_ns)?;
-        if algorithm == Algorithm::Log && limit > log_max_limit {
-            // The module's text.
-            return Err(SpecError(format!(
-                "limit {limit} is above rl.log-max-limit ({log_max_limit}) for LOG, which \
-                 stores every request: use SLIDING for large limits, or raise rl.log-max-limit"
-            )));
+    fn check_log_cap(&self, log_max_limit: u64) -> Result<(), SpecError> {
+        match self.core {
+            limit::Limit::Log(p) if p.limit > log_max_limit => Err(SpecError(format!(
+                // The module's text.
+                "limit {} is above rl.log-max-limit ({log_max_limit}) for LOG, which stores \
+                 every request: use SLIDING for large limits, or raise rl.log-max-limit",
+                p.limit
+            ))),
+            _ => Ok(()),
         }
-        Ok(Self {
-            kind: Kind::Window { params, algorithm },
-        })
     }
 
     /// The most requests an idle key admits at once (`burst` / `limit`).
     pub fn capacity(&self) -> u64 {
-        match self.kind {
-            Kind::Gcra { params, .. } => params.burst,
-            Kind::Window { params, .. } => params.limit,
-        }
+        self.core.size()
     }
 
     /// The sustained allowance: `rate` requests per `period` (GCRA) or `limit` per `window`.
     pub fn per_period(&self) -> u64 {
-        match self.kind {
-            Kind::Gcra { rate, .. } => rate,
-            Kind::Window { params, .. } => params.limit,
-        }
+        self.rate
     }
 
     /// The limit's period (GCRA) or window, in ns.
     pub fn period_ns(&self) -> u64 {
-        match self.kind {
-            Kind::Gcra { period_ns, .. } => period_ns,
-            Kind::Window { params, .. } => params.window_ns,
-        }
+        self.period_ns
     }
 
     /// Whether this is a GCRA limit.
     pub fn is_gcra(&self) -> bool {
-        matches!(self.kind, Kind::Gcra { .. })
+        matches!(self.core, limit::Limit::Gcra(_))
     }
 
     /// The same limit with other counts: `burst` and `rate` for GCRA; for a window, `burst`
     /// is the new `limit` and `rate` is ignored. Errors as the module's would.
     pub fn resized(&self, burst: u64, rate: u64, log_max_limit: u64) -> Result<Self, SpecError> {
-        match self.kind {
-            Kind::Gcra { period_ns, .. } => Self::gcra(burst, rate, period_ns),
-            Kind::Window {
-                params, algorithm, ..
-            } => Self::window(burst, params.window_ns, algorithm, log_max_limit),
-        }
+        let window = |kind: WindowKind| -> Result<Self, SpecError> {
+            let params = WindowParams::new(burst, Span::from_ns(self.period_ns))?;
+            Ok(Self {
+                core: kind.with(params),
+                rate: burst,
+                period_ns: self.period_ns,
+            })
+        };
+        let resized = match self.core {
+            limit::Limit::Gcra(_) => Self {
+                core: limit::Limit::Gcra(GcraParams::new(
+                    burst,
+                    rate,
+                    Span::from_ns(self.period_ns),
+                )?),
+                rate,
+                period_ns: self.period_ns,
+            },
+            limit::Limit::Fixed(_) => window(WindowKind::Fixed)?,
+            limit::Limit::Sliding(_) => window(WindowKind::Sliding)?,
+            limit::Limit::Log(_) => window(WindowKind::Log)?,
+            limit::Limit::Lease(..) => *self,
+        };
+        resized.check_log_cap(log_max_limit)?;
+        Ok(resized)
     }
 }
 
@@ -218,25 +183,13 @@ fn seconds_text(ns: u64) -> String {
 impl fmt::Display for Limit {
     /// Writes the spec in the module's grammar (e.g. `GCRA 20 10 1`, `WINDOW 100 60 LOG`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            Kind::Gcra {
-                params,
-                rate,
-                period_ns,
-            } => write!(
-                f,
-                "GCRA {} {} {}",
-                params.burst,
-                rate,
-                seconds_text(period_ns)
-            ),
-            Kind::Window { params, algorithm } => write!(
-                f,
-                "WINDOW {} {} {}",
-                params.limit,
-                seconds_text(params.window_ns),
-                algorithm.name()
-            ),
+        let period = seconds_text(self.period_ns);
+        match self.core {
+            limit::Limit::Gcra(p) => write!(f, "GCRA {} {} {period}", p.burst, self.rate),
+            limit::Limit::Fixed(p) => write!(f, "WINDOW {} {period} FIXED", p.limit),
+            limit::Limit::Sliding(p) => write!(f, "WINDOW {} {period} SLIDING", p.limit),
+            limit::Limit::Log(p) => write!(f, "WINDOW {} {period} LOG", p.limit),
+            limit::Limit::Lease(p, _) => write!(f, "LEASE {} {period}", p.limit),
         }
     }
 }
@@ -259,7 +212,7 @@ impl Decision {
     /// Nanoseconds until this same request would pass; None when allowed or never.
     pub fn retry_after_ns(&self) -> Option<u64> {
         match self.0.verdict {
-            Verdict::Denied { retry_after_ns } => Some(retry_after_ns),
+            Verdict::Denied { retry_after } => Some(retry_after.as_ns()),
             _ => None,
         }
     }
@@ -269,8 +222,8 @@ impl Decision {
     pub fn reply(&self) -> [i64; 5] {
         let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let retry = match self.0.verdict {
-            Verdict::Denied { retry_after_ns } => int(ceil_ms(retry_after_ns).max(1)),
-            Verdict::Reserved { delay_ns } => int(ceil_ms(delay_ns)),
+            Verdict::Denied { retry_after } => int(retry_after.ceil_ms().max(1)),
+            Verdict::Reserved { delay } => int(delay.ceil_ms()),
             Verdict::Allowed | Verdict::Never => -1,
         };
         [
@@ -278,19 +231,8 @@ impl Decision {
             int(self.0.limit),
             int(self.0.remaining),
             retry,
-            int(ceil_ms(self.0.reset_after_ns)),
+            int(self.0.reset_after.ceil_ms()),
         ]
-    }
-}
-
-/// Overflow is a request whose time arithmetic leaves 64-bit nanoseconds: the module answers
-/// it with an error and changes nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Overflow;
-
-impl From<decision::Overflow> for Overflow {
-    fn from(_: decision::Overflow) -> Self {
-        Self
     }
 }
 
@@ -298,100 +240,31 @@ impl From<decision::Overflow> for Overflow {
 /// never wrote holds nothing (the module's missing key); states are kept after they go idle,
 /// which decides exactly as a key the server expired (the module expires a key exactly when
 /// its state becomes indistinguishable from a missing one).
-pub enum Table {
-    /// GCRA states.
-    Gcra(Vec<Option<GcraState>>),
-    /// FIXED states.
-    Fixed(Vec<Option<FixedState>>),
-    /// SLIDING states.
-    Sliding(Vec<Option<SlidingState>>),
-    /// LOG states.
-    Log(Vec<Option<LogState>>),
-}
-
-/// A decided write, not yet made.
-#[derive(Debug, Clone)]
-enum Pending {
-    Gcra(GcraState),
-    Fixed(FixedState),
-    Sliding(SlidingState),
-    Log(LogWrite),
-}
-
-fn slot<T>(states: &mut Vec<Option<T>>, key: u32) -> &mut Option<T> {
-    let i = key as usize;
-    if states.len() <= i {
-        states.resize_with(i + 1, || None);
-    }
-    &mut states[i]
+pub struct Table {
+    states: Vec<Option<State>>,
 }
 
 impl Table {
-    /// An empty table for `limit`'s algorithm.
-    pub fn new(limit: &Limit) -> Self {
-        match limit.kind {
-            Kind::Gcra { .. } => Self::Gcra(Vec::new()),
-            Kind::Window { algorithm, .. } => match algorithm {
-                Algorithm::Fixed => Self::Fixed(Vec::new()),
-                Algorithm::Sliding => Self::Sliding(Vec::new()),
-                Algorithm::Log => Self::Log(Vec::new()),
-            },
-        }
+    /// An empty table for `limit`.
+    pub fn new(_limit: &Limit) -> Self {
+        Self { states: Vec::new() }
     }
 
-    /// Decides `quantity` for `key` at `now_ns` on the stored state. Reads only (the module's
-    /// `evaluate`).
-    fn evaluate(
-        &self,
-        limit: &Limit,
-        key: u32,
-        now_ns: u64,
-        quantity: u64,
-    ) -> Result<(decision::Decision, Option<Pending>), Overflow> {
+    /// Makes a decided write (what the module stores for it).
+    fn commit(&mut self, key: u32, write: &Write) {
         let i = key as usize;
-        Ok(match (self, limit.kind) {
-            (Self::Gcra(states), Kind::Gcra { params, .. }) => {
-                let stored = states.get(i).and_then(Option::as_ref);
-                let out = gcra::decide(&params, stored, now_ns, GcraRequest::of(quantity))?;
-                (out.decision, out.write.map(Pending::Gcra))
+        if self.states.len() <= i {
+            self.states.resize_with(i + 1, || None);
+        }
+        let slot = &mut self.states[i];
+        match slot {
+            Some(state) => {
+                state.apply(write);
+                if state.is_emptied() {
+                    *slot = None;
+                }
             }
-            (Self::Fixed(states), Kind::Window { params, .. }) => {
-                let stored = states.get(i).and_then(Option::as_ref);
-                let out = fixed_window::decide(&params, stored, now_ns, quantity)?;
-                (out.decision, out.write.map(Pending::Fixed))
-            }
-            (Self::Sliding(states), Kind::Window { params, .. }) => {
-                let stored = states.get(i).and_then(Option::as_ref);
-                let out = sliding_window::decide(&params, stored, now_ns, quantity)?;
-                (out.decision, out.write.map(Pending::Sliding))
-            }
-            (Self::Log(states), Kind::Window { params, .. }) => {
-                let stored = states.get(i).and_then(Option::as_ref);
-                let out = sliding_log::decide(&params, stored, now_ns, quantity)?;
-                (out.decision, out.write.map(Pending::Log))
-            }
-            // A table is only ever built by `Table::new` for its own limit.
-            _ => unreachable!("table used with another limit's algorithm"),
-        })
-    }
-
-    /// Makes a decided write (the module's `commit`: GCRA, FIXED and SLIDING store the new
-    /// state; LOG applies the append to the stored log, or to a new empty one).
-    fn commit(&mut self, key: u32, write: Pending) {
-        match (self, write) {
-            (Self::Gcra(states), Pending::Gcra(g)) => *slot(states, key) = Some(g),
-            (Self::Fixed(states), Pending::Fixed(f)) => *slot(states, key) = Some(f),
-            (Self::Sliding(states), Pending::Sliding(s)) => *slot(states, key) = Some(s),
-            (Self::Log(states), Pending::Log(w)) => {
-                let params = WindowParams {
-                    limit: w.limit,
-                    window_ns: w.window_ns,
-                };
-                slot(states, key)
-                    .get_or_insert_with(|| LogState::new(&params))
-                    .apply(&w);
-            }
-            _ => unreachable!("write of another algorithm"),
+            None => *slot = State::from_write(write),
         }
     }
 }
@@ -399,7 +272,7 @@ impl Table {
 /// Outcome of one request over all its limits, in the shape of RL.ALL's reply.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
-    /// The combined decision (None: no limit applied, or arithmetic overflow).
+    /// The combined decision (None: no limit applied, or the module would answer an error).
     pub combined: Option<Decision>,
     /// Each applicable limit's own decision, in limit order (None where the limit does not
     /// apply to this request); when the request is denied, each is what that limit alone
@@ -407,8 +280,8 @@ pub struct Outcome {
     pub each: Vec<Option<Decision>>,
     /// The request's arithmetic overflowed: the module answers an error, nothing is written.
     pub overflow: bool,
-    scratch: Vec<decision::Decision>,
-    writes: Vec<(usize, Pending)>,
+    scratch: Vec<(decision::Decision, u64)>,
+    writes: Vec<(usize, Write)>,
 }
 
 /// Decides one request of `quantity` at `now_ns` on `keys[i]` of each limit `i` (None: that
@@ -428,21 +301,27 @@ pub fn decide_all(
     out.writes.clear();
     out.combined = None;
     out.overflow = false;
+    let now = Instant::from_ns(now_ns);
     for (i, ((limit, table), key)) in limits.iter().zip(tables.iter()).zip(keys).enumerate() {
         let Some(key) = *key else {
             out.each.push(None);
             continue;
         };
-        match table.evaluate(limit, key, now_ns, quantity) {
-            Ok((d, write)) => {
-                out.each.push(Some(Decision(d)));
-                out.scratch.push(d);
-                if let Some(w) = write {
+        let stored = table.states.get(key as usize).and_then(Option::as_ref);
+        match limit
+            .core
+            .decide(stored.map(State::as_ref), now, Request::of(quantity))
+        {
+            Ok(o) => {
+                out.each.push(Some(Decision(o.decision)));
+                out.scratch.push((o.decision, quantity));
+                if let Some(w) = o.write {
                     out.writes.push((i, w));
                 }
             }
-            Err(Overflow) => {
-                // The module replies an error for the whole call and writes nothing.
+            Err(_) => {
+                // The module replies an error for the whole call and writes nothing (an
+                // overflow: a table only ever holds its own limit's algorithm).
                 out.overflow = true;
                 out.each.push(None);
             }
@@ -456,7 +335,7 @@ pub fn decide_all(
     if combined.verdict.is_allowed() {
         for (i, write) in out.writes.drain(..) {
             if let Some(key) = keys[i] {
-                tables[i].commit(key, write);
+                tables[i].commit(key, &write);
             }
         }
     }
