@@ -10,23 +10,32 @@
 //! | 1 | tag (u8) |
 //! | 2.. | the tag's fields |
 //!
-//! States (windows exist from version 2):
+//! States (windows from version 2, leases from version 3):
 //!
 //! * tag 1, GCRA: `tat_ns`, `emission_interval_ns`, `burst`, `updated_ns` (34 bytes; version 1
 //!   had no `updated_ns`: 26 bytes).
-//! * tag 2, FIXED: `window_ns`, `limit`, `window_start_ns`, `count`, `updated_ns` (42 bytes).
+//! * tag 2, FIXED: `window_ns`, `limit`, `window_start_ns`, `count`, `updated_ns` (42 bytes;
+//!   `count` may exceed `limit`: FORCE records usage past it).
 //! * tag 3, SLIDING: `window_ns`, `limit`, `window_start_ns`, `prev`, `curr`, `updated_ns`
 //!   (50 bytes).
 //! * tag 4, LOG: `window_ns`, `limit`, `first_ns`, `last_ns`, `total`, `len`, then `len`
 //!   bytes of the log's entries (LEB128: the oldest entry's count, then `delta_ns, count` per
 //!   later instant).
+//! * tag 5, LEASE: `limit`, `count`, `len`, then `len` bytes of `count` records
+//!   `expires_ns, slots, token_len (u8), token`.
 //!
-//! Effects (only in `RL.APPLY`, never stored), optionally preceded by an expiry prefix
-//! (tag 0x90, `expire_at_ms: i64`) that sets the key's absolute expiry:
+//! Effects (only in `RL.APPLY`, never stored), optionally preceded by an event prefix (tag
+//! 0x91, one byte: the command that made the write, for the keyspace event replicas emit;
+//! version 3) and an expiry prefix (tag 0x90, `expire_at_ms: i64`, the key's absolute
+//! expiry), each at most once, in either order:
 //!
-//! * a state (tags 1–4): replace the key's value with it;
+//! * a state (tags 1–5): replace the key's value with it;
 //! * tag 0x81, LOG append: `window_ns`, `limit`, `at_ns`, `quantity`;
-//! * tag 0x82, LOG refund: `at_ns`, `quantity`.
+//! * tag 0x82, LOG refund: `at_ns`, `quantity`;
+//! * tag 0x83, delete the key (version 3);
+//! * tag 0x84, lease taken or renewed: `limit`, `at_ns`, `expires_ns`, `slots`, `token_len
+//!   (u8)`, `token` (version 3);
+//! * tag 0x85, lease released: `at_ns`, `token_len (u8)`, `token` (version 3).
 //!
 //! Decoding validates every field against what a command could have produced and rejects
 //! short input, trailing bytes, unknown tags and versions newer than this build: a file or a

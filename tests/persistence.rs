@@ -313,6 +313,71 @@ fn golden_v2_rdb_fixture_still_loads() {
 }
 
 #[test]
+fn golden_v3_rdb_fixture_still_loads() {
+    // tests/fixtures/v3-leases.rdb was written by encoding version 3 (LEASE states, counts
+    // past the limit from FORCE), ten-year periods, PERSIST on every key: see
+    // tests/fixtures/README.md.
+    let s = start_with_fixture("v3-leases.rdb");
+    let mut c = s.conn();
+    let lease = |c: &mut redis::Connection, token: &str, qty: &str| {
+        rl(
+            c,
+            &[
+                "RL.LEASE",
+                "fixture:lease",
+                "5",
+                "315360000",
+                token,
+                "QUANTITY",
+                qty,
+            ],
+        )
+    };
+    // job-a holds 2 slots and job-b 1 until 2036: 2 of 5 remain.
+    assert_eq!(lease(&mut c, "job-c", "0")[..3], [1, 5, 2]);
+    assert_eq!(lease(&mut c, "job-c", "3")[0], 0);
+    let released: Vec<i64> = q(&mut c, &["RL.RELEASE", "fixture:lease", "job-a"]);
+    assert_eq!(released[..2], [2, 4]);
+    // GCRA forced 5 past a burst of 3: over its burst for decades.
+    let r = rl(
+        &mut c,
+        &[
+            "RL.GCRA",
+            "fixture:gcra",
+            "3",
+            "1",
+            "315360000",
+            "QUANTITY",
+            "0",
+        ],
+    );
+    assert_eq!(r[..3], [1, 3, 0]);
+    let r = rl(
+        &mut c,
+        &[
+            "RL.WINDOW",
+            "fixture:log",
+            "5",
+            "315360000",
+            "LOG",
+            "QUANTITY",
+            "0",
+        ],
+    );
+    assert_eq!(r[..3], [1, 5, 2]);
+    for (key, limit, algo) in [
+        ("fixture:fixed", "4", "FIXED"),
+        ("fixture:sliding", "6", "SLIDING"),
+    ] {
+        let r = rl(
+            &mut c,
+            &["RL.WINDOW", key, limit, "315360000", algo, "QUANTITY", "0"],
+        );
+        assert_eq!(r[1].to_string(), limit, "{key}");
+    }
+}
+
+#[test]
 fn golden_v1_rdb_fixture_still_loads() {
     // tests/fixtures/v1-gcra.rdb was written by the first release (encoding version 1):
     // RL.GCRA fixture:gcra 3 1 315360000 QUANTITY 2, then PERSIST (so it never expires), SAVE.
