@@ -37,6 +37,14 @@
 //!   (u8)`, `token` (version 3);
 //! * tag 0x85, lease released: `at_ns`, `token_len (u8)`, `token` (version 3).
 //!
+//! The compact form of an effect (tag 0x92, version 3, alone: no prefixes) is what the
+//! limiting commands send, at most 44 bytes in the usual case so that the server keeps it in
+//! one allocation: the event byte, then a GCRA or FIXED state's tag and fields as above, a
+//! SLIDING state's tag with `window_ns`, `window_start_ns`, `updated_ns` and then `limit`,
+//! `prev`, `curr` as LEB128 varints, or a LOG append (tag 0x81 and its fields). The key's
+//! expiry is not sent: it is the state's idle instant, or the appended request's instant plus
+//! the window ([`Compact`]).
+//!
 //! Decoding validates every field against what a command could have produced and rejects
 //! short input, trailing bytes, unknown tags and versions newer than this build: a file or a
 //! `RESTORE` payload can never load a value that a command could not have made.
@@ -75,6 +83,7 @@ const TAG_LEASE_ACQUIRE: u8 = 0x84;
 const TAG_LEASE_RELEASE: u8 = 0x85;
 const TAG_EXPIRY: u8 = 0x90;
 const TAG_EVENT: u8 = 0x91;
+const TAG_IDLE_EXPIRY: u8 = 0x92;
 
 /// DecodeError says why bytes are not a valid state or effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,14 +117,85 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-fn put(out: &mut Vec<u8>, fields: &[u64]) {
-    for f in fields {
-        out.extend_from_slice(&f.to_le_bytes());
+/// Sink is where an encoding is written: a `Vec<u8>`, or a buffer on the stack for the small
+/// effects replicated on every write (no allocation, no thread-local lookup).
+pub trait Sink {
+    /// Appends `bytes`.
+    fn put_bytes(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    #[inline]
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
 }
 
-fn encode_gcra_into(g: &GcraState, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_GCRA]);
+/// StackBytes holds an encoding on the stack up to `N` bytes and moves it to the heap only
+/// when it grows past them (a large LOG or LEASE write).
+pub struct StackBytes<const N: usize> {
+    inline: [u8; N],
+    len: usize,
+    heap: Vec<u8>,
+}
+
+impl<const N: usize> StackBytes<N> {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self {
+            inline: [0; N],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+
+    /// The bytes written so far.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            self.inline.get(..self.len).unwrap_or_default()
+        } else {
+            &self.heap
+        }
+    }
+}
+
+impl<const N: usize> Default for StackBytes<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> Sink for StackBytes<N> {
+    #[inline]
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() {
+            let end = self.len.saturating_add(bytes.len());
+            if let Some(slot) = self.inline.get_mut(self.len..end) {
+                slot.copy_from_slice(bytes);
+                self.len = end;
+                return;
+            }
+            let kept = self.inline.get(..self.len).unwrap_or_default();
+            self.heap.reserve(end);
+            self.heap.extend_from_slice(kept);
+        }
+        self.heap.extend_from_slice(bytes);
+    }
+}
+
+fn put<W: Sink + ?Sized>(out: &mut W, fields: &[u64]) {
+    for f in fields {
+        out.put_bytes(&f.to_le_bytes());
+    }
+}
+
+fn encode_gcra_into<W: Sink + ?Sized>(g: &GcraState, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION]);
+    encode_gcra_body(g, out);
+}
+
+fn encode_gcra_body<W: Sink + ?Sized>(g: &GcraState, out: &mut W) {
+    out.put_bytes(&[TAG_GCRA]);
     put(
         out,
         &[
@@ -127,8 +207,13 @@ fn encode_gcra_into(g: &GcraState, out: &mut Vec<u8>) {
     );
 }
 
-fn encode_fixed_into(s: &FixedState, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_FIXED]);
+fn encode_fixed_into<W: Sink + ?Sized>(s: &FixedState, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION]);
+    encode_fixed_body(s, out);
+}
+
+fn encode_fixed_body<W: Sink + ?Sized>(s: &FixedState, out: &mut W) {
+    out.put_bytes(&[TAG_FIXED]);
     put(
         out,
         &[
@@ -141,8 +226,8 @@ fn encode_fixed_into(s: &FixedState, out: &mut Vec<u8>) {
     );
 }
 
-fn encode_sliding_into(s: &SlidingState, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_SLIDING]);
+fn encode_sliding_into<W: Sink + ?Sized>(s: &SlidingState, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION, TAG_SLIDING]);
     put(
         out,
         &[
@@ -156,8 +241,8 @@ fn encode_sliding_into(s: &SlidingState, out: &mut Vec<u8>) {
     );
 }
 
-fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG]);
+fn encode_log_into<W: Sink + ?Sized>(s: &LogState, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION, TAG_LOG]);
     let bytes = s.log.bytes();
     put(
         out,
@@ -170,26 +255,26 @@ fn encode_log_into(s: &LogState, out: &mut Vec<u8>) {
             bytes.len() as u64,
         ],
     );
-    out.extend_from_slice(bytes);
+    out.put_bytes(bytes);
 }
 
-fn encode_lease_into(s: &LeaseState, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_LEASE]);
+fn encode_lease_into<W: Sink + ?Sized>(s: &LeaseState, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION, TAG_LEASE]);
     let bytes = s.bytes();
     put(out, &[s.limit, s.len() as u64, bytes.len() as u64]);
-    out.extend_from_slice(bytes);
+    out.put_bytes(bytes);
 }
 
-fn put_token(out: &mut Vec<u8>, token: &Token) {
+fn put_token<W: Sink + ?Sized>(out: &mut W, token: &Token) {
     let bytes = token.as_bytes();
-    out.push(bytes.len() as u8);
-    out.extend_from_slice(bytes);
+    out.put_bytes(&[bytes.len() as u8]);
+    out.put_bytes(bytes);
 }
 
-fn encode_lease_write_into(w: &LeaseWrite, out: &mut Vec<u8>) {
+fn encode_lease_write_into<W: Sink + ?Sized>(w: &LeaseWrite, out: &mut W) {
     match w {
         LeaseWrite::Acquire { limit, at, lease } => {
-            out.extend_from_slice(&[ENCODING_VERSION, TAG_LEASE_ACQUIRE]);
+            out.put_bytes(&[ENCODING_VERSION, TAG_LEASE_ACQUIRE]);
             put(
                 out,
                 &[*limit, at.as_ns(), lease.expires_at.as_ns(), lease.slots],
@@ -197,25 +282,25 @@ fn encode_lease_write_into(w: &LeaseWrite, out: &mut Vec<u8>) {
             put_token(out, &lease.token);
         }
         LeaseWrite::Release { at, token } => {
-            out.extend_from_slice(&[ENCODING_VERSION, TAG_LEASE_RELEASE]);
+            out.put_bytes(&[ENCODING_VERSION, TAG_LEASE_RELEASE]);
             put(out, &[at.as_ns()]);
             put_token(out, token);
         }
     }
 }
 
-fn encode_log_append_into(w: &LogWrite, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG_APPEND]);
+fn encode_log_append_into<W: Sink + ?Sized>(w: &LogWrite, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION, TAG_LOG_APPEND]);
     put(out, &[w.window.as_ns(), w.limit, w.at.as_ns(), w.quantity]);
 }
 
-fn encode_log_refund_into(at: Instant, quantity: u64, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_LOG_REFUND]);
+fn encode_log_refund_into<W: Sink + ?Sized>(at: Instant, quantity: u64, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION, TAG_LOG_REFUND]);
     put(out, &[at.as_ns(), quantity]);
 }
 
 /// Appends the encoding of a stored value (newest version) to `out`.
-pub fn encode_state_into(state: StateRef<'_>, out: &mut Vec<u8>) {
+pub fn encode_state_into<W: Sink + ?Sized>(state: StateRef<'_>, out: &mut W) {
     match state {
         StateRef::Gcra(g) => encode_gcra_into(&g, out),
         StateRef::Fixed(s) => encode_fixed_into(s, out),
@@ -235,7 +320,7 @@ pub fn encode(state: &State) -> Vec<u8> {
 /// Appends the effect of an admitted request's write to `out`: the new state for GCRA, FIXED
 /// and SLIDING (the same bytes as the state's own encoding), the append itself for LOG (a
 /// few dozen bytes, whatever the log holds).
-pub fn encode_write_into(write: &Write, out: &mut Vec<u8>) {
+pub fn encode_write_into<W: Sink + ?Sized>(write: &Write, out: &mut W) {
     match write {
         Write::Gcra(g) => encode_gcra_into(g, out),
         Write::Fixed(s) => encode_fixed_into(s, out),
@@ -248,23 +333,149 @@ pub fn encode_write_into(write: &Write, out: &mut Vec<u8>) {
 
 /// Appends the expiry prefix (tag 0x90): the effect that follows sets the key to expire at
 /// `expire_at_ms`, ms since the epoch.
-pub fn encode_expiry_prefix_into(expire_at_ms: i64, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_EXPIRY]);
-    out.extend_from_slice(&expire_at_ms.to_le_bytes());
+pub fn encode_expiry_prefix_into<W: Sink + ?Sized>(expire_at_ms: i64, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION, TAG_EXPIRY]);
+    out.put_bytes(&expire_at_ms.to_le_bytes());
 }
 
 /// Appends the event prefix (tag 0x91): the effect that follows was made by the command
 /// whose keyspace event is `event`.
-pub fn encode_event_prefix_into(event: Event, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[ENCODING_VERSION, TAG_EVENT, event.code()]);
+pub fn encode_event_prefix_into<W: Sink + ?Sized>(event: Event, out: &mut W) {
+    out.put_bytes(&[ENCODING_VERSION, TAG_EVENT, event.code()]);
+}
+
+/// The longest `RL.APPLY` blob the server keeps in one allocation (an embedded string):
+/// a compact effect is meant to fit.
+pub const COMPACT_FITS: usize = 44;
+
+/// Compact is the short form of a write's `RL.APPLY` blob (tag 0x92), built on the stack:
+/// version, 0x92, the event, then the write's tag and fields. The key's expiry is not sent:
+/// the reader derives it from the write (a state's idle instant, a LOG request's instant
+/// plus its window). GCRA and FIXED carry their state's fields; SLIDING its instants and
+/// window in full and `limit`, `prev`, `curr` as LEB128 varints; a LOG request its four
+/// fields. In the usual case every one is at most [`COMPACT_FITS`] bytes long.
+pub struct Compact {
+    bytes: [u8; 64],
+    len: usize,
+}
+
+impl Compact {
+    fn new(event: Event, tag: u8) -> Self {
+        let mut bytes = [0; 64];
+        bytes[..4].copy_from_slice(&[ENCODING_VERSION, TAG_IDLE_EXPIRY, event.code(), tag]);
+        Self { bytes, len: 4 }
+    }
+
+    // The layouts above take at most 4 + 3 × 8 + 3 × 10 = 58 bytes, so neither put runs
+    // out of room; if one ever did, `as_slice` would not match the layout and the reader
+    // would refuse it, so nothing wrong could be applied.
+    fn u64(&mut self, value: u64) {
+        if let Some(slot) = self.bytes.get_mut(self.len..self.len + 8) {
+            slot.copy_from_slice(&value.to_le_bytes());
+            self.len += 8;
+        }
+    }
+
+    fn varint(&mut self, mut value: u64) {
+        loop {
+            let Some(slot) = self.bytes.get_mut(self.len) else {
+                return;
+            };
+            self.len += 1;
+            if value < 0x80 {
+                *slot = value as u8;
+                return;
+            }
+            *slot = (value as u8) | 0x80;
+            value >>= 7;
+        }
+    }
+
+    /// The blob.
+    pub fn as_slice(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or_default()
+    }
+}
+
+/// The compact `RL.APPLY` blob of `write` announced as `event`, when the write's expiry
+/// `expire_at_ms` is the one a reader derives from it (always, for the writes the limiting
+/// commands make); None for other writes (LOG refunds, leases), which use
+/// [`encode_announcement_into`].
+pub fn compact_announcement(event: Event, write: &Write, expire_at_ms: i64) -> Option<Compact> {
+    let derived = match write {
+        Write::Gcra(g) => StateRef::Gcra(*g).idle_at(),
+        Write::Fixed(f) => StateRef::Fixed(f).idle_at(),
+        Write::Sliding(s) => StateRef::Sliding(s).idle_at(),
+        Write::Log(w) => Some(log_write_expiry(w)),
+        _ => None,
+    }?;
+    if derived.ceil_unix_ms() != expire_at_ms {
+        return None;
+    }
+    Some(match write {
+        Write::Gcra(g) => {
+            let mut c = Compact::new(event, TAG_GCRA);
+            c.u64(g.tat.as_ns());
+            c.u64(g.emission_interval.as_ns());
+            c.u64(g.burst);
+            c.u64(g.updated_at.as_ns());
+            c
+        }
+        Write::Fixed(f) => {
+            let mut c = Compact::new(event, TAG_FIXED);
+            c.u64(f.window.as_ns());
+            c.u64(f.limit);
+            c.u64(f.window_start.as_ns());
+            c.u64(f.count);
+            c.u64(f.updated_at.as_ns());
+            c
+        }
+        Write::Sliding(s) => {
+            let mut c = Compact::new(event, TAG_SLIDING);
+            c.u64(s.window.as_ns());
+            c.u64(s.window_start.as_ns());
+            c.u64(s.updated_at.as_ns());
+            c.varint(s.limit);
+            c.varint(s.prev);
+            c.varint(s.curr);
+            c
+        }
+        Write::Log(w) => {
+            let mut c = Compact::new(event, TAG_LOG_APPEND);
+            c.u64(w.window.as_ns());
+            c.u64(w.limit);
+            c.u64(w.at.as_ns());
+            c.u64(w.quantity);
+            c
+        }
+        _ => return None,
+    })
+}
+
+/// The instant a LOG is idle after `w`: its request leaves the window.
+fn log_write_expiry(w: &LogWrite) -> Instant {
+    w.at.saturating_add(w.window)
+}
+
+/// Appends what `RL.APPLY` carries for `write` stored with the expiry `expire_at_ms` and
+/// announced as `event`, in the general form: the event and expiry prefixes, then the write.
+pub fn encode_announcement_into<W: Sink + ?Sized>(
+    event: Event,
+    write: &Write,
+    expire_at_ms: i64,
+    out: &mut W,
+) {
+    encode_event_prefix_into(event, out);
+    encode_expiry_prefix_into(expire_at_ms, out);
+    encode_write_into(write, out);
 }
 
 /// Appends the encoding of `effect` to `out`.
-pub fn encode_effect_into(effect: &Effect, out: &mut Vec<u8>) {
+pub fn encode_effect_into<W: Sink + ?Sized>(effect: &Effect, out: &mut W) {
     match effect {
         Effect::Replace(state) => encode_state_into(state.as_ref(), out),
         Effect::Apply(write) => encode_write_into(write, out),
-        Effect::Delete => out.extend_from_slice(&[ENCODING_VERSION, TAG_DELETE]),
+        Effect::Delete => out.put_bytes(&[ENCODING_VERSION, TAG_DELETE]),
     }
 }
 
@@ -302,6 +513,29 @@ impl<'a> Reader<'a> {
         Token::new(bytes).ok_or(DecodeError::OutOfRange("token"))
     }
 
+    /// A LEB128 varint in its shortest form, at most `u64::MAX`.
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut value: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let [byte, rest @ ..] = self.rest else {
+                return Err(DecodeError::Truncated);
+            };
+            self.rest = rest;
+            let bits = u64::from(byte & 0x7f);
+            if shift == 63 && bits > 1 {
+                return Err(DecodeError::OutOfRange("varint"));
+            }
+            value |= bits << shift;
+            if byte & 0x80 == 0 {
+                if *byte == 0 && shift > 0 {
+                    return Err(DecodeError::OutOfRange("varint"));
+                }
+                return Ok(value);
+            }
+        }
+        Err(DecodeError::OutOfRange("varint"))
+    }
+
     fn finish(self) -> Result<(), DecodeError> {
         if self.rest.is_empty() {
             Ok(())
@@ -328,6 +562,63 @@ fn check_window_start(start: u64, updated: u64, window_ns: u64) -> Result<(), De
     Ok(())
 }
 
+/// Checks a GCRA state against what a command can write: burst ≥ 1, an emission interval of
+/// 1 ns to ten years whose tolerance fits in 64 bits, the last write not after the TAT.
+pub fn validate_gcra(g: &GcraState) -> Result<(), DecodeError> {
+    if g.burst == 0 {
+        return Err(DecodeError::OutOfRange("burst"));
+    }
+    GcraParams::from_interval(g.burst, g.emission_interval)
+        .map_err(|_| DecodeError::OutOfRange("emission_interval_ns"))?;
+    if g.updated_at > g.tat {
+        return Err(DecodeError::OutOfRange("updated_ns"));
+    }
+    Ok(())
+}
+
+/// Checks a FIXED state against what a command can write: valid parameters, a window start
+/// aligned to its length, the last write inside that window, a count of at least 1 (FORCE
+/// records usage past the limit, so any count above 0 can be stored).
+pub fn validate_fixed(s: &FixedState) -> Result<(), DecodeError> {
+    window_params(s.window.as_ns(), s.limit)?;
+    check_window_start(
+        s.window_start.as_ns(),
+        s.updated_at.as_ns(),
+        s.window.as_ns(),
+    )?;
+    if s.count == 0 {
+        return Err(DecodeError::OutOfRange("count"));
+    }
+    Ok(())
+}
+
+/// Checks a SLIDING state against what a command can write: as FIXED, with two counts not
+/// both 0.
+pub fn validate_sliding(s: &SlidingState) -> Result<(), DecodeError> {
+    window_params(s.window.as_ns(), s.limit)?;
+    check_window_start(
+        s.window_start.as_ns(),
+        s.updated_at.as_ns(),
+        s.window.as_ns(),
+    )?;
+    if s.prev == 0 && s.curr == 0 {
+        return Err(DecodeError::OutOfRange("prev"));
+    }
+    Ok(())
+}
+
+/// Checks that a write's state is one the decoder accepts (so RDB files, replicas and the AOF
+/// can load it), without encoding it. LOG and LEASE writes change a stored collection whose
+/// invariants the algorithms keep (property-tested); they are accepted here.
+pub fn check_write(write: &Write) -> Result<(), DecodeError> {
+    match write {
+        Write::Gcra(g) => validate_gcra(g),
+        Write::Fixed(s) => validate_fixed(s),
+        Write::Sliding(s) => validate_sliding(s),
+        Write::Log(_) | Write::LogRefund { .. } | Write::Lease(_) => Ok(()),
+    }
+}
+
 fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, DecodeError> {
     match (version, tag) {
         (_, TAG_GCRA) => {
@@ -346,50 +637,41 @@ fn decode_state(version: u8, tag: u8, r: &mut Reader<'_>) -> Result<State, Decod
             } else {
                 r.u64()?
             };
-            if updated_ns > tat_ns {
-                return Err(DecodeError::OutOfRange("updated_ns"));
-            }
-            Ok(State::Gcra(GcraState {
+            let state = GcraState {
                 tat: Instant::from_ns(tat_ns),
                 emission_interval: params.emission_interval,
                 burst,
                 updated_at: Instant::from_ns(updated_ns),
-            }))
+            };
+            validate_gcra(&state)?;
+            Ok(State::Gcra(state))
         }
         (VERSION_WINDOWS.., TAG_FIXED) => {
             let (window_ns, limit, window_start_ns, count, updated_ns) =
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
-            window_params(window_ns, limit)?;
-            check_window_start(window_start_ns, updated_ns, window_ns)?;
-            // FORCE records usage past the limit: any count but 0 can be stored.
-            if count == 0 {
-                return Err(DecodeError::OutOfRange("count"));
-            }
-            Ok(State::Fixed(Box::new(FixedState {
+            let state = FixedState {
                 window: Span::from_ns(window_ns),
                 limit,
                 window_start: Instant::from_ns(window_start_ns),
                 count,
                 updated_at: Instant::from_ns(updated_ns),
-            })))
+            };
+            validate_fixed(&state)?;
+            Ok(State::Fixed(Box::new(state)))
         }
         (VERSION_WINDOWS.., TAG_SLIDING) => {
             let (window_ns, limit, window_start_ns, prev, curr, updated_ns) =
                 (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
-            window_params(window_ns, limit)?;
-            check_window_start(window_start_ns, updated_ns, window_ns)?;
-            // FORCE records usage past the limit: counts above it can be stored.
-            if prev == 0 && curr == 0 {
-                return Err(DecodeError::OutOfRange("prev"));
-            }
-            Ok(State::Sliding(Box::new(SlidingState {
+            let state = SlidingState {
                 window: Span::from_ns(window_ns),
                 limit,
                 window_start: Instant::from_ns(window_start_ns),
                 prev,
                 curr,
                 updated_at: Instant::from_ns(updated_ns),
-            })))
+            };
+            validate_sliding(&state)?;
+            Ok(State::Sliding(Box::new(state)))
         }
         (VERSION_WINDOWS.., TAG_LOG) => {
             let (window_ns, limit, first_ns, last_ns, total, len) =
@@ -459,6 +741,52 @@ pub struct Applied {
     pub event: Option<Event>,
 }
 
+/// Reads a compact write (tag 0x92, after the event byte): its effect and the instant the
+/// key expires.
+fn decode_compact(
+    version: u8,
+    tag: u8,
+    r: &mut Reader<'_>,
+) -> Result<(Effect, Instant), DecodeError> {
+    let state = match tag {
+        TAG_GCRA | TAG_FIXED => decode_state(version, tag, r)?,
+        TAG_SLIDING => {
+            let (window_ns, window_start_ns, updated_ns) = (r.u64()?, r.u64()?, r.u64()?);
+            let (limit, prev, curr) = (r.varint()?, r.varint()?, r.varint()?);
+            let state = SlidingState {
+                window: Span::from_ns(window_ns),
+                limit,
+                window_start: Instant::from_ns(window_start_ns),
+                prev,
+                curr,
+                updated_at: Instant::from_ns(updated_ns),
+            };
+            validate_sliding(&state)?;
+            State::Sliding(Box::new(state))
+        }
+        TAG_LOG_APPEND => {
+            let write = decode_log_append(r)?;
+            return Ok((Effect::Apply(Write::Log(write)), log_write_expiry(&write)));
+        }
+        _ => return Err(DecodeError::UnknownAlgorithm(tag)),
+    };
+    let idle_at = state.as_ref().idle_at().unwrap_or(Instant::EPOCH);
+    Ok((Effect::Replace(state), idle_at))
+}
+
+fn decode_log_append(r: &mut Reader<'_>) -> Result<LogWrite, DecodeError> {
+    let (window_ns, limit, at_ns, quantity) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    window_params(window_ns, limit)?;
+    if quantity == 0 || quantity > limit {
+        return Err(DecodeError::OutOfRange("quantity"));
+    }
+    Ok(LogWrite {
+        window: Span::from_ns(window_ns),
+        limit,
+        at: Instant::from_ns(at_ns),
+        quantity,
+    })
+}
 /// Decodes an `RL.APPLY` blob: optional prefixes (an expiry, an event; each at most once, in
 /// any order), then an effect.
 ///
@@ -483,7 +811,28 @@ pub fn decode_applied(bytes: &[u8]) -> Result<Applied, DecodeError> {
                 event = Some(Event::from_code(*code).ok_or(DecodeError::OutOfRange("event"))?);
                 r.rest = tail;
             }
-            TAG_EXPIRY | TAG_EVENT => return Err(DecodeError::UnknownAlgorithm(tag)),
+            TAG_IDLE_EXPIRY if version >= VERSION_LEASES && event.is_none() => {
+                // The compact form (see `Compact`): the event, then the write; the expiry
+                // is derived from the write.
+                if expire_at_ms.is_some() {
+                    return Err(DecodeError::UnknownAlgorithm(tag));
+                }
+                let [code, tag, tail @ ..] = r.rest else {
+                    return Err(DecodeError::Truncated);
+                };
+                let event = Event::from_code(*code).ok_or(DecodeError::OutOfRange("event"))?;
+                let mut body = Reader { rest: tail };
+                let (effect, expiry) = decode_compact(version, *tag, &mut body)?;
+                body.finish()?;
+                return Ok(Applied {
+                    effect,
+                    expire_at_ms: Some(expiry.ceil_unix_ms()),
+                    event: Some(event),
+                });
+            }
+            TAG_EXPIRY | TAG_EVENT | TAG_IDLE_EXPIRY => {
+                return Err(DecodeError::UnknownAlgorithm(tag))
+            }
             _ => {
                 return Ok(Applied {
                     effect: decode_effect(rest)?,
@@ -503,17 +852,7 @@ pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
     let (version, tag, mut r) = header(bytes)?;
     let effect = match (version, tag) {
         (VERSION_WINDOWS.., TAG_LOG_APPEND) => {
-            let (window_ns, limit, at_ns, quantity) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
-            window_params(window_ns, limit)?;
-            if quantity == 0 || quantity > limit {
-                return Err(DecodeError::OutOfRange("quantity"));
-            }
-            Effect::Apply(Write::Log(LogWrite {
-                window: Span::from_ns(window_ns),
-                limit,
-                at: Instant::from_ns(at_ns),
-                quantity,
-            }))
+            Effect::Apply(Write::Log(decode_log_append(&mut r)?))
         }
         (VERSION_LEASES.., TAG_DELETE) => Effect::Delete,
         (VERSION_LEASES.., TAG_LEASE_ACQUIRE) => {
@@ -525,7 +864,7 @@ pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
             if slots == 0 || slots > limit {
                 return Err(DecodeError::OutOfRange("slots"));
             }
-            Effect::Apply(Write::Lease(LeaseWrite::Acquire {
+            Effect::Apply(Write::Lease(Box::new(LeaseWrite::Acquire {
                 limit,
                 at: Instant::from_ns(at),
                 lease: Lease {
@@ -533,12 +872,12 @@ pub fn decode_effect(bytes: &[u8]) -> Result<Effect, DecodeError> {
                     slots,
                     expires_at: Instant::from_ns(expires_at),
                 },
-            }))
+            })))
         }
         (VERSION_LEASES.., TAG_LEASE_RELEASE) => {
             let at = Instant::from_ns(r.u64()?);
             let token = r.token()?;
-            Effect::Apply(Write::Lease(LeaseWrite::Release { at, token }))
+            Effect::Apply(Write::Lease(Box::new(LeaseWrite::Release { at, token })))
         }
         (VERSION_WINDOWS.., TAG_LOG_REFUND) => {
             let (at_ns, quantity) = (r.u64()?, r.u64()?);
@@ -565,6 +904,22 @@ mod tests {
             burst,
             updated_at: Instant::from_ns(tat_ns / 2),
         })
+    }
+
+    #[test]
+    fn stack_bytes_spill_to_the_heap_keeping_their_order() {
+        let mut small = StackBytes::<4>::new();
+        small.put_bytes(b"ab");
+        small.put_bytes(b"");
+        small.put_bytes(b"cd");
+        assert_eq!(small.as_slice(), b"abcd");
+        small.put_bytes(b"e");
+        small.put_bytes(b"fgh");
+        assert_eq!(small.as_slice(), b"abcdefgh");
+        let mut big = StackBytes::<2>::new();
+        big.put_bytes(b"abc");
+        assert_eq!(big.as_slice(), b"abc");
+        assert_eq!(StackBytes::<8>::new().as_slice(), b"");
     }
 
     #[test]
@@ -741,6 +1096,107 @@ mod tests {
             Err(DecodeError::OutOfRange("event"))
         );
         assert_eq!(decode_applied(&applied[..12]), Err(DecodeError::Truncated));
+    }
+
+    #[test]
+    fn compact_writes_fit_one_allocation_and_carry_their_expiry() {
+        let g = GcraState {
+            tat: Instant::from_ns(1_800_000_000_123_456_789),
+            emission_interval: Span::from_ns(1_000_000),
+            burst: 5,
+            updated_at: Instant::from_ns(1_800_000_000_000_000_000),
+        };
+        let f = FixedState {
+            window: Span::from_ns(60_000_000_000),
+            limit: 10,
+            window_start: Instant::from_ns(1_799_999_940_000_000_000),
+            count: 12,
+            updated_at: Instant::from_ns(1_799_999_999_000_000_000),
+        };
+        let s = SlidingState {
+            window: Span::from_ns(3_600_000_000_000),
+            limit: 1_000_000,
+            window_start: Instant::from_ns(1_800_000_000_000_000_000),
+            prev: 999_999,
+            curr: 130,
+            updated_at: Instant::from_ns(1_800_000_001_000_000_000),
+        };
+        let l = LogWrite {
+            window: Span::from_ns(2_500_000),
+            limit: 3,
+            at: Instant::from_ns(1_800_000_000_000_000_001),
+            quantity: 2,
+        };
+        for (write, effect, expire_at_ms) in [
+            (
+                Write::Gcra(g),
+                Effect::Replace(State::Gcra(g)),
+                1_800_000_000_124,
+            ),
+            (
+                Write::Fixed(f),
+                Effect::Replace(State::Fixed(Box::new(f))),
+                1_800_000_000_000,
+            ),
+            (
+                Write::Sliding(s),
+                Effect::Replace(State::Sliding(Box::new(s))),
+                1_800_007_200_000,
+            ),
+            (
+                Write::Log(l),
+                Effect::Apply(Write::Log(l)),
+                1_800_000_000_003,
+            ),
+        ] {
+            // Another expiry than the derived one: no compact form.
+            assert!(compact_announcement(Event::Window, &write, expire_at_ms + 1).is_none());
+            let compact = compact_announcement(Event::Window, &write, expire_at_ms).unwrap();
+            let mut out = compact.as_slice().to_vec();
+            assert!(out.len() <= COMPACT_FITS, "{} bytes", out.len());
+            let applied = Applied {
+                effect,
+                expire_at_ms: Some(expire_at_ms),
+                event: Some(Event::Window),
+            };
+            assert_eq!(decode_applied(&out), Ok(applied.clone()));
+            // The general form says the same.
+            let mut general = Vec::new();
+            encode_announcement_into(Event::Window, &write, expire_at_ms, &mut general);
+            let general = decode_applied(&general).unwrap();
+            assert_eq!(general.expire_at_ms, applied.expire_at_ms);
+            assert_eq!(general.event, applied.event);
+            // Truncated or with a byte too many: refused.
+            assert!(decode_applied(&out[..out.len() - 1]).is_err());
+            out.push(0);
+            assert!(decode_applied(&out).is_err());
+        }
+        let log = Write::LogRefund {
+            at: Instant::from_ns(1),
+            quantity: 1,
+        };
+        assert!(compact_announcement(Event::Refund, &log, 0).is_none());
+    }
+
+    #[test]
+    fn compact_varints_are_shortest_and_bounded() {
+        let read = |bytes: &[u8]| Reader { rest: bytes }.varint();
+        assert_eq!(read(&[0]), Ok(0));
+        assert_eq!(read(&[0x7f]), Ok(127));
+        assert_eq!(read(&[0x80, 0x01]), Ok(128));
+        let max = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(read(&max), Ok(u64::MAX));
+        let mut too_big = max;
+        too_big[9] = 0x02;
+        assert!(read(&too_big).is_err());
+        assert!(read(&[0x80, 0x00]).is_err(), "overlong");
+        assert_eq!(read(&[0x80]), Err(DecodeError::Truncated));
+        let mut c = Compact::new(Event::Window, TAG_SLIDING);
+        for value in [0, 1, 127, 128, 300, u64::MAX] {
+            c.len = 4;
+            c.varint(value);
+            assert_eq!(read(&c.as_slice()[4..]), Ok(value));
+        }
     }
 
     #[test]

@@ -16,7 +16,10 @@ use crate::state::{Algorithm, StateRef, Write};
 use crate::time::{Instant, Span};
 
 /// Limit is one validated limit: which algorithm, with which parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// A LEASE limit keeps its holder's token on the heap, so that the other limits (those on
+/// every hot path) are small values to move.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limit {
     /// GCRA: `burst` at once, then one request per emission interval.
     Gcra(GcraParams),
@@ -27,7 +30,7 @@ pub enum Limit {
     /// Exact sliding LOG.
     Log(WindowParams),
     /// Concurrency leases, for the holder `Token`.
-    Lease(LeaseParams, Token),
+    Lease(LeaseParams, Box<Token>),
 }
 
 /// WindowKind is the algorithm keyword of RL.WINDOW and of `WINDOW` specs.
@@ -199,10 +202,10 @@ impl Limit {
                 outcome.map_write(Write::Sliding)
             }
             (Self::Lease(p, token), None) => {
-                lease::decide(p, None, now, token, n)?.map_write(Write::Lease)
+                lease::decide(p, None, now, token, n)?.map_write(|w| Write::Lease(Box::new(w)))
             }
             (Self::Lease(p, token), Some(StateRef::Lease(s))) => {
-                lease::decide(p, Some(s), now, token, n)?.map_write(Write::Lease)
+                lease::decide(p, Some(s), now, token, n)?.map_write(|w| Write::Lease(Box::new(w)))
             }
             (Self::Log(p), None) => sliding_log::decide(p, None, now, n)?.map_write(Write::Log),
             (Self::Log(p), Some(StateRef::Log(s))) => {
@@ -269,7 +272,7 @@ pub fn shown(bytes: &[u8]) -> String {
 }
 
 /// Spec is one limit of RL.ALL and what it is charged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
     /// The limit.
     pub limit: Limit,
@@ -310,7 +313,7 @@ where
         let limit = next("LEASE limit")?;
         let lease = next("LEASE lease")?;
         let params = LeaseParams::parse(limit, lease)?;
-        Limit::Lease(params, params::token(next("LEASE token")?)?)
+        Limit::Lease(params, Box::new(params::token(next("LEASE token")?)?))
     } else {
         return Err(SpecError::UnknownKind {
             index,
@@ -368,7 +371,7 @@ mod tests {
                     limit: 3,
                     lease: span(30 * S)
                 },
-                Token::new(b"job-7").unwrap()
+                Box::new(Token::new(b"job-7").unwrap())
             ))
         );
         assert_eq!(

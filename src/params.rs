@@ -102,9 +102,13 @@ impl GcraParams {
         if period.is_zero() || period > MAX_PERIOD {
             return Err(ParamError::NotSeconds("period"));
         }
-        // Round half up, in 128 bits so that `period + rate / 2` cannot overflow.
-        let rounded = (u128::from(period.as_ns()) + u128::from(rate) / 2) / u128::from(rate);
-        let interval_ns = u64::try_from(rounded).map_err(|_| ParamError::RateTooHigh)?;
+        // Round half up. `period + rate / 2` fits in 64 bits: the period is at most
+        // MAX_PERIOD (< 2^59) and `rate / 2` below 2^63.
+        let interval_ns = period
+            .as_ns()
+            .checked_add(rate / 2)
+            .ok_or(ParamError::RateTooHigh)?
+            / rate;
         Self::from_interval(burst, Span::from_ns(interval_ns))
     }
 

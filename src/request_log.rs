@@ -6,18 +6,23 @@
 //! cost about 3–4 bytes each, against about 100 for a sorted-set member.
 //!
 //! Beside the bytes, an index of *marks* (the position, instant and running request count of
-//! every [`MARK_EVERY`]-th entry, about half a byte per entry) lets every question be answered
-//! by a binary search over the marks and a walk of at most [`MARK_EVERY`] entries, whatever
-//! the log holds: the first entry after an instant ([`RequestLog::count_after`], dropping what
-//! left the window), the entry holding the n-th request (a denial's `retry_after`), the
-//! newest requests (a refund). Two cached cursors make the usual patterns — time moving
-//! forward through one or two window lengths — amortised O(1): a scan resumes where the last
-//! scan for a nearby cutoff stopped.
+//! every [`MARK_EVERY`]-th entry after the first, about half a byte per entry; the head
+//! stands in for entry 0) lets every question be answered by a binary search over the marks
+//! and a walk of at most [`MARK_EVERY`] entries, whatever the log holds: the first entry
+//! after an instant ([`RequestLog::count_after`], dropping what left the window), the entry
+//! holding the n-th request (a denial's `retry_after`), the newest requests (a refund). Two
+//! cached cursors make the usual patterns — time moving forward through one or two window
+//! lengths — amortised O(1): a scan resumes where the last scan for a nearby cutoff stopped.
+//! The marks and cursors are allocated with the first mark: a log of fewer entries is walked
+//! from its head (as short a walk) and costs one allocation, its bytes inline up to 16.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
 
 use crate::time::Instant;
+
+/// The log's bytes: inline up to 16 (a few entries), then on the heap.
+type Bytes = smallvec::SmallVec<[u8; 16]>;
 
 /// Every `MARK_EVERY`-th entry is indexed: a walk between two marks decodes at most this
 /// many entries.
@@ -38,8 +43,9 @@ struct Pos {
 /// instants.
 #[derive(Debug, Clone, Default)]
 pub struct RequestLog {
-    /// The encoded entries; the live ones start at the head's count varint.
-    buf: Vec<u8>,
+    /// The encoded entries; the live ones start at the head's count varint. A log of a few
+    /// entries keeps them inline (one allocation per key, not two).
+    buf: Bytes,
     /// Absolute byte position of `buf[0]` (bytes compacted away before it).
     origin: usize,
     /// The oldest entry (meaningful when the log is not empty).
@@ -48,7 +54,15 @@ pub struct RequestLog {
     tail: Pos,
     /// Absolute number of requests recorded up to the newest entry, inclusive.
     end_before: u64,
-    /// Every entry whose number is a multiple of [`MARK_EVERY`], oldest first.
+    /// The marks and cursors, allocated once the log reaches its first mark
+    /// ([`MARK_EVERY`] entries): a shorter log is walked from its head, which is as short.
+    index: Option<Box<Index>>,
+}
+
+/// Index is what speeds up the seeks of a long log.
+#[derive(Debug, Clone, Default)]
+struct Index {
+    /// Every entry whose number is a positive multiple of [`MARK_EVERY`], oldest first.
     marks: VecDeque<Pos>,
     /// Recent scans, most recent first: a cutoff (ns) and the first entry after it. A cache,
     /// not state: not encoded, compared or hashed; checked against the live range before
@@ -75,7 +89,7 @@ impl std::hash::Hash for RequestLog {
 }
 
 /// Appends `v` as LEB128.
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+fn put_varint(out: &mut Bytes, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -144,7 +158,15 @@ impl RequestLog {
 
     /// Bytes allocated for the log (entries and index).
     pub fn allocated_bytes(&self) -> usize {
-        self.buf.capacity() + self.marks.capacity() * std::mem::size_of::<Pos>()
+        let heap_buf = if self.buf.spilled() {
+            self.buf.capacity()
+        } else {
+            0
+        };
+        let index = self.index.as_ref().map_or(0, |index| {
+            std::mem::size_of::<Index>() + index.marks.capacity() * std::mem::size_of::<Pos>()
+        });
+        heap_buf + index
     }
 
     /// Index into `buf` of an entry's count varint.
@@ -194,7 +216,10 @@ impl RequestLog {
         // Here head.at ≤ cutoff < tail.at: the answer exists and is not the head. Every
         // entry before a cursor's answer is at or before the cursor's cutoff, so for any
         // later cutoff the answer is that entry or after it.
-        let cursors = self.cursors.get();
+        let cursors = self
+            .index
+            .as_ref()
+            .map_or([None, None], |index| index.cursors.get());
         let resume = cursors
             .iter()
             .enumerate()
@@ -227,14 +252,17 @@ impl RequestLog {
             Some(0) => cursors[1],
             _ => cursors[0],
         };
-        self.cursors.set([Some((cutoff_ns, found)), other]);
+        if let Some(index) = &self.index {
+            index.cursors.set([Some((cutoff_ns, found)), other]);
+        }
         Some(found)
     }
 
     /// The last mark satisfying `pred`, which must be monotone (true, then false).
     fn last_mark(&self, pred: impl Fn(&Pos) -> bool) -> Option<Pos> {
-        let n = self.marks.partition_point(|m| pred(m));
-        n.checked_sub(1).and_then(|i| self.marks.get(i)).copied()
+        let marks = &self.index.as_ref()?.marks;
+        let n = marks.partition_point(|m| pred(m));
+        n.checked_sub(1).and_then(|i| marks.get(i)).copied()
     }
 
     /// The entry holding the request of absolute number `r` (`head.before < r ≤ end`).
@@ -300,12 +328,14 @@ impl RequestLog {
             return;
         };
         self.head = first_kept;
-        while self
-            .marks
-            .front()
-            .is_some_and(|m| m.entry < first_kept.entry)
-        {
-            self.marks.pop_front();
+        if let Some(index) = &mut self.index {
+            while index
+                .marks
+                .front()
+                .is_some_and(|m| m.entry < first_kept.entry)
+            {
+                index.marks.pop_front();
+            }
         }
         self.compact();
     }
@@ -325,11 +355,14 @@ impl RequestLog {
         }
         let len = self.buf.len();
         if self.buf.capacity() > 2 * len + 64 {
-            self.buf.shrink_to(len + len / 2 + 16);
+            // Never below the length: a shrink, moving the bytes inline when they fit.
+            self.buf.grow(len + len / 2 + 16);
         }
-        if self.marks.capacity() > 2 * self.marks.len() + 8 {
-            self.marks
-                .shrink_to(self.marks.len() + self.marks.len() / 2 + 4);
+        if let Some(index) = &mut self.index {
+            let marks = &mut index.marks;
+            if marks.capacity() > 2 * marks.len() + 8 {
+                marks.shrink_to(marks.len() + marks.len() / 2 + 4);
+            }
         }
     }
 
@@ -361,7 +394,6 @@ impl RequestLog {
             };
             self.tail = self.head;
             self.end_before = count;
-            self.marks.push_back(self.head);
             return;
         }
         if at_ns <= self.tail.at_ns {
@@ -382,7 +414,11 @@ impl RequestLog {
                 before: self.end_before,
             };
             if self.tail.entry % MARK_EVERY == 0 {
-                self.marks.push_back(self.tail);
+                let tail = self.tail;
+                self.index
+                    .get_or_insert_with(Box::default)
+                    .marks
+                    .push_back(tail);
             }
         }
         self.end_before = self.end_before.saturating_add(count);
@@ -395,7 +431,9 @@ impl RequestLog {
             self.clear();
             return total;
         }
-        self.cursors.set([None, None]);
+        if let Some(index) = &self.index {
+            index.cursors.set([None, None]);
+        }
         let keep_through = self.end_before - count;
         let Some(last) = self.entry_holding(keep_through) else {
             self.clear();
@@ -406,8 +444,10 @@ impl RequestLog {
         put_varint(&mut self.buf, keep_through - last.before);
         self.tail = last;
         self.end_before = keep_through;
-        while self.marks.back().is_some_and(|m| m.entry > last.entry) {
-            self.marks.pop_back();
+        if let Some(index) = &mut self.index {
+            while index.marks.back().is_some_and(|m| m.entry > last.entry) {
+                index.marks.pop_back();
+            }
         }
         self.compact();
         count
@@ -421,28 +461,32 @@ impl RequestLog {
             return bytes.is_empty().then(Self::default);
         }
         let mut log = Self {
-            buf: Vec::with_capacity(bytes.len()),
+            buf: Bytes::with_capacity(bytes.len()),
             ..Self::default()
         };
         log.buf.extend_from_slice(bytes);
         let mut pos = 0usize;
-        let mut p = Pos {
+        let head = Pos {
             entry: 0,
             count_at: 0,
             at_ns: first.as_ns(),
             before: 0,
         };
+        let mut p = head;
         loop {
             let count = get_varint(bytes, &mut pos)?;
             if count == 0 {
                 return None;
             }
-            if p.entry % MARK_EVERY == 0 {
-                log.marks.push_back(p);
+            if p.entry > 0 && p.entry % MARK_EVERY == 0 {
+                log.index
+                    .get_or_insert_with(Box::default)
+                    .marks
+                    .push_back(p);
             }
             let end = p.before.checked_add(count)?;
             if pos == bytes.len() {
-                log.head = log.marks.front().copied()?;
+                log.head = head;
                 log.tail = p;
                 log.end_before = end;
                 break;

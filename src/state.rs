@@ -86,8 +86,11 @@ impl State {
                 limit: w.limit,
                 window: w.window,
             }))),
-            Write::Lease(LeaseWrite::Acquire { .. }) => State::Lease(Box::default()),
-            Write::LogRefund { .. } | Write::Lease(LeaseWrite::Release { .. }) => return None,
+            Write::Lease(w) => match **w {
+                LeaseWrite::Acquire { .. } => State::Lease(Box::default()),
+                LeaseWrite::Release { .. } => return None,
+            },
+            Write::LogRefund { .. } => return None,
         };
         state.apply(write);
         Some(state)
@@ -152,6 +155,27 @@ impl StateRef<'_> {
             Self::Sliding(s) => s.limit,
             Self::Log(s) => s.limit,
             Self::Lease(s) => s.limit,
+        }
+    }
+
+    /// The instant the key is idle again as written (a missing key's equal): GCRA's TAT, the
+    /// end of FIXED's window, the end of SLIDING's next window while its current count is not
+    /// zero (else of its window), when LOG's newest request leaves its window, when the last
+    /// lease ends. None for an empty LOG or LEASE. It does not depend on the time it is asked:
+    /// a key's expiry is this instant.
+    pub fn idle_at(self) -> Option<Instant> {
+        match self {
+            Self::Gcra(g) => Some(g.tat),
+            Self::Fixed(s) => Some(s.window_start.saturating_add(s.window)),
+            Self::Sliding(s) => {
+                let windows = if s.curr > 0 { 2 } else { 1 };
+                Some(
+                    s.window_start
+                        .saturating_add(s.window.saturating_mul(windows)),
+                )
+            }
+            Self::Log(s) => s.log.last().map(|t| t.saturating_add(s.window)),
+            Self::Lease(s) => s.leases().map(|l| l.expires_at).max(),
         }
     }
 
@@ -234,7 +258,7 @@ impl StateRef<'_> {
 }
 
 /// Refund is what RL.REFUND does to a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refund {
     /// Requests actually given back.
     pub refunded: u64,
@@ -243,7 +267,7 @@ pub struct Refund {
 }
 
 /// RefundAction is the change a refund makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RefundAction {
     /// Nothing to give back: the key is not touched.
     Nothing,
@@ -255,8 +279,9 @@ pub enum RefundAction {
 
 /// Write is what a command does to one key: a new state for GCRA and the counters (stored in
 /// place), an append or a refund for a LOG (applied in place). It is deterministic (every
-/// instant explicit), so it is also the effect replicas and the AOF apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// instant explicit), so it is also the effect replicas and the AOF apply. A lease write
+/// (with its holder's token) is kept on the heap, so that the others are small values.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     /// Store this GCRA state.
     Gcra(GcraState),
@@ -275,7 +300,7 @@ pub enum Write {
         quantity: u64,
     },
     /// Take, renew or release a lease (a release on a missing key leaves it missing).
-    Lease(LeaseWrite),
+    Lease(Box<LeaseWrite>),
 }
 
 /// Effect is what replicas and the AOF apply to a key (`RL.APPLY`).
@@ -302,8 +327,10 @@ impl Effect {
             Self::Apply(Write::Gcra(_)) => Event::Gcra,
             Self::Apply(Write::Fixed(_) | Write::Sliding(_)) => Event::Window,
             Self::Apply(Write::LogRefund { .. }) | Self::Delete => Event::Refund,
-            Self::Apply(Write::Lease(LeaseWrite::Acquire { .. })) => Event::Lease,
-            Self::Apply(Write::Lease(LeaseWrite::Release { .. })) => Event::Release,
+            Self::Apply(Write::Lease(w)) => match **w {
+                LeaseWrite::Acquire { .. } => Event::Lease,
+                LeaseWrite::Release { .. } => Event::Release,
+            },
         }
     }
 }

@@ -194,29 +194,32 @@ impl fmt::Debug for Span {
 /// exponents, hex, `inf`/`nan`, `,` separators, `.5`, `5.`, empty input, whitespace, more than
 /// 9 decimals, zero, and values above [`MAX_PERIOD`].
 pub fn parse_seconds(text: &[u8]) -> Option<Span> {
-    let (int_part, frac_part) = match text.iter().position(|&b| b == b'.') {
-        Some(dot) => (text.get(..dot)?, Some(text.get(dot + 1..)?)),
-        None => (text, None),
-    };
-    if int_part.is_empty() || !int_part.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
+    // One pass: the integer digits, then nothing or a dot and 1 to 9 digits.
     let mut seconds: u64 = 0;
-    for &digit in int_part {
+    let mut rest = text;
+    while let [digit @ b'0'..=b'9', tail @ ..] = rest {
         seconds = seconds
             .checked_mul(10)?
             .checked_add(u64::from(digit - b'0'))?;
+        rest = tail;
+    }
+    if rest.len() == text.len() {
+        return None;
     }
     let mut frac_ns: u64 = 0;
-    if let Some(frac) = frac_part {
-        if frac.is_empty() || frac.len() > 9 || !frac.iter().all(u8::is_ascii_digit) {
-            return None;
+    match rest {
+        [] => {}
+        [b'.', frac @ ..] if !frac.is_empty() && frac.len() <= 9 => {
+            let mut scale = NANOS_PER_SEC;
+            for &digit in frac {
+                if !digit.is_ascii_digit() {
+                    return None;
+                }
+                scale /= 10;
+                frac_ns += u64::from(digit - b'0') * scale;
+            }
         }
-        let mut scale = NANOS_PER_SEC;
-        for &digit in frac {
-            scale /= 10;
-            frac_ns += u64::from(digit - b'0') * scale;
-        }
+        _ => return None,
     }
     let total = seconds.checked_mul(NANOS_PER_SEC)?.checked_add(frac_ns)?;
     (total > 0 && total <= MAX_PERIOD.0).then_some(Span(total))

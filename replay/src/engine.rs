@@ -30,7 +30,7 @@ pub const LOG_MAX_LIMIT_DEFAULT: u64 = 100_000;
 
 /// Limit is one validated spec, with the `rate` and `period` it was written with (GCRA's
 /// parameters keep only the emission interval).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
     core: limit::Limit,
     rate: u64,
@@ -163,7 +163,7 @@ impl Limit {
             limit::Limit::Fixed(_) => window(WindowKind::Fixed)?,
             limit::Limit::Sliding(_) => window(WindowKind::Sliding)?,
             limit::Limit::Log(_) => window(WindowKind::Log)?,
-            limit::Limit::Lease(..) => *self,
+            limit::Limit::Lease(..) => self.clone(),
         };
         resized.check_log_cap(log_max_limit)?;
         Ok(resized)

@@ -234,7 +234,7 @@ fn plan(cli: &Cli) -> Result<Plan, String> {
                 .checked_sub(1)
                 .filter(|&i| i < defs.len())
                 .ok_or_else(|| format!("--suggest {n}: there are {} limits", defs.len()))?;
-            let limit = defs[index].limit;
+            let limit = defs[index].limit.clone();
             let (min, max) = match &cli.sweep {
                 Some(r) => suggest::parse_range(r)?,
                 None => suggest::default_range(suggest::size_of(&limit, cli.param)),
@@ -348,7 +348,9 @@ fn execute(cli: &Cli, plan: Plan) -> Result<(), Box<dyn std::error::Error>> {
     // Pictures and the refined suggestion need more passes; standard input is kept in a
     // temporary file for them.
     let needs_second = cli.out_dir.is_some() || (sweep_spec.is_some() && !cli.no_refine);
-    let sweep_limit = sweep_spec.as_ref().map(|s| (s.index, defs[s.index].limit));
+    let sweep_limit = sweep_spec
+        .as_ref()
+        .map(|s| (s.index, defs[s.index].limit.clone()));
     let mut spool = if needs_second && input.sources.contains(&Source::Stdin) {
         Some(tempfile::NamedTempFile::new()?)
     } else {

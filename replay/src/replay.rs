@@ -282,7 +282,7 @@ impl Replayer {
     /// A replay of `defs` (at most [`MAX_LIMITS`]).
     pub fn new(defs: Vec<LimitDef>, mut opts: Options) -> Self {
         assert!(!defs.is_empty() && defs.len() <= MAX_LIMITS);
-        let limits: Vec<Limit> = defs.iter().map(|d| d.limit).collect();
+        let limits: Vec<Limit> = defs.iter().map(|d| d.limit.clone()).collect();
         let (sweep_index, sweep) = match opts.sweep.take() {
             Some(spec) => {
                 let lanes = spec
@@ -290,7 +290,7 @@ impl Replayer {
                     .iter()
                     .map(|(size, candidate)| {
                         let mut ls = limits.clone();
-                        ls[spec.index] = *candidate;
+                        ls[spec.index] = candidate.clone();
                         SweepLane {
                             lane: Lane::new(ls),
                             result: SweepResult {

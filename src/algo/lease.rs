@@ -332,7 +332,7 @@ pub fn decide(
         .map(|l| (l.expires_at, l.slots))
         .collect();
     let need = others - (params.limit - quantity);
-    let at = frees_at(&mut live, need).unwrap_or(now.saturating_add(params.lease));
+    let at = frees_at(&mut live, need).unwrap_or_else(|| now.saturating_add(params.lease));
     let verdict = Verdict::Denied {
         retry_after: at.saturating_since(now).max(Span::from_ns(1)),
     };

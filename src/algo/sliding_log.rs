@@ -147,7 +147,7 @@ pub fn decide(
         None => None,
     };
     // `need` ≤ in_window, so the log holds that request; the fallback is only defensive.
-    let at = leaves_at.unwrap_or(now.saturating_add(params.window));
+    let at = leaves_at.unwrap_or_else(|| now.saturating_add(params.window));
     let verdict = Verdict::Denied {
         retry_after: at.saturating_since(now).max(Span::from_ns(1)),
     };

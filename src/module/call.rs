@@ -17,6 +17,9 @@ use super::guard;
 use super::keys::LimiterKey;
 use super::stats;
 
+/// The used-memory ratio from which [`Call::is_out_of_memory`] asks the server's OOM flag.
+const NEAR_MAXMEMORY: f32 = 0.98;
+
 /// Arg is one argument of the current command, valid for the command's duration.
 #[repr(transparent)]
 #[derive(Clone, Copy)]
@@ -120,7 +123,12 @@ impl<'a> Call<'a> {
     /// make room. Limiting commands check it themselves (they are not flagged `deny-oom`) so
     /// that denials and reports still answer while only writes are refused.
     pub fn is_out_of_memory(&self) -> bool {
-        ffi::context_flags(self.ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
+        // The server's OOM flag means used memory (less replica and AOF buffers) exceeds
+        // `maxmemory`, i.e. a used-memory ratio above 1; the ratio is 0 without `maxmemory`.
+        // Reading the ratio costs a fraction of reading every context flag, so the flags
+        // (the server's own verdict) are asked only near the limit.
+        ffi::used_memory_ratio() >= NEAR_MAXMEMORY
+            && ffi::context_flags(self.ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
     }
 
     /// Propagates this command as received to the AOF and sub-replicas (a replica applying

@@ -97,6 +97,19 @@ pub fn reply_simple(ctx: *mut raw::RedisModuleCtx, text: &CStr) {
     }
 }
 
+/// The server's used memory (less replica and AOF buffers) as a fraction of `maxmemory`: 0
+/// without `maxmemory`, above 1 past it; 0 if the API is unavailable.
+pub fn used_memory_ratio() -> f32 {
+    // SAFETY: the API table is filled at load and never changed; the call reads server
+    // state on the main thread, where commands run.
+    unsafe {
+        match raw::RedisModule_GetUsedMemoryRatio {
+            Some(ratio) => ratio(),
+            None => 0.0,
+        }
+    }
+}
+
 /// Returns the context flags (`REDISMODULE_CTX_FLAGS_*`), 0 if unavailable.
 pub fn context_flags(ctx: *mut raw::RedisModuleCtx) -> u32 {
     // SAFETY: `ctx` is the live context of the running command.

@@ -6,12 +6,15 @@ use std::ffi::{c_char, c_int, c_void};
 use redis_module::raw;
 
 use super::call::{Access, Arg};
-use super::data_type::{redis_type, with_scratch};
+use super::data_type::redis_type;
 use super::error::CommandError;
 use super::value;
 use crate::codec;
 use crate::limit::shown;
 use crate::state::{Effect, Event, State, StateRef, Write};
+
+/// The bytes of one `RL.APPLY` blob: on the stack up to 128 bytes.
+type Announcement = codec::StackBytes<128>;
 
 /// LimiterKey is a key opened by the running command, closed on drop.
 ///
@@ -150,50 +153,45 @@ impl<'a> LimiterKey<'a> {
     /// (`RL.APPLY key <blob>`) to replicas and the AOF, signals the modification (WATCH) and
     /// emits the keyspace event `event`.
     pub fn announce(&self, write: &Write, expire_at_ms: i64, event: Event) {
-        self.replicate(
-            |buf| {
-                codec::encode_event_prefix_into(event, buf);
-                codec::encode_expiry_prefix_into(expire_at_ms, buf);
-                codec::encode_write_into(write, buf);
-            },
-            event,
-        );
+        match codec::compact_announcement(event, write, expire_at_ms) {
+            Some(compact) => self.replicate(compact.as_slice()),
+            None => {
+                let mut blob = Announcement::new();
+                codec::encode_announcement_into(event, write, expire_at_ms, &mut blob);
+                self.replicate(blob.as_slice());
+            }
+        }
+        self.signal(event);
     }
 
     /// After a deletion: propagates it (`RL.APPLY key <blob>`, so replicas emit the same
     /// event), signals the modification and emits the event.
     pub fn announce_delete(&self, event: Event) {
-        self.replicate(
-            |buf| {
-                codec::encode_event_prefix_into(event, buf);
-                codec::encode_effect_into(&Effect::Delete, buf);
-            },
-            event,
-        );
+        let mut blob = Announcement::new();
+        codec::encode_event_prefix_into(event, &mut blob);
+        codec::encode_effect_into(&Effect::Delete, &mut blob);
+        self.replicate(blob.as_slice());
+        self.signal(event);
     }
 
-    /// Propagates `RL.APPLY key <blob>` with the blob that `encode` writes, then signals the
-    /// modification and emits `event`.
-    fn replicate(&self, encode: impl FnOnce(&mut Vec<u8>), event: Event) {
+    /// Propagates `RL.APPLY key <blob>` to replicas and the AOF.
+    fn replicate(&self, bytes: &[u8]) {
         // Two arguments only (the key and one blob holding event, expiry and effect): every
         // extra argument costs the server an allocation per write.
-        with_scratch(encode, |bytes| {
-            // SAFETY: `ctx` is the live context of the running command; the format "sb"
-            // takes the key string and a (pointer, length) pair that outlives the call.
-            unsafe {
-                if let Some(replicate) = raw::RedisModule_Replicate {
-                    replicate(
-                        self.ctx,
-                        c"RL.APPLY".as_ptr(),
-                        c"sb".as_ptr(),
-                        self.name.raw(),
-                        bytes.as_ptr().cast::<c_char>(),
-                        bytes.len(),
-                    );
-                }
+        // SAFETY: `ctx` is the live context of the running command; the format "sb" takes
+        // the key string and a (pointer, length) pair that outlives the call.
+        unsafe {
+            if let Some(replicate) = raw::RedisModule_Replicate {
+                replicate(
+                    self.ctx,
+                    c"RL.APPLY".as_ptr(),
+                    c"sb".as_ptr(),
+                    self.name.raw(),
+                    bytes.as_ptr().cast::<c_char>(),
+                    bytes.len(),
+                );
             }
-        });
-        self.signal(event);
+        }
     }
 
     /// Signals the modification (WATCH) and emits the keyspace event `event`.

@@ -6,11 +6,10 @@
 use smallvec::SmallVec;
 
 use super::call::{Access, Arg, Call};
-use super::data_type::with_scratch;
 use super::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG};
 use super::keys::LimiterKey;
 use crate::codec;
-use crate::decision::{combine, Decision};
+use crate::decision::{combine, Decision, Outcome};
 use crate::limit::{Limit, LimitError, Request};
 use crate::module::config;
 use crate::state::{Algorithm, Event, Write};
@@ -21,7 +20,7 @@ pub type PerKey<T> = SmallVec<[T; 2]>;
 
 /// One limit of a call: on which key, and what it is charged (the call's `QUANTITY`, or the
 /// spec's `COST`).
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Check<'a> {
     /// The key.
     pub key: Arg<'a>,
@@ -79,15 +78,21 @@ pub fn decide<'a>(
     now: Instant,
     event: Event,
 ) -> Result<Decided, CommandError> {
+    if let [check] = checks {
+        let decision = decide_one(call, check, mode, now, event)?;
+        let mut per_key = PerKey::new();
+        per_key.push(decision);
+        return Ok(Decided {
+            combined: decision,
+            per_key,
+        });
+    }
     let may_write = !mode.peek && checks.iter().any(|c| c.charge > 0);
     // Memory is judged as the command starts (as the server judges `deny-oom` commands,
-    // after its eviction attempt), before this call's own allocations.
+    // after its eviction attempt), before this call's own allocations (the server's key
+    // handles among them).
     let out_of_memory = may_write && call.is_out_of_memory();
-    let access = if may_write {
-        Access::Write
-    } else {
-        Access::Read
-    };
+    let access = access(may_write);
     let mut keys: PerKey<LimiterKey<'a>> = checks
         .iter()
         .map(|check| call.open(check.key, access))
@@ -95,35 +100,9 @@ pub fn decide<'a>(
     let mut per_key = PerKey::new();
     let mut writes: PerKey<Option<(Write, i64)>> = PerKey::new();
     for (key, check) in keys.iter().zip(checks) {
-        let stored = key.load()?;
-        let request = Request {
-            quantity: check.charge,
-            max_wait: mode.max_wait,
-            force: mode.force,
-        };
-        let outcome = check
-            .limit
-            .decide(stored, now, request)
-            .map_err(|e| match e {
-                LimitError::WrongAlgorithm { held, asked } => CommandError::WrongAlgorithm {
-                    key: key.display_name(),
-                    held,
-                    asked,
-                },
-                LimitError::Overflow(o) => CommandError::overflow(o, now),
-                LimitError::CannotForce(Algorithm::Lease) => {
-                    CommandError::CannotForce(FORCE_ON_LEASE)
-                }
-                LimitError::CannotForce(_) => CommandError::CannotForce(FORCE_WITH_LOG),
-            })?;
-        if let Some(write) = &outcome.write {
-            check_storable(write)?;
-        }
-        let expire_at_ms = now
-            .saturating_add(outcome.decision.reset_after)
-            .ceil_unix_ms();
-        per_key.push(outcome.decision);
-        writes.push(outcome.write.map(|w| (w, expire_at_ms)));
+        let (decision, write) = decide_key(key, check, mode, now)?;
+        per_key.push(decision);
+        writes.push(write);
     }
     let combined = match per_key.as_slice() {
         [only] => *only,
@@ -151,6 +130,93 @@ pub fn decide<'a>(
     Ok(Decided { combined, per_key })
 }
 
+/// [`decide`] for one key (RL.GCRA, RL.WINDOW, CL.THROTTLE, RL.LEASE, a one-spec RL.ALL):
+/// the same steps, without the per-key collections. Returns the key's decision.
+pub fn decide_one(
+    call: &Call<'_>,
+    check: &Check<'_>,
+    mode: Mode,
+    now: Instant,
+    event: Event,
+) -> Result<Decision, CommandError> {
+    let may_write = !mode.peek && check.charge > 0;
+    // Judged before opening the key: the server allocates the key handle, which right after
+    // an eviction pass can be what crosses `maxmemory`.
+    let out_of_memory = may_write && call.is_out_of_memory();
+    let mut key = call.open(check.key, access(may_write));
+    let outcome = decide_on(&key, check, mode, now)?;
+    let decision = outcome.decision;
+    if may_write && decision.verdict.is_allowed() {
+        if let Some(write) = &outcome.write {
+            check_storable(write)?;
+            if out_of_memory {
+                return Err(CommandError::OutOfMemory);
+            }
+            let expire_at_ms = now.saturating_add(decision.reset_after).ceil_unix_ms();
+            commit(&mut key, write, expire_at_ms, event);
+        }
+    }
+    Ok(decision)
+}
+
+fn access(may_write: bool) -> Access {
+    if may_write {
+        Access::Write
+    } else {
+        Access::Read
+    }
+}
+
+/// Loads `key` and decides `check` on it at `now`. Writes nothing.
+fn decide_on(
+    key: &LimiterKey<'_>,
+    check: &Check<'_>,
+    mode: Mode,
+    now: Instant,
+) -> Result<Outcome<Write>, CommandError> {
+    let stored = key.load()?;
+    let request = Request {
+        quantity: check.charge,
+        max_wait: mode.max_wait,
+        force: mode.force,
+    };
+    check
+        .limit
+        .decide(stored, now, request)
+        .map_err(|e| match e {
+            LimitError::WrongAlgorithm { held, asked } => CommandError::WrongAlgorithm {
+                key: key.display_name(),
+                held,
+                asked,
+            },
+            LimitError::Overflow(o) => CommandError::overflow(o, now),
+            LimitError::CannotForce(Algorithm::Lease) => CommandError::CannotForce(FORCE_ON_LEASE),
+            LimitError::CannotForce(_) => CommandError::CannotForce(FORCE_WITH_LOG),
+        })
+}
+
+/// [`decide_on`], with the write checked storable and paired with its absolute expiry in
+/// Unix milliseconds.
+fn decide_key(
+    key: &LimiterKey<'_>,
+    check: &Check<'_>,
+    mode: Mode,
+    now: Instant,
+) -> Result<(Decision, Option<(Write, i64)>), CommandError> {
+    let outcome = decide_on(key, check, mode, now)?;
+    let write = match outcome.write {
+        Some(write) => {
+            check_storable(&write)?;
+            let expire_at_ms = now
+                .saturating_add(outcome.decision.reset_after)
+                .ceil_unix_ms();
+            Some((write, expire_at_ms))
+        }
+        None => None,
+    };
+    Ok((outcome.decision, write))
+}
+
 /// Makes a decided write: stores it (in place where possible), sets the absolute expiry,
 /// replicates the effect and emits the keyspace event `event`.
 pub fn commit(key: &mut LimiterKey<'_>, write: &Write, expire_at_ms: i64, event: Event) {
@@ -160,18 +226,10 @@ pub fn commit(key: &mut LimiterKey<'_>, write: &Write, expire_at_ms: i64, event:
 }
 
 /// Refuses a write whose state would not load back (RDB, replica, AOF): a safety net under
-/// the algorithms' own invariants, so that no bug can make a file unloadable. LOG and LEASE
-/// writes change a stored collection in place and are not re-encoded here (that would cost
-/// O(log) or O(leases) per request); their invariants are property-tested.
+/// the algorithms' own invariants, so that no bug can make a file unloadable. It checks the
+/// state against the decoder's own rules (`codec::check_write`) without encoding it.
 pub fn check_storable(write: &Write) -> Result<(), CommandError> {
-    if !matches!(write, Write::Gcra(_) | Write::Fixed(_) | Write::Sliding(_)) {
-        return Ok(());
-    }
-    with_scratch(
-        |buf| codec::encode_write_into(write, buf),
-        |bytes| codec::decode(bytes).map(|_| ()),
-    )
-    .map_err(|e| {
+    codec::check_write(write).map_err(|e| {
         CommandError::Internal(format!(
             "refusing to store a state that would not load back ({e})"
         ))

@@ -204,12 +204,12 @@ pub fn new_value(write: &Write) -> *mut c_void {
             state.apply(w);
             tagged(Box::new(state), TAG_LOG)
         }
-        Write::Lease(w @ LeaseWrite::Acquire { .. }) => {
+        Write::Lease(w) if matches!(**w, LeaseWrite::Acquire { .. }) => {
             let mut state = LeaseState::default();
             state.apply(w);
             tagged(Box::new(state), TAG_LEASE)
         }
-        Write::LogRefund { .. } | Write::Lease(LeaseWrite::Release { .. }) => std::ptr::null_mut(),
+        Write::LogRefund { .. } | Write::Lease(_) => std::ptr::null_mut(),
     }
 }
 

@@ -77,9 +77,9 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
     let n = usize::try_from(n)
         .ok()
         .filter(|&n| n <= rest.len())
-        .ok_or(CommandError::Syntax(
-            "numkeys is larger than the number of arguments".into(),
-        ))?;
+        .ok_or_else(|| {
+            CommandError::Syntax("numkeys is larger than the number of arguments".into())
+        })?;
     let (keys, rest) = rest.split_at(n);
     if let Some(after) = specs_start_early(keys, rest.len()) {
         return Err(CommandError::Syntax(format!(

@@ -101,8 +101,8 @@ impl Command for Gcra {
             limit: c.limit,
             charge: c.quantity,
         };
-        let decided = limits::decide(call, &[check], c.mode, now, Event::Gcra)?;
-        call.reply_integers(&five(&decided.combined));
-        Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
+        let decision = limits::decide_one(call, &check, c.mode, now, Event::Gcra)?;
+        call.reply_integers(&five(&decision));
+        Ok(Counted::from_allowed(decision.verdict.is_allowed()))
     }
 }

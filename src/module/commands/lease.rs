@@ -43,7 +43,7 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<LeaseCall<'a>, CommandError> {
     };
     let params = LeaseParams::parse(limit.bytes(), lease.bytes())?;
     let token = params::token(token.bytes())?;
-    let limit = Limit::Lease(params, token);
+    let limit = Limit::Lease(params, Box::new(token));
     check_caps(&limit)?;
     let mut options = RequestOptions::default();
     let mut words = Options::new(rest);
@@ -89,8 +89,8 @@ impl Command for Lease {
             peek: c.options.peek,
             ..Mode::default()
         };
-        let decided = limits::decide(call, &[check], mode, now, Event::Lease)?;
-        call.reply_integers(&five(&decided.combined));
-        Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
+        let decision = limits::decide_one(call, &check, mode, now, Event::Lease)?;
+        call.reply_integers(&five(&decision));
+        Ok(Counted::from_allowed(decision.verdict.is_allowed()))
     }
 }

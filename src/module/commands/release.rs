@@ -72,7 +72,7 @@ impl Command for Release {
             ]);
             return Ok(Counted::Denied);
         };
-        let write = Write::Lease(write);
+        let write = Write::Lease(Box::new(write));
         check_storable(&write)?;
         key.store(&write);
         let (remaining, reset_after) = if key.is_emptied() {

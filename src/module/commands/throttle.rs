@@ -67,9 +67,9 @@ impl Command for Throttle {
         let period = Span::from_ns(period_s)
             .checked_mul(NANOS_PER_SEC)
             .filter(|&p| p <= MAX_PERIOD)
-            .ok_or(CommandError::Syntax(
-                "period must be whole seconds from 1 to 315360000".into(),
-            ))?;
+            .ok_or_else(|| {
+                CommandError::Syntax("period must be whole seconds from 1 to 315360000".into())
+            })?;
         let quantity = match quantity {
             Some(q) => params::non_negative(q.bytes(), "quantity")?,
             None => 1,
@@ -81,7 +81,7 @@ impl Command for Throttle {
             limit,
             charge: quantity,
         };
-        let d = limits::decide(call, &[check], Mode::default(), now, Event::Throttle)?.combined;
+        let d = limits::decide_one(call, &check, Mode::default(), now, Event::Throttle)?;
         let retry_after_s = match d.verdict {
             Verdict::Denied { retry_after } => as_reply_int(retry_after.ceil_s().max(1)),
             _ => -1,

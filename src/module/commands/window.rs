@@ -106,8 +106,8 @@ impl Command for Window {
             force: c.options.force,
             max_wait: None,
         };
-        let decided = limits::decide(call, &[check], mode, now, Event::Window)?;
-        call.reply_integers(&five(&decided.combined));
-        Ok(Counted::from_allowed(decided.combined.verdict.is_allowed()))
+        let decision = limits::decide_one(call, &check, mode, now, Event::Window)?;
+        call.reply_integers(&five(&decision));
+        Ok(Counted::from_allowed(decision.verdict.is_allowed()))
     }
 }
