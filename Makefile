@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean
+.PHONY: help deps build run test test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -42,5 +42,8 @@ demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in
 clean: ## Remove build output
 	cargo clean
 
-bench: build ## Measure speed and memory against INCR and Lua limiters; writes BENCHMARKS.md (BENCH_QUICK=1: ~2 min)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor; writes BENCHMARKS.md (BENCH_QUICK=1: ~4 min)
 	python3 bench/bench.py
+
+bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the floor, every RL command (~2 min; needs valgrind)
+	python3 bench/cost.py
