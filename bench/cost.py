@@ -356,42 +356,55 @@ def object_label(obj):
     return obj or "?"
 
 
-def breakdown(gcra, floor):
-    """Markdown lines: each side's Ir per call by step (Redis before and around the module, the
-    module's calls out of its own code by function, the module's own code); the rows add up to
-    the total."""
-    sides = []
-    for side, module_object in ((gcra, "libredis_rl.so"), (floor, "floor.so")):
-        calls = side["calls"] + side["config_calls"]
-        prof = Profile(side["file"])
-        inc = prof.inclusive()
-        own, out, into = prof.module_view(module_object)
-        per = lambda ir: ir / calls  # noqa: E731
-        rows = {
-            "Redis: processCommand before call() (command lookup, checks)":
-                per(inc.get("processCommand", 0) - inc.get("call", 0)),
-            "Redis: call() around the module (stats, propagation)":
-                per(inc.get("call", 0) - inc.get("RedisModuleCommandDispatcher", 0)),
-            "Redis: module context (RedisModuleCommandDispatcher)":
-                per(inc.get("RedisModuleCommandDispatcher", 0) - into),
-        }
-        rows.update({f"`{n}`": per(ir) for n, ir in out.items()})
-        rows["the module's own code (self)"] = per(own)
-        sides.append((rows, per(inc.get("processCommand", 0))))
-    (g_rows, g_total), (f_rows, f_total) = sides
-    names = list(g_rows) + [r for r in f_rows if r not in g_rows]
+def steps(result, module_object):
+    """{step: Ir per call} for one command's file (rows add up to the total), and the total."""
+    calls = result["calls"] + result["config_calls"]
+    prof = Profile(result["file"])
+    inc = prof.inclusive()
+    own, out, into = prof.module_view(module_object)
+    rows = {
+        "Redis: processCommand before call() (command lookup, checks)":
+            inc.get("processCommand", 0) - inc.get("call", 0),
+        "Redis: call() around the module (stats, propagation)":
+            inc.get("call", 0) - inc.get("RedisModuleCommandDispatcher", 0),
+        "Redis: module context (RedisModuleCommandDispatcher)":
+            inc.get("RedisModuleCommandDispatcher", 0) - into,
+    }
+    rows.update({f"`{n}`": ir for n, ir in out.items()})
+    rows[OWN_CODE] = own
+    return {k: v / calls for k, v in rows.items()}, inc.get("processCommand", 0) / calls
+
+
+OWN_CODE = "the module's own code (self)"
+
+
+def breakdown(round_results):
+    """Markdown lines: Ir per call by step for the floor and every RL command (one column
+    each): Redis before and around the module, every function outside the module that the
+    module calls (with all it calls), the module's own code. Each column adds up to its total."""
+    cols = [(FLOOR, "floor.so")] + [(label, "libredis_rl.so") for label, _a, _s in COMMANDS
+                                    if label.startswith(("RL.", "CL."))]
+    data = [steps(round_results[label], obj) for label, obj in cols]
+    names = []
+    for rows, _total in data:
+        names += [r for r in rows if r not in names]
     first = names[:3]
-    last = ["the module's own code (self)"]
-    middle = sorted((r for r in names if r not in first and r not in last),
-                    key=lambda r: -max(g_rows.get(r, 0), f_rows.get(r, 0)))
-    lines = ["| step | RL.GCRA | floor | RL.GCRA − floor |", "|---|---:|---:|---:|"]
-    for r in first + middle + last:
-        g, f = g_rows.get(r, 0), f_rows.get(r, 0)
-        if abs(g) < 0.5 and abs(f) < 0.5:
+    middle = sorted((r for r in names if r not in first and r != OWN_CODE),
+                    key=lambda r: -max(rows.get(r, 0) for rows, _t in data))
+    short = {FLOOR: "floor", "RL.WINDOW FIXED": "FIXED", "RL.WINDOW SLIDING": "SLIDING",
+             "RL.WINDOW LOG": "LOG"}
+    lines = ["| step | " + " | ".join(short.get(label, label) for label, _o in cols)
+             + " | RL.GCRA − floor |",
+             "|---|" + "---:|" * (len(cols) + 1)]
+    for r in first + middle + [OWN_CODE]:
+        vals = [rows.get(r, 0) for rows, _t in data]
+        if all(abs(v) < 0.5 for v in vals):
             continue
-        lines.append(f"| {r} | {g:,.0f} | {f:,.0f} | {g - f:+,.0f} |")
-    lines.append(f"| **total (processCommand)** | {g_total:,.0f} | {f_total:,.0f} | "
-                 f"{g_total - f_total:+,.0f} |")
+        lines.append(f"| {r} | " + " | ".join(f"{v:,.0f}" for v in vals)
+                     + f" | {vals[1] - vals[0]:+,.0f} |")
+    totals = [t for _r, t in data]
+    lines.append("| **total (processCommand)** | " + " | ".join(f"{t:,.0f}" for t in totals)
+                 + f" | {totals[1] - totals[0]:+,.0f} |")
     return lines
 
 
@@ -494,12 +507,13 @@ def run():
       "open them). Here per call = Ir / calls of processCommand in the file, the two CONFIG GET "
       "included (they add under 1 Ir per call, to Redis's own functions only).")
     w("")
-    w("By step: every function outside the module that the module calls (module API, libc, "
-      "the dynamic linker), with everything it calls; the module's own code; and what Redis "
-      "does before and around the module. The rows add up to the total. A step that runs only "
-      "on some calls (creating a key: about 91 % of calls here) is averaged over all calls.")
+    w("By step, for the floor and every RL command: every function outside the module that the "
+      "module calls (module API, libc, the dynamic linker), with everything it calls; the "
+      "module's own code; and what Redis does before and around the module. Each column adds "
+      "up to its total. A step that runs only on some calls (creating a key: about 91 % of "
+      "calls here) is averaged over all calls.")
     w("")
-    lines += breakdown(rounds[0][GCRA], rounds[0][FLOOR])
+    lines += breakdown(rounds[0])
     w("")
     lines += compare(rounds[0][GCRA], rounds[0][FLOOR])
     return lines, rounds
