@@ -479,8 +479,13 @@ def run():
       f"-r {KEYSPACE}` (random keys). Ir = instructions executed inside processCommand, per "
       f"call, less the benchmark's two start-up CONFIG GET commands (measured alone in each run: "
       + ", ".join(f"{r[FLOOR]['config_ir']:,.0f}" for r in rounds)
-      + f" Ir each). {ROUNDS} runs, each on a new server; this step took {elapsed:.0f} s. "
-      "Reproduce: `make bench-cost`.")
+      + f" Ir each). {ROUNDS} runs, each on a new server (`COST_ROUNDS=n` for more); this "
+      f"step took {elapsed:.0f} s. Reproduce: `make bench-cost`. The count does not depend on "
+      "the machine's load, but Redis seeds its hash tables at random when it starts, so which "
+      "command names and keys share a bucket changes from one start to the next: over ten "
+      "starts on 2026-12-01 that moved the floor's count by 1 % (9,211–9,313) and INCR's by "
+      "4 % (2,746–2,869), mostly in the command look-ups; RL.GCRA over the floor stayed within "
+      "1.097–1.114.")
     w("")
     head = "| command | " + " | ".join(f"Ir/call run {i + 1}" for i in range(ROUNDS))
     head += " | spread | " + " | ".join(f"× floor run {i + 1}" for i in range(ROUNDS)) + " |"
