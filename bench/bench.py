@@ -35,7 +35,8 @@ import sys
 import tempfile
 import time
 
-import cost
+sys.dont_write_bytecode = True  # no bench/__pycache__ from importing cost.py
+import cost  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.path.join(ROOT, "target", "release", "libredis_rl.so")
