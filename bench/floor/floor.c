@@ -76,7 +76,7 @@ static void decode(const unsigned char in[VALUE_BYTES], FloorValue *v) {
 
 /* ms since the epoch, rounded up: the key expires exactly when its state equals a missing key. */
 static mstime_t ceil_ms(uint64_t ns) {
-    return (mstime_t)((ns + NS_PER_MS - 1) / NS_PER_MS);
+    return (mstime_t)(ns / NS_PER_MS + (ns % NS_PER_MS != 0));
 }
 
 /* Looks at the open key: 1 with *out set for a value of ours, 0 for a missing key, -1 for a key
