@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench clean replay-demo bench-replay
+.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,12 +51,15 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
 	RL_MODULE=$(MODULE) cargo bench --bench worst_case
 
-bench: build ## Measure speed and memory against INCR and Lua limiters (BENCHMARKS.md), then the Python client's fast path (BENCH_QUICK=1: ~2 min)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the clients' fast paths (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
 	.venv-py/bin/python clients/python/bench/fastpath.py $${BENCH_QUICK:+--seconds 1}
 	$(MAKE) bench-replay
+
+bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the floor, every RL command (~2 min; needs valgrind)
+	python3 bench/cost.py
 
 replay-demo: ## rl-replay on a generated sample log: summary, --suggest, pictures in target/replay-demo/
 	cargo build --release -p rl-replay

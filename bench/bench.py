@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
-"""`make bench`: speed and memory of redis-rl next to INCR, Lua limiters and PING.
+"""`make bench`: speed and memory of redis-rl next to INCR, Lua limiters, PING and the floor.
 
-Starts its own redis-server with the release module (pinned to CPU 0 with taskset when there
-are at least two cores; redis-benchmark runs on CPU 1), then:
+Starts its own redis-server with the release module and the floor module (`bench/floor/floor.c`:
+the least any native GCRA limiter must do per call; built by `cost.py` into target/bench/),
+pinned to CPU 0 with taskset when there are at least two cores (redis-benchmark runs on CPU 1),
+then:
 
 * speed: redis-benchmark (50 clients) for every command, without pipelining and with -P 16,
   on random keys (-r 100000) and on one hot key, in at least three rounds of shuffled order;
-  reports the median ops/s, the median per-round ratio to INCR under the same settings,
-  p50/p99 latency, and the server's own microseconds per call from INFO commandstats;
+  reports the median ops/s, the median per-round ratios to INCR and to the floor (FL.GCRA)
+  under the same settings, p50/p99 latency, and the server's own microseconds per call from
+  INFO commandstats; then, for INCR, SET PX and every RL command, the ratio to the floor
+  from runs next to each other in time (groups of floor, command, command, floor);
 * memory: bytes per key from used_memory over N keys (1,000,000; 100,000 with BENCH_QUICK)
   for each limiter and the Lua baselines, and bytes per recorded request of a LOG key with
-  10,000 requests against a sorted set with the same.
+  10,000 requests against a sorted set with the same;
+* cost: instructions per call under callgrind (`cost.py`, also `make bench-cost`), skipped
+  with a note when valgrind is not installed.
 
 Writes BENCHMARKS.md and prints the same tables. Benchmarks are not tests: nothing here
-asserts. Only the Python standard library, redis-cli and redis-benchmark are used.
+asserts. Only the Python standard library, redis-cli, redis-benchmark, gcc and valgrind are
+used.
 """
 
 import datetime
@@ -28,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # no bench/__pycache__ from importing cost.py
+import cost  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.path.join(ROOT, "target", "release", "libredis_rl.so")
 LUA_DIR = os.path.join(ROOT, "bench", "lua")
@@ -40,6 +50,8 @@ N_PIPE = 50_000 if QUICK else 400_000  # requests per run with -P 16
 MEM_KEYS = 100_000 if QUICK else 1_000_000
 LOG_REQUESTS = 10_000
 TIMEOUT_S = 120  # any single child process
+FLOOR = "floor: FL.GCRA (burst 100, 10/s)"
+QUADS = 3 if QUICK else 4  # floor/command/command/floor groups per command, paired throughput
 
 
 def free_port():
@@ -62,7 +74,7 @@ class Server:
             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", self.dir,
             "--logfile", os.path.join(self.dir, "redis.log"),
-            "--loadmodule", MODULE,
+            "--loadmodule", MODULE, "--loadmodule", cost.floor_module(),
         ])
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
@@ -116,10 +128,12 @@ def commands(shas):
         ("PING", ["PING"], "ping"),
         ("INCR", ["INCR", "KEY"], "incr"),
         ("SET key v PX 60000", ["SET", "KEY", "v", "PX", "60000"], "set"),
+        (FLOOR, ["FL.GCRA", "KEY", "100", "10", "1"], "fl.gcra"),
         ("RL.GCRA (burst 100, 10/s)", ["RL.GCRA", "KEY", "100", "10", "1"], "rl.gcra"),
         ("RL.WINDOW FIXED (100/60 s)", ["RL.WINDOW", "KEY", "100", "60", "FIXED"], "rl.window"),
         ("RL.WINDOW SLIDING (100/60 s)", ["RL.WINDOW", "KEY", "100", "60", "SLIDING"], "rl.window"),
         ("RL.WINDOW LOG (100/60 s)", ["RL.WINDOW", "KEY", "100", "60", "LOG"], "rl.window"),
+        ("CL.THROTTLE (max_burst 99, 10/s)", ["CL.THROTTLE", "KEY", "99", "10", "1"], "cl.throttle"),
         ("Lua fixed window (INCR+EXPIRE)", ["EVALSHA", shas["fixed_window"], "1", "KEY", "100", "60"], "evalsha"),
         ("Lua GCRA (TIME+GET+PSETEX)", ["EVALSHA", shas["gcra"], "1", "KEY", "100", "10", "1"], "evalsha"),
         ("Lua sliding log (sorted set)", ["EVALSHA", shas["sliding_log_zset"], "1", "KEY", "100", "60"], "evalsha"),
@@ -127,8 +141,9 @@ def commands(shas):
     ]
 
 
-def bench_one(server, label, argv, stat, pipeline, random_keys):
-    prefix = "b:" + label.split(" ")[0].replace(".", "") + ":" + str(abs(hash(label)) % 10000) + ":"
+def bench_one(server, index, label, argv, stat, pipeline, random_keys):
+    # Keys of one length for every command (hashing a longer key costs more).
+    prefix = "b:%02d:" % index
     key = prefix + ("__rand_int__" if random_keys else "hot")
     args = [key if a == "KEY" else a for a in argv]
     n = N_PIPE if pipeline > 1 else N_PLAIN
@@ -160,14 +175,15 @@ def speed(server, shas):
     configs = [(p, r) for p in (1, 16) for r in (True, False)]
     runs = {}  # (label, p, r) -> list of result dicts with "ratio"
     for rnd in range(ROUNDS):
-        order = [(c, p, r) for c in cmds for (p, r) in configs]
+        order = [(i, c, p, r) for i, c in enumerate(cmds) for (p, r) in configs]
         random.shuffle(order)
         results = {}
-        for (label, argv, stat), p, r in order:
-            results[(label, p, r)] = bench_one(server, label, argv, stat, p, r)
+        for i, (label, argv, stat), p, r in order:
+            results[(label, p, r)] = bench_one(server, i, label, argv, stat, p, r)
             server.cli("FLUSHALL")
         for (label, p, r), res in results.items():
             res["ratio"] = res["rps"] / results[("INCR", p, r)]["rps"]
+            res["ratio_floor"] = res["rps"] / results[(FLOOR, p, r)]["rps"]
             runs.setdefault((label, p, r), []).append(res)
         print(f"round {rnd + 1}/{ROUNDS} done", file=sys.stderr)
     summary = []
@@ -179,11 +195,39 @@ def speed(server, shas):
                 "label": label, "pipeline": p, "keys": "random" if r else "hot",
                 "rps": statistics.median(x["rps"] for x in rs),
                 "ratio": statistics.median(x["ratio"] for x in rs),
+                "ratio_floor": statistics.median(x["ratio_floor"] for x in rs),
+                "ratios_floor": [x["ratio_floor"] for x in rs],
                 "p50": statistics.median(x["p50"] for x in rs),
                 "p99": statistics.median(x["p99"] for x in rs),
                 "usec": statistics.median(usecs) if usecs else None,
             })
     return summary
+
+
+def paired(server, shas):
+    """Throughput against the floor with the two runs next to each other in time: for each
+    command, QUADS groups of four runs (floor, command, command, floor; pipeline 16, random
+    keys), each group giving one ratio (sum of the command's ops/s over the floor's). On a
+    shared machine the load changes between the rounds of `speed`; within a group of four
+    runs it changes less, and the ABBA order cancels a steady drift."""
+    cmds = commands(shas)
+    index = {c[0]: i for i, c in enumerate(cmds)}
+    floor = next(c for c in cmds if c[0] == FLOOR)
+    chosen = [c for c in cmds if c[0].split(" ")[0] in ("INCR", "SET", "RL.GCRA", "RL.WINDOW",
+                                                        "CL.THROTTLE")]
+    out = {}
+    for c in chosen:
+        ratios = []
+        for _ in range(QUADS):
+            rps = {"floor": 0.0, "cmd": 0.0}
+            for which in ("floor", "cmd", "cmd", "floor"):
+                label, argv, stat = floor if which == "floor" else c
+                rps[which] += bench_one(server, index[label], label, argv, stat, 16, True)["rps"]
+                server.cli("FLUSHALL")
+            ratios.append(rps["cmd"] / rps["floor"])
+        out[c[0]] = ratios
+        print(f"paired: {c[0]}: " + ", ".join(f"{r:.3f}" for r in ratios), file=sys.stderr)
+    return out
 
 
 def resp(*args):
@@ -265,7 +309,58 @@ def fmt_ms(v):
     return f"{v:.3f}"
 
 
-def report(server_version, summary, mem_rows, req_rows, elapsed):
+def include(name, w):
+    path = os.path.join(ROOT, "bench", name)
+    if os.path.exists(path):
+        with open(path) as f:
+            w(f.read().rstrip())
+        w("")
+
+
+def status(values, ok):
+    """Met / not met from the figures measured in this run, as a phrase."""
+    hits = [ok(v) for v in values]
+    if all(hits):
+        return "met in this run"
+    if not any(hits):
+        return "**not met** in this run"
+    return "met in some runs only"
+
+
+def targets(summary, pairs, cost_rounds):
+    """Issue 12's targets against this run's figures (markdown lines)."""
+    lines = []
+    w = lines.append
+    w("## Targets against the floor (this run)")
+    w("")
+    w("| target | measured | status |")
+    w("|---|---|---|")
+    gcra = next(r for r in summary
+                if r["label"].startswith("RL.GCRA") and r["pipeline"] == 16 and r["keys"] == "random")
+    rounds = ", ".join(f"{x:.3f}" for x in gcra["ratios_floor"])
+    quads = pairs[gcra["label"]]
+    w(f"| RL.GCRA ≥ 0.97 × the floor's throughput (pipeline 16, random keys) | paired: median "
+      f"{statistics.median(quads):.3f} (groups: {', '.join(f'{x:.3f}' for x in quads)}); "
+      f"rounds: median {gcra['ratio_floor']:.3f} ({rounds}) | "
+      f"{status([statistics.median(quads)], lambda v: v >= 0.97)} (paired median) |")
+    if cost_rounds:
+        def ir_ratios(label):
+            return [r[label]["per_call"] / r[cost.FLOOR]["per_call"] for r in cost_rounds]
+        g = ir_ratios(cost.GCRA)
+        w(f"| RL.GCRA ≤ 1.05 × the floor's instructions per call | "
+          + ", ".join(f"{x:.3f}" for x in g) + f" (runs 1–{len(g)}) | {status(g, lambda v: v <= 1.05)} |")
+        for label in ("RL.WINDOW FIXED", "RL.WINDOW SLIDING", "RL.WINDOW LOG"):
+            r = ir_ratios(label)
+            w(f"| {label} ≤ 1.15 × the floor's instructions per call | "
+              + ", ".join(f"{x:.3f}" for x in r) + f" | {status(r, lambda v: v <= 1.15)} |")
+    else:
+        w("| instruction targets | not measured (valgrind missing) | – |")
+    w("")
+    return lines
+
+
+def report(server_version, summary, pairs, mem_rows, req_rows, elapsed, cost_lines,
+           cost_rounds):
     lines = []
     w = lines.append
     w("# Benchmarks")
@@ -281,21 +376,41 @@ def report(server_version, summary, mem_rows, req_rows, elapsed):
       f"{ROUNDS} rounds in shuffled order; medians over rounds")
     w(f"* Reproduce: `make bench` (full) or `BENCH_QUICK=1 make bench`; this run took {elapsed:.0f} s")
     w("")
-    w("`ratio` is ops/s divided by INCR's ops/s under the same settings in the same round "
-      "(median over rounds). `µs/call` is the server's own time per call from "
-      "`INFO commandstats` (for Lua, the whole EVALSHA). The machine is shared and noisy: "
-      "compare ratios, not absolute numbers.")
+    w("")
+    include("FLOOR.md", w)
+    lines.extend(targets(summary, pairs, cost_rounds))
+    w("## Throughput")
+    w("")
+    w("`× INCR` and `× floor` are ops/s divided by INCR's and by the floor's (FL.GCRA) ops/s under "
+      "the same settings in the same round (median over rounds). `µs/call` is the server's own "
+      "time per call from `INFO commandstats` (for Lua, the whole EVALSHA). The machine is shared "
+      "and noisy: compare ratios, not absolute numbers.")
+    w("")
+    w("### Pipeline 16, random keys, paired with the floor")
+    w("")
+    w(f"Each command in {QUADS} groups of four runs next to each other in time (floor, command, "
+      "command, floor; the settings of the table below); one ratio per group, the command's "
+      "ops/s over the floor's. Less exposed to the machine's changing load than the rounds "
+      "below, which run every command in shuffled order before the next round.")
+    w("")
+    w("| command | × floor (median) | min | max | groups |")
+    w("|---|---:|---:|---:|---|")
+    for label, ratios in pairs.items():
+        w(f"| {label} | {statistics.median(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} | "
+          + ", ".join(f"{r:.3f}" for r in ratios) + " |")
     for p in (16, 1):
         for keys in ("random", "hot"):
             w("")
-            w(f"## {'Pipeline 16' if p == 16 else 'No pipelining'}, {keys} key{'s' if keys == 'random' else ''}")
+            w(f"### {'Pipeline 16' if p == 16 else 'No pipelining'}, {keys} key{'s' if keys == 'random' else ''}")
             w("")
-            w("| command | ops/s | ratio to INCR | p50 ms | p99 ms | server µs/call |")
-            w("|---|---:|---:|---:|---:|---:|")
+            w("| command | ops/s | × INCR | × floor | p50 ms | p99 ms | server µs/call |")
+            w("|---|---:|---:|---:|---:|---:|---:|")
             for row in summary:
                 if row["pipeline"] == p and row["keys"] == keys:
                     usec = f"{row['usec']:.2f}" if row["usec"] is not None else "–"
-                    w(f"| {row['label']} | {row['rps']:,.0f} | {row['ratio']:.2f} | {fmt_ms(row['p50'])} | {fmt_ms(row['p99'])} | {usec} |")
+                    w(f"| {row['label']} | {row['rps']:,.0f} | {row['ratio']:.2f} | {row['ratio_floor']:.3f} | {fmt_ms(row['p50'])} | {fmt_ms(row['p99'])} | {usec} |")
+    w("")
+    lines.extend(cost_lines)
     w("")
     w(f"## Memory per key ({MEM_KEYS:,} keys, `used_memory` delta / keys)")
     w("")
@@ -311,11 +426,7 @@ def report(server_version, summary, mem_rows, req_rows, elapsed):
     for label, total, count in req_rows:
         w(f"| {label} | {count:,} | {total:,} | {total / max(count, 1):.1f} |")
     w("")
-    analysis = os.path.join(ROOT, "bench", "ANALYSIS.md")
-    if os.path.exists(analysis):
-        with open(analysis) as f:
-            w(f.read().rstrip())
-        w("")
+    include("ANALYSIS.md", w)
     return "\n".join(lines)
 
 
@@ -328,11 +439,21 @@ def main():
         version = server.info("server").get("redis_version", "?")
         shas = load_scripts(server)
         summary = speed(server, shas)
+        pairs = paired(server, shas)
         mem_rows = memory(server, shas)
         req_rows = per_request(server, shas)
     finally:
         server.stop()
-    text = report(version, summary, mem_rows, req_rows, time.time() - started)
+    if shutil.which("valgrind"):
+        cost_lines, cost_rounds = cost.run()
+    else:
+        print("valgrind is not installed: skipping the instruction counts", file=sys.stderr)
+        cost_lines = ["## Instructions per call (callgrind)", "",
+                      "Not measured: valgrind is not installed (Debian: `apt-get install valgrind`).",
+                      ""]
+        cost_rounds = None
+    text = report(version, summary, pairs, mem_rows, req_rows, time.time() - started,
+                  cost_lines, cost_rounds)
     with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
         f.write(text + "\n")
     print(text)

@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""`make bench-cost`: the server's instructions per call, next to INCR, SET PX and the floor.
+
+Runs redis-server (Debian's 7.0 here) under `valgrind --tool=callgrind
+--toggle-collect=processCommand`, with redis-rl and the floor module (`bench/floor/floor.c`,
+built here into target/bench/floor.so) loaded and no persistence, and drives one command at a
+time with `redis-benchmark -n 20000 -P 16 -r 100000` (50 clients, random keys). Around each
+command: FLUSHALL and CONFIG RESETSTAT, `callgrind_control --zero`, the load,
+`callgrind_control --dump`. Only instructions executed inside processCommand are counted, so
+the count does not depend on what else the machine is doing, nor on the server's timers
+(serverCron, active expiry) or its network reads and writes.
+
+Each redis-benchmark run also sends two CONFIG GET commands (`save` and `appendonly`) when it
+starts. Each server run measures those two alone (redis-cli, zero, dump) and that cost is
+subtracted; the count of calls comes from INFO commandstats and is checked against the calls
+of processCommand in the callgrind file.
+
+The whole step runs ROUNDS times (COST_ROUNDS, default 2), each on a new server, so the table
+shows how well the count repeats. Callgrind files of every command are kept under
+target/bench/callgrind/round-N/ and the figures in target/bench/cost.json. For RL.GCRA against
+the floor (run 1) it prints where the instructions go: by step (each function outside the
+module that the module calls, with everything it calls; the module's own code; Redis before
+and around the module), the functions by inclusive cost, and every function whose own cost
+differs; the step and self tables add up to the totals.
+
+Nothing here asserts: it measures and prints. Needs valgrind (callgrind_control and
+callgrind_annotate come with it), gcc, redis-server, redis-cli, redis-benchmark.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULE = os.path.join(ROOT, "target", "release", "libredis_rl.so")
+FLOOR_SRC = os.path.join(ROOT, "bench", "floor", "floor.c")
+OUT_DIR = os.path.join(ROOT, "target", "bench")
+FLOOR_SO = os.path.join(OUT_DIR, "floor.so")
+ROUNDS = int(os.environ.get("COST_ROUNDS", "2"))
+REQUESTS = 20_000
+PIPELINE = 16
+CLIENTS = 50
+KEYSPACE = 100_000
+TIMEOUT_S = 300  # any single child process
+TOP = 15
+
+FLOOR = "FL.GCRA (floor)"
+GCRA = "RL.GCRA"
+
+# (label, argv with KEY placeholder, INFO commandstats name). Every key has the same length, so
+# hashing the key costs every command the same. The parameters keep every key alive through the
+# run (GCRA: one request holds a key 60 s; windows of an hour), as INCR's and SET PX's keys are:
+# keys that expire during the run are deleted either inside a command (counted) or by the
+# server's timer (not counted), depending on timing, which makes the count vary by a few percent.
+COMMANDS = [
+    ("INCR", ["INCR", "KEY"], "incr"),
+    ("SET k v PX 60000", ["SET", "KEY", "v", "PX", "60000"], "set"),
+    (FLOOR, ["FL.GCRA", "KEY", "100", "1", "60"], "fl.gcra"),
+    (GCRA, ["RL.GCRA", "KEY", "100", "1", "60"], "rl.gcra"),
+    ("RL.WINDOW FIXED", ["RL.WINDOW", "KEY", "100", "3600", "FIXED"], "rl.window"),
+    ("RL.WINDOW SLIDING", ["RL.WINDOW", "KEY", "100", "3600", "SLIDING"], "rl.window"),
+    ("RL.WINDOW LOG", ["RL.WINDOW", "KEY", "100", "3600", "LOG"], "rl.window"),
+    ("CL.THROTTLE", ["CL.THROTTLE", "KEY", "99", "1", "60"], "cl.throttle"),
+]
+KEY = "k:__rand_int__"
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def redismodule_h_dir():
+    """The include directory of the redismodule.h that the `redis-module` crate vendors (the
+    crate is already in the cargo registry once the module has been built)."""
+    for extra in (["--offline"], []):
+        try:
+            out = subprocess.run(["cargo", "metadata", "--format-version", "1"] + extra, cwd=ROOT,
+                                 capture_output=True, check=True, timeout=TIMEOUT_S).stdout
+        except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired):
+            continue
+        for package in json.loads(out)["packages"]:
+            if package["name"] == "redis-module":
+                inc = os.path.join(os.path.dirname(package["manifest_path"]), "src", "include")
+                if os.path.exists(os.path.join(inc, "redismodule.h")):
+                    return inc
+    sys.exit("cannot find redismodule.h: `cargo metadata` names no redis-module package "
+             "with src/include/redismodule.h (run `cargo build --release` first)")
+
+
+def floor_module():
+    """Builds target/bench/floor.so from bench/floor/floor.c when missing or older."""
+    if os.path.exists(FLOOR_SO) and os.path.getmtime(FLOOR_SO) >= os.path.getmtime(FLOOR_SRC):
+        return FLOOR_SO
+    os.makedirs(OUT_DIR, exist_ok=True)
+    cmd = ["gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-std=gnu11",
+           "-I", redismodule_h_dir(), "-o", FLOOR_SO, FLOOR_SRC]
+    log("building the floor: " + " ".join(cmd))
+    subprocess.run(cmd, check=True, timeout=TIMEOUT_S)
+    return FLOOR_SO
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CallgrindServer:
+    """redis-server under callgrind, counting only inside processCommand."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="redis-rl-cost-")
+        self.port = free_port()
+        self.out = os.path.join(self.dir, "callgrind.out")
+        argv = [
+            "valgrind", "--tool=callgrind", "--toggle-collect=processCommand",
+            "--callgrind-out-file=" + self.out,
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", self.dir,
+            "--logfile", os.path.join(self.dir, "redis.log"),
+            "--loadmodule", MODULE, "--loadmodule", floor_module(),
+        ]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                     stdout=open(os.path.join(self.dir, "valgrind.log"), "wb"),
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                if self.cli("PING") == "PONG":
+                    return
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.2)
+        self.stop(keep=True)
+        sys.exit("redis-server under callgrind did not start; see " + self.dir)
+
+    def cli(self, *args):
+        out = subprocess.run(["redis-cli", "-p", str(self.port)] + list(args),
+                             capture_output=True, check=True, timeout=TIMEOUT_S)
+        return out.stdout.decode(errors="replace").strip()
+
+    def commandstats(self):
+        """{lower-case command name: calls}."""
+        calls = {}
+        for line in self.cli("INFO", "commandstats").splitlines():
+            m = re.match(r"cmdstat_([^:]+):calls=(\d+)", line)
+            if m:
+                calls[m.group(1).lower()] = int(m.group(2))
+        return calls
+
+    def control(self, *args):
+        subprocess.run(["callgrind_control"] + list(args) + [str(self.proc.pid)],
+                       capture_output=True, check=True, timeout=TIMEOUT_S)
+
+    def dump(self, tag):
+        """Dumps the counts since the last zero; returns the file's path."""
+        self.control("--dump=" + tag)
+        marker = "desc: Trigger: dump " + tag + "\n"
+        for name in sorted(os.listdir(self.dir)):
+            path = os.path.join(self.dir, name)
+            if name.startswith("callgrind.out.") and os.path.getsize(path):
+                with open(path) as f:
+                    head = "".join(f.readline() for _ in range(40))
+                if marker in head:
+                    return path
+        raise RuntimeError("callgrind dump " + tag + " not found in " + self.dir)
+
+    def stop(self, keep=False):
+        try:
+            self.cli("SHUTDOWN", "NOSAVE")
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def parse_callgrind(path):
+    """(Ir in the file, calls of processCommand recorded in it)."""
+    names = {}
+    total = None
+    calls = 0
+    current_cfn = None
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("fn=", "cfn=")):
+                m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                if m:
+                    if m.group(2):
+                        names[m.group(1)] = m.group(2)
+                    current_cfn = m.group(1) if line.startswith("cfn=") else None
+            elif line.startswith("calls=") and current_cfn is not None:
+                if names.get(current_cfn) == "processCommand":
+                    calls += int(line[6:].split()[0])
+            elif line.startswith("summary:"):
+                total = int(line.split()[1])
+    if total is None:
+        raise RuntimeError("no summary line in " + path)
+    return total, calls
+
+
+def config_get_cost(server):
+    """Ir of the two CONFIG GET commands that redis-benchmark sends at start, measured alone."""
+    server.cli("CONFIG", "RESETSTAT")
+    server.control("--zero")
+    server.cli("CONFIG", "GET", "save")
+    server.cli("CONFIG", "GET", "appendonly")
+    ir, calls = parse_callgrind(server.dump("config-get"))
+    if calls != 2:
+        log(f"warning: CONFIG GET baseline saw {calls} calls of processCommand, expected 2")
+    return ir / max(calls, 1)
+
+
+def measure(server, label, argv, stat, keep_dir, index):
+    server.cli("FLUSHALL")
+    server.cli("CONFIG", "RESETSTAT")
+    server.control("--zero")
+    args = [KEY if a == "KEY" else a for a in argv]
+    subprocess.run(["redis-benchmark", "-p", str(server.port), "-c", str(CLIENTS),
+                    "-n", str(REQUESTS), "-P", str(PIPELINE), "-r", str(KEYSPACE), "--csv"] + args,
+                   capture_output=True, check=True, timeout=TIMEOUT_S)
+    path = server.dump("cmd-%d" % index)
+    stats = server.commandstats()
+    ir, pc_calls = parse_callgrind(path)
+    calls = stats.get(stat, 0)
+    config_calls = stats.get("config|get", 0)
+    if pc_calls != calls + config_calls:
+        log(f"warning: {label}: processCommand ran {pc_calls} times; commandstats has "
+            f"{calls} + {config_calls} CONFIG GET")
+    kept = os.path.join(keep_dir, slug(label) + ".out")
+    shutil.copyfile(path, kept)
+    return {"ir": ir, "calls": calls, "config_calls": config_calls, "file": kept}
+
+
+def slug(label):
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def one_round(rnd):
+    keep_dir = os.path.join(OUT_DIR, "callgrind", "round-%d" % rnd)
+    shutil.rmtree(keep_dir, ignore_errors=True)
+    os.makedirs(keep_dir)
+    server = CallgrindServer()
+    try:
+        config_ir = config_get_cost(server)
+        results = {}
+        for i, (label, argv, stat) in enumerate(COMMANDS):
+            r = measure(server, label, argv, stat, keep_dir, i)
+            r["config_ir"] = config_ir
+            r["per_call"] = (r["ir"] - r["config_calls"] * config_ir) / max(r["calls"], 1)
+            results[label] = r
+            log(f"cost round {rnd}: {label}: {r['per_call']:,.0f} Ir/call")
+    finally:
+        server.stop()
+    return results
+
+
+# ---- callgrind_annotate: functions inside processCommand, per call ----
+
+OUTER = {"processInputBuffer", "readQueryFromClient", "main", "aeMain", "aeProcessEvents",
+         "connSocketEventHandler", "(below main)", "__libc_start_main@@GLIBC_2.34",
+         "__libc_start_call_main"}
+
+
+class Profile:
+    """One callgrind file, by function name: self cost, object file, and the cost of each
+    caller→callee edge (inclusive of the callee's own calls).
+
+    callgrind_annotate --inclusive=yes counts the same way, but lists a Rust function once per
+    source file its inlined code comes from, each time with the whole inclusive cost, so its
+    list cannot be summed by function; this reads the file itself. Functions are keyed by name
+    (instances of a generic Rust function with one demangled name are added up)."""
+
+    def __init__(self, path):
+        ids = {}  # ("fn" | "ob", id) -> name
+        self.self_cost, self.objects, self.edges = {}, {}, {}
+        self.total = None
+        fn = ob = callee = None
+        pending_call = False
+        with open(path) as f:
+            for line in f:
+                c = line[0]
+                if c.isdigit() or c in "+-*":
+                    parts = line.split()
+                    ir = int(parts[1]) if len(parts) > 1 else 0
+                    if pending_call:
+                        pending_call = False
+                        if callee != fn:
+                            self.edges[(fn, callee)] = self.edges.get((fn, callee), 0) + ir
+                    elif fn is not None:
+                        self.self_cost[fn] = self.self_cost.get(fn, 0) + ir
+                    continue
+                if line.startswith(("fn=", "cfn=", "ob=", "cob=")):
+                    kind, _, rest = line.rstrip("\n").partition("=")
+                    m = re.match(r"\((\d+)\)(?: (.*))?", rest)
+                    space = "fn" if kind in ("fn", "cfn") else "ob"
+                    name = rest
+                    if m:
+                        key = (space, m.group(1))
+                        if m.group(2):
+                            ids[key] = m.group(2)
+                        name = ids.get(key, rest)
+                    if kind == "fn":
+                        fn = name
+                        self.objects.setdefault(fn, object_label(os.path.basename(ob or "")))
+                    elif kind == "cfn":
+                        callee = name
+                    elif kind == "ob":
+                        ob = name
+                elif line.startswith("calls="):
+                    pending_call = True
+                elif line.startswith("summary:"):
+                    self.total = int(line.split()[1])
+        if self.total is None:
+            raise RuntimeError("no summary line in " + path)
+
+    def inclusive(self):
+        """{function: Ir including its calls}, without the callers of processCommand (outside
+        the counted range, they carry its whole cost)."""
+        inc = dict(self.self_cost)
+        for (caller, _callee), ir in self.edges.items():
+            inc[caller] = inc.get(caller, 0) + ir
+        return {n: c for n, c in inc.items()
+                if c and (n == "processCommand" or (c < self.total and n not in OUTER))}
+
+    def module_view(self, module_object):
+        """(the module's own self cost, {function outside the module: Ir of the module's calls
+        to it}, Ir of the calls from Redis into the module)."""
+        own = sum(c for n, c in self.self_cost.items() if self.objects.get(n) == module_object)
+        out, into = {}, 0
+        for (caller, callee), ir in self.edges.items():
+            inside_caller = self.objects.get(caller) == module_object
+            inside_callee = self.objects.get(callee) == module_object
+            if inside_caller and not inside_callee:
+                out[callee] = out.get(callee, 0) + ir
+            elif inside_callee and not inside_caller:
+                into += ir
+        return own, out, into
+
+
+def object_label(obj):
+    if obj in ("redis-server", "redis-check-rdb"):  # Debian links one to the other
+        return "redis-server"
+    return obj or "?"
+
+
+def steps(result, module_object):
+    """{step: Ir per call} for one command's file (rows add up to the total), and the total."""
+    calls = result["calls"] + result["config_calls"]
+    prof = Profile(result["file"])
+    inc = prof.inclusive()
+    own, out, into = prof.module_view(module_object)
+    rows = {
+        "Redis: processCommand before call() (command lookup, checks)":
+            inc.get("processCommand", 0) - inc.get("call", 0),
+        "Redis: call() around the module (stats, propagation)":
+            inc.get("call", 0) - inc.get("RedisModuleCommandDispatcher", 0),
+        "Redis: module context (RedisModuleCommandDispatcher)":
+            inc.get("RedisModuleCommandDispatcher", 0) - into,
+    }
+    rows.update({f"`{n}`": ir for n, ir in out.items()})
+    rows[OWN_CODE] = own
+    return {k: v / calls for k, v in rows.items()}, inc.get("processCommand", 0) / calls
+
+
+OWN_CODE = "the module's own code (self)"
+
+
+def breakdown(round_results):
+    """Markdown lines: Ir per call by step for the floor and every RL command (one column
+    each): Redis before and around the module, every function outside the module that the
+    module calls (with all it calls), the module's own code. Each column adds up to its total."""
+    cols = [(FLOOR, "floor.so")] + [(label, "libredis_rl.so") for label, _a, _s in COMMANDS
+                                    if label.startswith(("RL.", "CL."))]
+    data = [steps(round_results[label], obj) for label, obj in cols]
+    names = []
+    for rows, _total in data:
+        names += [r for r in rows if r not in names]
+    first = names[:3]
+    middle = sorted((r for r in names if r not in first and r != OWN_CODE),
+                    key=lambda r: -max(rows.get(r, 0) for rows, _t in data))
+    short = {FLOOR: "floor", "RL.WINDOW FIXED": "FIXED", "RL.WINDOW SLIDING": "SLIDING",
+             "RL.WINDOW LOG": "LOG"}
+    lines = ["| step | " + " | ".join(short.get(label, label) for label, _o in cols)
+             + " | RL.GCRA − floor |",
+             "|---|" + "---:|" * (len(cols) + 1)]
+    for r in first + middle + [OWN_CODE]:
+        vals = [rows.get(r, 0) for rows, _t in data]
+        if all(abs(v) < 0.5 for v in vals):
+            continue
+        lines.append(f"| {r} | " + " | ".join(f"{v:,.0f}" for v in vals)
+                     + f" | {vals[1] - vals[0]:+,.0f} |")
+    totals = [t for _r, t in data]
+    lines.append("| **total (processCommand)** | " + " | ".join(f"{t:,.0f}" for t in totals)
+                 + f" | {totals[1] - totals[0]:+,.0f} |")
+    return lines
+
+
+def compare(gcra, floor):
+    """Markdown lines: RL.GCRA against the floor, by function, per call."""
+    g_calls = gcra["calls"] + gcra["config_calls"]
+    f_calls = floor["calls"] + floor["config_calls"]
+    g_prof, f_prof = Profile(gcra["file"]), Profile(floor["file"])
+    lines = []
+    w = lines.append
+    g_inc, f_inc = g_prof.inclusive(), f_prof.inclusive()
+    top = sorted(g_inc, key=lambda n: -g_inc[n])[:TOP]
+    top += [n for n in sorted(f_inc, key=lambda n: -f_inc[n])[:TOP] if n not in top]
+    w(f"Inclusive Ir per call inside processCommand, the top {TOP} of each (RL.GCRA first). "
+      "Inclusive costs nest, so they do not add up; Rust code is named after the function it "
+      "was inlined into.")
+    w("")
+    w("| function | RL.GCRA | floor | RL.GCRA − floor |")
+    w("|---|---:|---:|---:|")
+    for n in top:
+        g = g_inc.get(n, 0) / g_calls
+        f = f_inc.get(n, 0) / f_calls
+        w(f"| `{n}` | {g:,.0f} | {f:,.0f} | {g - f:+,.0f} |")
+    g_self, f_self = g_prof.self_cost, f_prof.self_cost
+    objects = {**f_prof.objects, **g_prof.objects}
+    names = set(g_self) | set(f_self)
+    diff = {n: g_self.get(n, 0) / g_calls - f_self.get(n, 0) / f_calls for n in names}
+    shown = [n for n in sorted(names, key=lambda n: -abs(diff[n])) if abs(diff[n]) >= 5][:40]
+    rest = sum(diff.values()) - sum(diff[n] for n in shown)
+    w("")
+    w("Exclusive (self) Ir per call of every function whose cost differs by 5 or more; with the "
+      f"rest ({rest:+,.0f}) they add up to the difference in total.")
+    w("")
+    w("| function | object | RL.GCRA | floor | RL.GCRA − floor |")
+    w("|---|---|---:|---:|---:|")
+    for n in shown:
+        w(f"| `{n}` | {objects.get(n, '?')} | {g_self.get(n, 0) / g_calls:,.0f} | "
+          f"{f_self.get(n, 0) / f_calls:,.0f} | {diff[n]:+,.0f} |")
+    w(f"| all | | {sum(g_self.values()) / g_calls:,.0f} | {sum(f_self.values()) / f_calls:,.0f} | "
+      f"{sum(diff.values()):+,.0f} |")
+    return lines
+
+
+def server_version():
+    out = subprocess.run(["redis-server", "--version"], capture_output=True, timeout=60).stdout
+    m = re.search(rb"v=(\S+)", out)
+    return m.group(1).decode() if m else "?"
+
+
+def run():
+    """Runs every round; returns the markdown section (a list of lines) and the figures."""
+    if not os.path.exists(MODULE):
+        sys.exit("build the module first: cargo build --release")
+    for tool in ("valgrind", "callgrind_control", "callgrind_annotate", "gcc"):
+        if not shutil.which(tool):
+            sys.exit(f"`{tool}` is needed for the instruction counts (Debian: apt-get install "
+                     "valgrind gcc)")
+    floor_module()
+    started = time.time()
+    rounds = [one_round(r + 1) for r in range(ROUNDS)]
+    elapsed = time.time() - started
+    with open(os.path.join(OUT_DIR, "cost.json"), "w") as f:
+        json.dump([{label: {k: v for k, v in r.items() if k != "file"} for label, r in rnd.items()}
+                   for rnd in rounds], f, indent=1)
+    lines = []
+    w = lines.append
+    w("## Instructions per call (callgrind)")
+    w("")
+    w(f"redis-server {server_version()} under `valgrind --tool=callgrind "
+      f"--toggle-collect=processCommand`, both modules loaded, no persistence; each command "
+      f"alone after FLUSHALL, `redis-benchmark -c {CLIENTS} -n {REQUESTS} -P {PIPELINE} "
+      f"-r {KEYSPACE}` (random keys). Ir = instructions executed inside processCommand, per "
+      f"call, less the benchmark's two start-up CONFIG GET commands (measured alone in each run: "
+      + ", ".join(f"{r[FLOOR]['config_ir']:,.0f}" for r in rounds)
+      + f" Ir each). {ROUNDS} runs, each on a new server (`COST_ROUNDS=n` for more); this "
+      f"step took {elapsed:.0f} s. Reproduce: `make bench-cost`. The count does not depend on "
+      "the machine's load, but Redis seeds its hash tables at random when it starts, so which "
+      "command names and keys share a bucket changes from one start to the next: over ten "
+      "starts on 2026-12-01 that moved the floor's count by 1 % (9,211–9,313) and INCR's by "
+      "4 % (2,746–2,869), mostly in the command look-ups; RL.GCRA over the floor stayed within "
+      "1.097–1.114.")
+    w("")
+    head = "| command | " + " | ".join(f"Ir/call run {i + 1}" for i in range(ROUNDS))
+    head += " | spread | " + " | ".join(f"× floor run {i + 1}" for i in range(ROUNDS)) + " |"
+    w(head)
+    w("|---|" + "---:|" * (2 * ROUNDS + 1))
+    for label, _argv, _stat in COMMANDS:
+        per = [r[label]["per_call"] for r in rounds]
+        spread = (max(per) - min(per)) / min(per) * 100 if min(per) else 0.0
+        ratios = [r[label]["per_call"] / r[FLOOR]["per_call"] for r in rounds]
+        w(f"| {label} | " + " | ".join(f"{p:,.0f}" for p in per) + f" | {spread:.1f} % | "
+          + " | ".join(f"{x:.3f}" for x in ratios) + " |")
+    w("")
+    w("Commands: " + ", ".join("`" + " ".join("k" if a == "KEY" else a for a in argv) + "`"
+                               for _label, argv, _stat in COMMANDS)
+      + "; each `k` is `k:<random 0–99999>`. The parameters keep every key alive through the run, "
+      "as INCR's and SET PX's keys are (one GCRA request holds its key 60 s; windows of an "
+      "hour): keys expiring mid-run would be deleted inside a command or by the server's timer "
+      "depending on timing, and the count would vary by a few percent. CL.THROTTLE's `99` is "
+      "a capacity of 100, as the others.")
+    w("")
+    w("### Where RL.GCRA spends more than the floor (run 1)")
+    w("")
+    w("Files: `target/bench/callgrind/round-N/<command>.out` (callgrind_annotate or kcachegrind "
+      "open them). Here per call = Ir / calls of processCommand in the file, the two CONFIG GET "
+      "included (they add under 1 Ir per call, to Redis's own functions only).")
+    w("")
+    w("By step, for the floor and every RL command: every function outside the module that the "
+      "module calls (module API, libc, the dynamic linker), with everything it calls; the "
+      "module's own code; and what Redis does before and around the module. Each column adds "
+      "up to its total. A step that runs only on some calls (creating a key: about 91 % of "
+      "calls here) is averaged over all calls.")
+    w("")
+    lines += breakdown(rounds[0])
+    w("")
+    lines += compare(rounds[0][GCRA], rounds[0][FLOOR])
+    return lines, rounds
+
+
+def main():
+    lines, _rounds = run()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
