@@ -37,6 +37,7 @@ import time
 
 sys.dont_write_bytecode = True  # no bench/__pycache__ from importing cost.py
 import cost  # noqa: E402
+import fallback_bench  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.path.join(ROOT, "target", "release", "libredis_rl.so")
@@ -292,6 +293,44 @@ def per_request(server, shas):
     return [("RL.WINDOW LOG", log_total, log_count), ("Lua sorted set (ZADD)", zset_total, zset_count)]
 
 
+LEASES = 1_000
+
+
+def per_lease(server):
+    """A LEASE key holding LEASES leases, one per holder, for two token lengths: MEMORY USAGE
+    over the leases held (the fixed part of the key included)."""
+    rows = []
+    for token_len in (8, 64):
+        server.cli("FLUSHALL")
+        lines = "\n".join(
+            f"RL.LEASE memlease {LEASES} 3600 {str(i).rjust(token_len, 't')}"
+            for i in range(LEASES))
+        server.cli(stdin=lines.encode())
+        total = int(server.cli("MEMORY", "USAGE", "memlease", "SAMPLES", "0"))
+        left = server.cli("RL.LEASE", "memlease", str(LEASES), "3600", "probe", "PEEK",
+                          "QUANTITY", "0").split()
+        held = LEASES - int(left[2])
+        rows.append((f"RL.LEASE, {token_len}-byte tokens", total, held))
+        print(f"memory: lease ({token_len}-byte tokens): {total} B for {held} leases",
+              file=sys.stderr)
+    server.cli("FLUSHALL")
+    return rows
+
+
+def kept_section(name):
+    """The section of the current BENCHMARKS.md between `<!-- name:begin -->` and
+    `<!-- name:end -->` (written by another benchmark), or None."""
+    try:
+        with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
+            text = f.read()
+    except OSError:
+        return None
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        return None
+    return text[text.index(begin):text.index(end) + len(end)]
+
+
 def machine():
     cpu = "unknown CPU"
     try:
@@ -359,8 +398,8 @@ def targets(summary, pairs, cost_rounds):
     return lines
 
 
-def report(server_version, summary, pairs, mem_rows, req_rows, elapsed, cost_lines,
-           cost_rounds):
+def report(server_version, summary, pairs, mem_rows, req_rows, lease_rows, elapsed, cost_lines,
+           cost_rounds, fallback_text):
     lines = []
     w = lines.append
     w("# Benchmarks")
@@ -426,7 +465,24 @@ def report(server_version, summary, pairs, mem_rows, req_rows, elapsed, cost_lin
     for label, total, count in req_rows:
         w(f"| {label} | {count:,} | {total:,} | {total / max(count, 1):.1f} |")
     w("")
+    w(f"## Memory per lease ({LEASES:,} holders on one key, one lease each)")
+    w("")
+    w("A lease is a packed record of 17 bytes plus its token (expiry, slots, token length); "
+      "the key's fixed part is included in the figure.")
+    w("")
+    w("| key | leases held | `MEMORY USAGE` bytes | bytes per lease |")
+    w("|---|---:|---:|---:|")
+    for label, total, count in lease_rows:
+        w(f"| {label} | {count:,} | {total:,} | {total / max(count, 1):.1f} |")
+    w("")
+    if fallback_text:
+        lines.append(fallback_text)
+        w("")
     include("ANALYSIS.md", w)
+    replay = kept_section("rl-replay")
+    if replay:
+        w("")
+        w(replay)
     return "\n".join(lines)
 
 
@@ -442,8 +498,10 @@ def main():
         pairs = paired(server, shas)
         mem_rows = memory(server, shas)
         req_rows = per_request(server, shas)
+        lease_rows = per_lease(server)
     finally:
         server.stop()
+    fallback_text = fallback_bench.markdown()
     if shutil.which("valgrind"):
         cost_lines, cost_rounds = cost.run()
     else:
@@ -452,8 +510,8 @@ def main():
                       "Not measured: valgrind is not installed (Debian: `apt-get install valgrind`).",
                       ""]
         cost_rounds = None
-    text = report(version, summary, pairs, mem_rows, req_rows, time.time() - started,
-                  cost_lines, cost_rounds)
+    text = report(version, summary, pairs, mem_rows, req_rows, lease_rows,
+                  time.time() - started, cost_lines, cost_rounds, fallback_text)
     with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
         f.write(text + "\n")
     print(text)
