@@ -17,6 +17,7 @@ run cargo build --release
 run cargo build
 [ "$status" -eq 0 ] || { echo "build failed"; exit "$status"; }
 run cargo test --lib --no-default-features
+run python3 scripts/check-reference.py  # docs/reference.md: every named file, function and test exists
 RL_MODULE="$PWD/target/release/libredis_rl.so" RL_DEBUG_MODULE="$PWD/target/debug/libredis_rl.so" \
     run cargo test --test '*'
 # rl-replay (workspace crate replay/): parsers, engine, CLI end to end, and the comparison

@@ -43,8 +43,10 @@ pub struct Decision {
     pub reset_after: Span,
 }
 
-/// Combines the decisions of several limits on one request (the RL.ALL rule of
-/// `docs/reference.md`), each with the charge it was asked (`QUANTITY`, or its `COST`).
+/// Combines the decisions of several limits on one request (the RL.ALL combine rule,
+/// `docs/reference.md#r-all-3`, with the binding limit of `docs/reference.md#r-cost-3` and the
+/// reported-only limits of `docs/reference.md#r-cost-2`), each with the charge it was asked
+/// (`QUANTITY`, or its `COST`).
 ///
 /// Only charged limits (charge > 0) take part, unless none is charged (then all do): the
 /// request is allowed only if every charged limit allows; `Never` if any can never pass;

@@ -153,8 +153,8 @@ impl Span {
         Span(self.0.saturating_mul(n))
     }
 
-    /// Returns the length in whole milliseconds, rounded **up** (SPEC: a client that waits
-    /// the reported time is never early).
+    /// Returns the length in whole milliseconds, rounded **up** (`docs/reference.md#r-time-4`:
+    /// a client that waits the reported time is never early).
     pub const fn ceil_ms(self) -> u64 {
         self.0 / NANOS_PER_MILLI + (self.0 % NANOS_PER_MILLI != 0) as u64
     }

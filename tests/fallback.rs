@@ -7,7 +7,7 @@
 //!   here from the C source below), so both sides see the same instant: replies are compared
 //!   exactly, millisecond fields included, and time moves only when the test moves it.
 //! * Usage accounting (RL.LEASE, RL.RELEASE, FORCE, COST) and clock steps are compared too,
-//!   and the same rules are also checked against the fallback alone, from the specification.
+//!   and the same rules are also checked against the fallback alone, from docs/reference.md.
 //! * Fallback-only tests: replicas and AOF, many connections on one key, out of memory, EVAL
 //!   mode, bounded work on full LOG and LEASE keys, and the library's exact wide arithmetic
 //!   against Rust's u128.
@@ -1353,7 +1353,9 @@ fn clock_steps_match_the_module() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The new commands and keywords, checked against SPEC.md on the fallback alone.
+// The new commands and keywords, checked against docs/reference.md on the fallback alone:
+// RL.LEASE and RL.RELEASE (docs/reference.md#r-lease-1 on), FORCE (docs/reference.md#r-force-1
+// on), COST (docs/reference.md#r-cost-1 on).
 // ---------------------------------------------------------------------------------------------
 
 /// WATCH `key`, run `f`, and report whether an EXEC afterwards went through.
@@ -1676,8 +1678,9 @@ fn cost_follows_the_spec() {
     );
 }
 
-/// SPEC "Clock steps": a state dated later than now is never re-dated; no algorithm admits
-/// more than its limit because of a step, and retry_after is honest.
+/// The clock-step rules (docs/reference.md#r-clock-1, docs/reference.md#r-clock-2): a state
+/// dated later than now is never re-dated; no algorithm admits more than its limit because
+/// of a step, and retry_after is honest.
 #[test]
 fn clock_steps_follow_the_spec() {
     let mut clock = VClock::new(T0);

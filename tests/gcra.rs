@@ -1,4 +1,5 @@
-//! RL.GCRA over the wire: every rule of docs/reference.md, against a real redis-server.
+//! RL.GCRA over the wire, against a real redis-server: the RL.GCRA rules of docs/reference.md
+//! (docs/reference.md#r-gcra-1 on) and the conventions they share with every command.
 
 mod common;
 

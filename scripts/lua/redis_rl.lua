@@ -22,7 +22,7 @@ and call it with exactly the module command's arguments, the key(s) moved into F
     FCALL_RO rl_config 0           -> {"log-max-limit", n, "lease-max-limit", n, "version", v}
 
 Replies and error texts are the module's (RL.GCRA, RL.WINDOW, RL.ALL, RL.REFUND, RL.LEASE,
-RL.RELEASE; see SPEC.md and the README).
+RL.RELEASE; see docs/reference.md and the README).
 
 Servers without Functions (Redis 6.2): drop the first line of this file (the "#!lua" line),
 SCRIPT LOAD the rest, and call EVALSHA sha numkeys key ... name arg ..., where ARGV[1] is the
@@ -637,11 +637,12 @@ local function clock()
   return {s = sec, n = usec * NS_PER_US, us = us}
 end
 
--- SPEC: a request that would write answers OOM when maxmemory is reached (after eviction) and
--- changes nothing; denials, PEEK and QUANTITY 0 answer as usual. The write functions carry
--- the allow-oom flag, so they check memory themselves (INFO memory, about 20 us; its "enough
--- room" answer is kept for 10 ms while at least a tenth of maxmemory is free, or maxmemory is
--- off). Under EVAL the server itself refuses a script's first write when out of memory.
+-- docs/reference.md#r-oom-1: a request that would write answers OOM when maxmemory is reached
+-- (after eviction) and changes nothing; denials, PEEK and QUANTITY 0 answer as usual. The
+-- write functions carry the allow-oom flag, so they check memory themselves (INFO memory,
+-- about 20 us; its "enough room" answer is kept for 10 ms while at least a tenth of maxmemory
+-- is free, or maxmemory is off). Under EVAL the server itself refuses a script's first write
+-- when out of memory.
 local memory_ok_until = -1
 local memory_checked_at = -1
 local function check_memory(now_us)

@@ -47,8 +47,9 @@ pub fn judged_at(stored: Option<&FixedState>, now: Instant) -> Instant {
     stored.map_or(now, |s| now.max(s.updated_at))
 }
 
-/// Decides one FIXED request of `quantity` at `now` (the RL.WINDOW FIXED rule of
-/// `docs/reference.md`): admitted iff `count + quantity ≤ limit`. `retry_after` and
+/// Decides one FIXED request of `quantity` at `now` (the FIXED rules,
+/// `docs/reference.md#r-fixed-1` and `docs/reference.md#r-fixed-2`): admitted iff
+/// `count + quantity ≤ limit`. `retry_after` and
 /// `reset_after` run to the window's end. A state written later than `now` is judged at its
 /// last write ([`judged_at`]), and the durations still count from `now`.
 ///

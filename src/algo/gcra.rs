@@ -83,7 +83,7 @@ fn remaining(params: &GcraParams, tat: Instant, now: Instant) -> u64 {
 
 /// Decides one GCRA request at `now` against the `stored` state (None: missing key).
 ///
-/// Follows the RL.GCRA rule of `docs/reference.md` exactly: `tat = max(stored_tat, now)`,
+/// Follows the RL.GCRA rule `docs/reference.md#r-gcra-2` exactly: `tat = max(stored_tat, now)`,
 /// `new_tat = tat + n·T`, admitted iff `new_tat − now ≤ τ`. Admitted requests return the new
 /// state in `write` (to be stored with an absolute expiry at `new_tat`); denials, `quantity`
 /// 0 and `quantity > burst` (a [`Verdict::Never`]) return no write. With `max_wait`, a

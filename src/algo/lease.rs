@@ -269,8 +269,8 @@ fn frees_at(others: &mut [(Instant, u64)], mut need: u64) -> Option<Instant> {
     (slots >= need).then_some(at)
 }
 
-/// Decides one LEASE request of `quantity` slots for `token` at `now` (the RL.LEASE rule of
-/// `docs/reference.md`).
+/// Decides one LEASE request of `quantity` slots for `token` at `now` (the RL.LEASE rules,
+/// `docs/reference.md#r-lease-2` to `docs/reference.md#r-lease-6`).
 ///
 /// Errors: [`Overflow`] when `now + lease` leaves 64-bit nanoseconds.
 pub fn decide(

@@ -78,8 +78,8 @@ impl LogState {
     }
 }
 
-/// Decides one LOG request of `quantity` at `now` (the RL.WINDOW LOG rule of
-/// `docs/reference.md`).
+/// Decides one LOG request of `quantity` at `now` (the LOG rules, `docs/reference.md#r-log-1`
+/// to `docs/reference.md#r-log-3`).
 ///
 /// Errors: [`Overflow`] if the window's arithmetic leaves 64-bit nanoseconds.
 pub fn decide(

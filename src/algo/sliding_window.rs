@@ -96,8 +96,9 @@ pub fn judged_at(stored: Option<&SlidingState>, now: Instant) -> Instant {
     stored.map_or(now, |s| now.max(s.updated_at))
 }
 
-/// Decides one SLIDING request of `quantity` at `now` (the RL.WINDOW SLIDING rule of
-/// `docs/reference.md`): admitted iff `estimate + quantity ≤ limit`;
+/// Decides one SLIDING request of `quantity` at `now` (the SLIDING rules,
+/// `docs/reference.md#r-sliding-1` to `docs/reference.md#r-sliding-3`): admitted iff
+/// `estimate + quantity ≤ limit`;
 /// `remaining = floor(limit − estimate)` after the request; the key is idle at the end of the
 /// next window while `curr > 0`, at the end of the current one while only `prev > 0`;
 /// `retry_after` is the earliest instant the estimate admits the request. A state written

@@ -1,5 +1,7 @@
-"""Leases (acquire/release, background renewal), FORCE and per-limit COST, per SPEC.md
-"Usage accounting". Skipped while the server lacks RL.LEASE (module) or rl_lease (fallback)."""
+"""Leases (acquire/release, background renewal), FORCE and per-limit COST, per the rules of
+docs/reference.md (docs/reference.md#r-lease-1, docs/reference.md#r-force-1,
+docs/reference.md#r-cost-1 and those after them). Skipped while the server lacks RL.LEASE
+(module) or rl_lease (fallback)."""
 
 from __future__ import annotations
 
