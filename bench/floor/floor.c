@@ -12,7 +12,7 @@
  *      sub-millisecond wall-clock time of its own);
  *   3. open the key for reading and writing, and tell "ours", "missing" and "another type" apart
  *      (WRONGTYPE);
- *   4. GCRA in 64-bit integer nanoseconds, as SPEC.md states it for QUANTITY 1;
+ *   4. GCRA in 64-bit integer nanoseconds, as docs/reference.md#r-gcra-1 states it for QUANTITY 1;
  *   5. if allowed: store the new state in a 16-byte native value (in place when the key exists,
  *      one allocation when it does not), set the key's absolute expiry to the TAT, signal the
  *      key as modified (WATCH), and replicate the effect as one two-argument command
@@ -44,7 +44,7 @@
 
 #define NS_PER_MS 1000000ULL
 #define NS_PER_S 1000000000ULL
-#define MAX_PERIOD_S 315360000LL /* ten 365-day years, as SPEC.md */
+#define MAX_PERIOD_S 315360000LL /* ten 365-day years, as docs/reference.md#r-arg-1 */
 #define VALUE_BYTES 16
 #define ENCODING_VERSION 0
 
