@@ -51,11 +51,12 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
 	RL_MODULE=$(MODULE) cargo bench --bench worst_case
 
-bench: build ## Measure speed and memory against INCR and Lua limiters (BENCHMARKS.md), then the Python client's fast path (BENCH_QUICK=1: ~2 min)
+bench: build ## Measure speed and memory against INCR and Lua limiters (BENCHMARKS.md), then the Python and Rust clients' fast path (BENCH_QUICK=1: ~2 min)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
 	.venv-py/bin/python clients/python/bench/fastpath.py $${BENCH_QUICK:+--seconds 1}
+	RL_MODULE=$(MODULE) cargo bench -p redis-rl-client --bench fastpath -- $${BENCH_QUICK:+--seconds 1}
 	$(MAKE) bench-replay
 
 replay-demo: ## rl-replay on a generated sample log: summary, --suggest, pictures in target/replay-demo/

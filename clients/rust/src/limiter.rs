@@ -951,17 +951,12 @@ impl Limiter {
         }
     }
 
+    /// The deny cache's and the credits' key: the key as sent and the limit (with its name).
     fn cache_key(full: &str, limit: &Limit) -> String {
-        let mut ck = String::with_capacity(full.len() + 32);
+        let mut ck = String::with_capacity(full.len() + 48);
         ck.push_str(full);
-        for part in limit.spec() {
-            ck.push('\0');
-            ck.push_str(&part);
-        }
-        if let Some(n) = limit.name() {
-            ck.push('\0');
-            ck.push_str(n);
-        }
+        ck.push('\0');
+        limit.write_ident(&mut ck);
         ck
     }
 
@@ -983,21 +978,6 @@ impl Limiter {
         } else {
             Op::Window
         };
-        let mut args: Vec<Vec<u8>> = limit.args().into_iter().map(bytes).collect();
-        if c.cost != 1 {
-            args.push(bytes("QUANTITY"));
-            args.push(bytes(c.cost.to_string()));
-        }
-        if c.peek {
-            args.push(bytes("PEEK"));
-        }
-        if let Some(w) = c.max_wait {
-            args.push(bytes("MAXWAIT"));
-            args.push(bytes(w.as_millis().to_string()));
-        }
-        if c.force {
-            args.push(bytes("FORCE"));
-        }
         // A request larger than the limit goes to Redis, which answers Never (HTTP 413).
         let plain = !(c.peek || c.force || c.max_wait.is_some())
             && (1..=limit.capacity()).contains(&c.cost);
@@ -1017,6 +997,21 @@ impl Limiter {
         }
         if self.skip() {
             return self.degraded(Some(limit), &full, None);
+        }
+        let mut args: Vec<Vec<u8>> = limit.args().into_iter().map(bytes).collect();
+        if c.cost != 1 {
+            args.push(bytes("QUANTITY"));
+            args.push(bytes(c.cost.to_string()));
+        }
+        if c.peek {
+            args.push(bytes("PEEK"));
+        }
+        if let Some(w) = c.max_wait {
+            args.push(bytes("MAXWAIT"));
+            args.push(bytes(w.as_millis().to_string()));
+        }
+        if c.force {
+            args.push(bytes("FORCE"));
         }
         let sent = Instant::now();
         let (v, mode) = match self.guarded(op, &[&full], &args).await? {

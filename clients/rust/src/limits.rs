@@ -581,6 +581,20 @@ impl Limit {
         out
     }
 
+    /// Writes a text that identifies this limit (kind, parameters, name) to `out`.
+    pub(crate) fn write_ident(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = match self {
+            Limit::Gcra(g) => write!(out, "G{} {} {}", g.burst, g.rate, g.period_ns),
+            Limit::Window(w) => write!(out, "W{} {} {}", w.limit, w.window_ns, w.algorithm),
+            Limit::Lease(l) => write!(out, "E{} {}", l.limit, l.lease_ns),
+        };
+        if let Some(n) = self.name() {
+            out.push('\0');
+            out.push_str(n);
+        }
+    }
+
     /// Whether batching may take units of this limit ahead (GCRA, FIXED and SLIDING: LOG
     /// refunds the newest entries, not ours, and leases are not counted requests).
     pub(crate) fn batchable(&self) -> bool {
