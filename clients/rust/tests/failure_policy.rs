@@ -16,6 +16,7 @@ use redis_rl_client::{
     Window,
 };
 use support::{Capture, Kind};
+use tower::{Layer, ServiceExt};
 
 /// Runs `f` on a current-thread runtime with a `tracing` capture installed on this thread
 /// (every task of that runtime runs here, so every event is seen).
@@ -57,6 +58,7 @@ both_modes_traced!(
     a_stalled_server_times_out_into_the_policy,
     server_restarted_empty_is_detected_again,
     built_while_redis_is_down,
+    the_layer_answers_503_while_redis_is_down,
 );
 
 async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
@@ -282,4 +284,47 @@ async fn built_while_redis_is_down(kind: Kind, capture: Capture) {
     }
     assert_eq!(lim.resolved_mode().await.unwrap(), kind.expected());
     assert_eq!(outage_events(&capture), (1, 1));
+}
+
+async fn the_layer_answers_503_while_redis_is_down(kind: Kind, _capture: Capture) {
+    // Through the tower layer: "closed" answers 503 with Retry-After and a JSON body while
+    // Redis is down, and so does "error" (the layer cannot decide); both recover.
+    use http::{Request, Response, StatusCode};
+    use redis_rl_client::http::{Key, Rule};
+    use redis_rl_client::RateLimitLayer;
+
+    let mut server = kind.server();
+    for policy in [FailurePolicy::Closed, FailurePolicy::Error] {
+        let lim = make(&server, |b| b.on_error(policy)).await;
+        let svc = RateLimitLayer::new(lim)
+            .rule(Rule::any(
+                Gcra::new(5, 1, 60).unwrap(),
+                Key::header_or("x-k", "anon"),
+            ))
+            .layer(tower::service_fn(|_req: Request<String>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+            }));
+        let call = || {
+            let svc = svc.clone();
+            async move { svc.oneshot(Request::new(String::new())).await.unwrap() }
+        };
+        let up = call().await;
+        assert_eq!(up.status(), StatusCode::OK);
+        assert!(up.headers().contains_key("ratelimit"));
+        server.stop();
+        let down = call().await;
+        assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE, "{policy:?}");
+        assert_eq!(down.headers()["retry-after"], "1");
+        assert!(
+            down.body().contains("\"error\": \"limiter_unavailable\""),
+            "{}",
+            down.body()
+        );
+        server.restart();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while call().await.status() != StatusCode::OK {
+            assert!(Instant::now() < deadline, "did not recover");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
