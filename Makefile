@@ -51,11 +51,12 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
 	RL_MODULE=$(MODULE) cargo bench --bench worst_case
 
-bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the clients' fast paths (BENCH_QUICK=1 shortens)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python and Rust clients' fast paths (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
 	.venv-py/bin/python clients/python/bench/fastpath.py $${BENCH_QUICK:+--seconds 1}
+	RL_MODULE=$(MODULE) cargo bench -p redis-rl-client --bench fastpath -- $${BENCH_QUICK:+--seconds 1}
 	$(MAKE) bench-replay
 
 bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the floor, every RL command (~2 min; needs valgrind)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the pure core without the Redis crate, then the integration suites against
-# a real redis-server (release module; the panic test uses the debug build), then the Python
-# client package's tests. Ends with one summary line: "N passed, N failed".
+# a real redis-server (release module; the panic test uses the debug build), then the Rust
+# and Python client packages' tests. Ends with one summary line: "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log="$(mktemp)"
@@ -23,6 +23,10 @@ RL_MODULE="$PWD/target/release/libredis_rl.so" RL_DEBUG_MODULE="$PWD/target/debu
 # rl-replay (workspace crate replay/): parsers, engine, CLI end to end, and the comparison
 # with a real server running the release module.
 RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --release -p rl-replay
+# The Rust client crate (clients/rust): limits, decisions, fast path, leases, failure policy
+# (servers stopped and paused mid-run), a three-master cluster and two axum servers sharing
+# one limit, each against real servers with the module and without it (the Lua fallback).
+RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --release -p redis-rl-client
 # The Python client package (clients/python): installed (not editable, as users get it) into
 # the virtualenv .venv-py with its test extras, then its pytest suite against real servers
 # (mypy --strict is one of its tests).

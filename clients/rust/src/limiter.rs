@@ -1,0 +1,1411 @@
+//! The [`Limiter`]: decisions in Redis, the failure policy, and the local fast path.
+
+use std::collections::HashMap;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::{Cmd, RedisError, Value};
+use tokio::task::JoinHandle;
+
+use crate::decision::{decision_from_reply, Decision, RetryAfter, Source};
+use crate::error::{is_unavailable, Error};
+use crate::limits::{Algorithm, InvalidLimit, Limit};
+use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
+use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
+use crate::protocol::{
+    all_reply, command_exists, frame, ints, is_missing_function, is_unknown_command,
+    library_matches, Connection, Mode, Op, LIBRARY_NAME, LUA_LIBRARY,
+};
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// `RL.REFUND`'s reply: units given back, the key's remaining and reset time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refund {
+    /// Units actually given back (0 for a missing key).
+    pub refunded: u64,
+    /// Requests of cost 1 allowed now.
+    pub remaining: u64,
+    /// Until the key is idle again.
+    pub reset_after: Duration,
+    /// Redis did not answer; nothing was refunded.
+    pub degraded: bool,
+}
+
+/// `RL.RELEASE`'s reply: slots freed, the key's remaining and reset time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// Slots freed (0 when the token held no live lease: releasing twice is harmless).
+    pub released: u64,
+    /// Slots free now.
+    pub remaining: u64,
+    /// Until the last live lease ends.
+    pub reset_after: Duration,
+    /// Redis did not answer; nothing was released (the lease ends by itself).
+    pub degraded: bool,
+}
+
+/// How a [`LimiterBuilder`] reaches Redis.
+enum Target {
+    Url(String),
+    Cluster(Vec<String>),
+    Connection(Connection),
+}
+
+/// Configures and builds a [`Limiter`]; from [`Limiter::builder`],
+/// [`Limiter::cluster_builder`] or [`Limiter::with_connection`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), redis_rl_client::Error> {
+/// use std::time::Duration;
+/// use redis_rl_client::{FailurePolicy, Limiter, Mode};
+///
+/// let limiter = Limiter::builder("redis://127.0.0.1:6379/")
+///     .on_error(FailurePolicy::Closed)   // deny while Redis is down (login limits)
+///     .timeout(Duration::from_millis(200))
+///     .mode(Mode::Auto)                  // the module if loaded, else the Lua fallback
+///     .prefix("rl:")
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct LimiterBuilder {
+    target: Target,
+    mode: Mode,
+    on_error: FailurePolicy,
+    prefix: String,
+    timeout: Duration,
+    deny_cache: bool,
+    batch: Option<u64>,
+    batch_hold: Duration,
+    probe_interval: Duration,
+    closed_retry_after: Duration,
+    load_library: bool,
+    hook: Option<Hook>,
+}
+
+impl LimiterBuilder {
+    fn new(target: Target) -> LimiterBuilder {
+        LimiterBuilder {
+            target,
+            mode: Mode::Auto,
+            on_error: FailurePolicy::Open,
+            prefix: String::new(),
+            timeout: Duration::from_millis(500),
+            deny_cache: true,
+            batch: None,
+            batch_hold: Duration::from_millis(100),
+            probe_interval: Duration::from_secs(1),
+            closed_retry_after: Duration::from_secs(1),
+            load_library: true,
+            hook: None,
+        }
+    }
+
+    /// [`Mode::Auto`] (default): detect the module once per connection; or force
+    /// [`Mode::Module`] / [`Mode::Fallback`].
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// What a check answers when Redis does not (default [`FailurePolicy::Open`]).
+    pub fn on_error(mut self, policy: FailurePolicy) -> Self {
+        self.on_error = policy;
+        self
+    }
+
+    /// Prepended to every key. It may not contain `{` or `}` (it would become the hash tag:
+    /// hash tags belong to the caller's keys).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The connect and command timeout (default 500 ms). Every Redis call is bounded by it;
+    /// the connection this builder makes does not retry (a retried limiter call may be
+    /// counted twice, and retries make an outage slow to detect).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Answer denied keys locally until their `retry_after` runs out (default on).
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on;
+        self
+    }
+
+    /// Take up to `k` units per Redis call and admit locally from them (GCRA, FIXED and
+    /// SLIDING limits, single checks; default off). See the crate README for the trade-off.
+    pub fn batch(mut self, k: u64) -> Self {
+        self.batch = Some(k);
+        self
+    }
+
+    /// How long unused batch units are held before they are refunded (default 100 ms).
+    pub fn batch_hold(mut self, hold: Duration) -> Self {
+        self.batch_hold = hold;
+        self
+    }
+
+    /// During an outage, how often a call tries Redis again (default 1 s); the others are
+    /// answered by the policy at once.
+    pub fn probe_interval(mut self, every: Duration) -> Self {
+        self.probe_interval = every;
+        self
+    }
+
+    /// The `retry_after` of a [`FailurePolicy::Closed`] denial (default 1 s).
+    pub fn closed_retry_after(mut self, wait: Duration) -> Self {
+        self.closed_retry_after = wait;
+        self
+    }
+
+    /// Whether the client may `FUNCTION LOAD` the fallback library when the server lacks it
+    /// or holds another version (default true). With `false`, a missing library is
+    /// [`Error::Library`].
+    pub fn load_library(mut self, allowed: bool) -> Self {
+        self.load_library = allowed;
+        self
+    }
+
+    /// Called as `hook(counter_name, n)` on every counter increment (for Prometheus,
+    /// StatsD, …). It must be cheap and must not panic.
+    pub fn hook(mut self, hook: impl Fn(&'static str, u64) + Send + Sync + 'static) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Builds the limiter (inside a Tokio runtime). For one server the connection is made
+    /// lazily, so a limiter can be built while Redis is down (the failure policy answers
+    /// until it is up); a cluster client connects now and returns [`Error::Unavailable`] if
+    /// it cannot.
+    pub async fn build(self) -> Result<Limiter, Error> {
+        if self.prefix.contains('{') || self.prefix.contains('}') {
+            return Err(Error::Usage(
+                "prefix must not contain '{' or '}' (it would become the hash tag)".into(),
+            ));
+        }
+        for (d, name) in [
+            (self.timeout, "timeout"),
+            (self.batch_hold, "batch_hold"),
+            (self.probe_interval, "probe_interval"),
+            (self.closed_retry_after, "closed_retry_after"),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Usage(format!("{name} must be a positive duration")));
+            }
+        }
+        if self.batch == Some(0) {
+            return Err(InvalidLimit::new("batch must be a positive integer").into());
+        }
+        let conn = match self.target {
+            Target::Connection(c) => c,
+            Target::Url(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(Error::Redis)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(0);
+                Connection::Single(
+                    ConnectionManager::new_lazy_with_config(client, config)
+                        .map_err(Error::Redis)?,
+                )
+            }
+            Target::Cluster(urls) => {
+                let client = ClusterClientBuilder::new(urls)
+                    .connection_timeout(self.timeout)
+                    .response_timeout(self.timeout)
+                    .retries(3)
+                    .build()
+                    .map_err(Error::Redis)?;
+                let c = tokio::time::timeout(self.timeout * 4, client.get_async_connection())
+                    .await
+                    .map_err(|_| Error::Unavailable(timed_out(self.timeout * 4)))?
+                    .map_err(|e| {
+                        if is_unavailable(&e) {
+                            Error::Unavailable(e)
+                        } else {
+                            Error::Redis(e)
+                        }
+                    })?;
+                Connection::Cluster(c)
+            }
+        };
+        let batching = self.batch.is_some_and(|k| k > 1);
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                conn,
+                mode_setting: self.mode,
+                resolved: AtomicU8::new(0),
+                library_ready: AtomicBool::new(false),
+                detect: tokio::sync::Mutex::new(()),
+                prefix: self.prefix,
+                timeout: self.timeout,
+                load_library: self.load_library,
+                counters: Counters::new(self.hook),
+                health: Health::new(self.on_error, self.probe_interval, self.closed_retry_after),
+                deny_cache: self.deny_cache.then(|| DenyCache::new(10_000)),
+                batch: self.batch,
+                batch_hold: self.batch_hold,
+                credits: batching.then(Credits::new),
+                rtt_ns: AtomicU64::new(1_000_000),
+                hints: Mutex::new(HashMap::new()),
+                pending: Mutex::new(Vec::new()),
+                sweeper: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+fn timed_out(after: Duration) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("redis-rl: no reply within {after:?}"),
+    ))
+}
+
+struct Inner {
+    conn: Connection,
+    mode_setting: Mode,
+    /// 0: not detected yet; 1: module; 2: fallback.
+    resolved: AtomicU8,
+    library_ready: AtomicBool,
+    detect: tokio::sync::Mutex<()>,
+    prefix: String,
+    timeout: Duration,
+    load_library: bool,
+    counters: Counters,
+    health: Health,
+    deny_cache: Option<DenyCache>,
+    batch: Option<u64>,
+    batch_hold: Duration,
+    credits: Option<Credits>,
+    rtt_ns: AtomicU64,
+    hints: Mutex<HashMap<String, (u64, Instant)>>,
+    pending: Mutex<Vec<Credit>>,
+    sweeper: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .sweeper
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes rate-limit decisions in Redis, shared by every process of a service.
+///
+/// Cheap to clone (the clones share the connection, counters and local state). Decisions
+/// come from the redis-rl module when the server has it, else from the project's Lua
+/// Functions library (same replies; [`Mode`]). When Redis does not answer, the
+/// [`FailurePolicy`] does.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use redis_rl_client::{Gcra, Limiter, Window, Entry};
+///
+/// let limiter = Limiter::builder("redis://127.0.0.1:6379/").build().await?;
+/// let per_user = Gcra::new(10, 5, 1)?; // 10 at once, then 5 per second
+///
+/// let d = limiter.check("user:42", &per_user).await?;
+/// if !d.allowed {
+///     let status = if d.never() { 413 } else { 429 };
+///     let headers = d.headers(Some("api")); // Retry-After, RateLimit-Policy, RateLimit
+///     # let _ = (status, headers);
+/// }
+///
+/// // Options on the same call: cost, peek, max_wait (GCRA reservations), force.
+/// let big = limiter.check("user:42", &per_user).cost(3).peek().await?;
+///
+/// // Several limits, one atomic decision (RL.ALL), with per-limit costs:
+/// let rpm = Window::sliding(600, 60)?.named("rpm")?;
+/// let tpm = Window::sliding(90_000, 60)?.named("tpm")?;
+/// let d = limiter
+///     .check_all([Entry::new("{t42}:rpm", &rpm), Entry::new("{t42}:tpm", &tpm).cost(1200)])
+///     .await?;
+/// # let _ = (big, d);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("conn", &self.inner.conn)
+            .field("mode", &self.inner.mode_setting)
+            .field("on_error", &self.inner.health.policy)
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One limit of a [`Limiter::check_all`]: a key, its limit, and optionally its own cost and
+/// (for a [`Lease`](crate::Lease)) the holder's token.
+///
+/// ```
+/// use redis_rl_client::{Entry, Lease, Window};
+///
+/// let tpm = Window::sliding(90_000, 60).unwrap();
+/// let slots = Lease::new(4, 30).unwrap();
+/// let tokens = Entry::new("{t42}:tpm", &tpm).cost(1200); // charged 1,200, not the quantity
+/// let slot = Entry::new("{t42}:jobs", &slots).token("job-7");
+/// # let _ = (tokens, slot);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Entry {
+    key: String,
+    limit: Limit,
+    cost: Option<u64>,
+    token: Option<Vec<u8>>,
+}
+
+impl Entry {
+    /// A key and its limit, charged the call's cost.
+    pub fn new(key: impl Into<String>, limit: impl Into<Limit>) -> Entry {
+        Entry {
+            key: key.into(),
+            limit: limit.into(),
+            cost: None,
+            token: None,
+        }
+    }
+
+    /// Charges this limit `n` instead of the call's cost (`COST n`; 0 only reports).
+    pub fn cost(mut self, n: u64) -> Entry {
+        self.cost = Some(n);
+        self
+    }
+
+    /// The holder's token, for a [`Lease`](crate::Lease) limit (1 to 64 bytes).
+    pub fn token(mut self, token: impl AsRef<[u8]>) -> Entry {
+        self.token = Some(token.as_ref().to_vec());
+        self
+    }
+}
+
+impl<K: Into<String>, L: Into<Limit>> From<(K, L)> for Entry {
+    fn from((key, limit): (K, L)) -> Entry {
+        Entry::new(key, limit)
+    }
+}
+
+impl<K: Into<String>, L: Into<Limit>> From<(K, L, u64)> for Entry {
+    fn from((key, limit, cost): (K, L, u64)) -> Entry {
+        Entry::new(key, limit).cost(cost)
+    }
+}
+
+/// One [`Limiter::check`], with its options; `.await` it.
+///
+/// ```no_run
+/// # async fn demo(limiter: redis_rl_client::Limiter) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use redis_rl_client::Gcra;
+///
+/// let g = Gcra::new(1, 1, 1)?;
+/// let plain = limiter.check("k", &g).await?;
+/// let dry_run = limiter.check("k", &g).peek().await?;
+/// let reserved = limiter.check("k", &g).max_wait(Duration::from_secs(2)).await?;
+/// let recorded = limiter.check("k", &g).cost(8).force().await?;
+/// # let _ = (plain, dry_run, reserved, recorded);
+/// # Ok(()) }
+/// ```
+#[must_use = "a check does nothing until it is awaited"]
+pub struct Check<'a> {
+    limiter: &'a Limiter,
+    key: String,
+    limit: Limit,
+    cost: u64,
+    peek: bool,
+    max_wait: Option<Duration>,
+    force: bool,
+}
+
+impl Check<'_> {
+    /// Units this request costs (default 1; 0 only reports the key's state).
+    pub fn cost(mut self, n: u64) -> Self {
+        self.cost = n;
+        self
+    }
+
+    /// Evaluate exactly as a real request, write nothing (a dry run).
+    pub fn peek(mut self) -> Self {
+        self.peek = true;
+        self
+    }
+
+    /// GCRA reservation (`MAXWAIT`): admit a request that would be allowed within `wait`;
+    /// the decision's `retry_after` is the wait before acting.
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.max_wait = Some(wait);
+        self
+    }
+
+    /// Record usage that already happened, allowed or not (`FORCE`; not for LOG).
+    pub fn force(mut self) -> Self {
+        self.force = true;
+        self
+    }
+}
+
+impl<'a> IntoFuture for Check<'a> {
+    type Output = Result<Decision, Error>;
+    type IntoFuture = BoxFuture<'a, Result<Decision, Error>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.limiter.run_check(self).await })
+    }
+}
+
+/// One [`Limiter::check_all`], with its options; `.await` it.
+#[must_use = "a check does nothing until it is awaited"]
+pub struct CheckAll<'a> {
+    limiter: &'a Limiter,
+    entries: Vec<Entry>,
+    cost: u64,
+    peek: bool,
+    force: bool,
+}
+
+impl CheckAll<'_> {
+    /// The request's quantity on every limit without its own cost (default 1).
+    pub fn cost(mut self, n: u64) -> Self {
+        self.cost = n;
+        self
+    }
+
+    /// Evaluate exactly as a real request, write nothing.
+    pub fn peek(mut self) -> Self {
+        self.peek = true;
+        self
+    }
+
+    /// Record usage that already happened on every limit (`FORCE`).
+    pub fn force(mut self) -> Self {
+        self.force = true;
+        self
+    }
+}
+
+impl<'a> IntoFuture for CheckAll<'a> {
+    type Output = Result<Decision, Error>;
+    type IntoFuture = BoxFuture<'a, Result<Decision, Error>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.limiter.run_check_all(self).await })
+    }
+}
+
+/// The outcome of one guarded Redis call: a reply, or the outage that prevented it.
+pub(crate) enum Outcome {
+    Reply(Value, Mode),
+    Down(RedisError),
+}
+
+struct Item {
+    key: String,
+    limit: Limit,
+    cost: Option<u64>,
+    token: Option<Vec<u8>>,
+}
+
+fn bytes(s: impl Into<String>) -> Vec<u8> {
+    s.into().into_bytes()
+}
+
+impl Limiter {
+    /// A builder for a limiter on one server (`redis://host:port/db`, `rediss://…`).
+    pub fn builder(url: impl Into<String>) -> LimiterBuilder {
+        LimiterBuilder::new(Target::Url(url.into()))
+    }
+
+    /// A builder for a limiter on a Redis Cluster, from one or more nodes' URLs.
+    pub fn cluster_builder<I, S>(urls: I) -> LimiterBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        LimiterBuilder::new(Target::Cluster(urls.into_iter().map(Into::into).collect()))
+    }
+
+    /// A builder over a connection you made (a `ConnectionManager` or a cluster
+    /// connection). The limiter still bounds every call by its `timeout`; give your
+    /// connection matching timeouts and no retries.
+    pub fn with_connection(conn: impl Into<Connection>) -> LimiterBuilder {
+        LimiterBuilder::new(Target::Connection(conn.into()))
+    }
+
+    /// The counters (allowed, denied, locally, degraded, errors, Redis calls, refunded).
+    pub fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The failure policy.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.inner.health.policy
+    }
+
+    /// The `retry_after` of a [`FailurePolicy::Closed`] denial.
+    pub fn closed_retry_after(&self) -> Duration {
+        self.inner.health.closed_retry_after
+    }
+
+    /// The connection this limiter talks through.
+    pub fn connection(&self) -> &Connection {
+        &self.inner.conn
+    }
+
+    /// The mode in use ([`Mode::Module`] or [`Mode::Fallback`]), detecting it if needed
+    /// (and loading the fallback library if it is missing and allowed).
+    pub async fn resolved_mode(&self) -> Result<Mode, Error> {
+        self.mode().await
+    }
+
+    // -- decisions ------------------------------------------------------------------------
+
+    /// Asks whether one request (cost 1, unless `.cost(n)`) of `limit` on `key` may go
+    /// ahead now, and takes it (`RL.GCRA` / `RL.WINDOW`). `.await` the returned [`Check`];
+    /// its options are `.cost(n)`, `.peek()`, `.max_wait(d)` (GCRA) and `.force()`.
+    pub fn check(&self, key: impl Into<String>, limit: impl Into<Limit>) -> Check<'_> {
+        Check {
+            limiter: self,
+            key: key.into(),
+            limit: limit.into(),
+            cost: 1,
+            peek: false,
+            max_wait: None,
+            force: false,
+        }
+    }
+
+    /// Records `cost` units of usage that already happened, allowed or not
+    /// (`RL.GCRA … FORCE`, `RL.WINDOW … FORCE`; not for LOG).
+    pub async fn force(
+        &self,
+        key: impl Into<String>,
+        limit: impl Into<Limit>,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.check(key, limit).cost(cost).force().await
+    }
+
+    /// Decides one request against several limits atomically (`RL.ALL`): every limit admits
+    /// it and all are charged, or none is. The combined decision has each key's decision in
+    /// `per_key`. On a cluster, give the keys one hash tag: `{user42}:rpm`, `{user42}:tpm`
+    /// (see [`tag`](crate::tag)).
+    pub fn check_all<I>(&self, entries: I) -> CheckAll<'_>
+    where
+        I: IntoIterator,
+        I::Item: Into<Entry>,
+    {
+        CheckAll {
+            limiter: self,
+            entries: entries.into_iter().map(Into::into).collect(),
+            cost: 1,
+            peek: false,
+            force: false,
+        }
+    }
+
+    /// Gives back up to `n` units to `key` (`RL.REFUND`), and forgets this limiter's local
+    /// denials of it.
+    pub async fn refund(&self, key: &str, n: u64) -> Result<Refund, Error> {
+        let full = self.full_key(key)?;
+        if n == 0 {
+            return Err(InvalidLimit::new("quantity must be a positive integer").into());
+        }
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(&full);
+        }
+        match self
+            .guarded(Op::Refund, &[&full], &[bytes(n.to_string())])
+            .await?
+        {
+            Outcome::Down(e) => {
+                self.inner.health.answer(None, Some(&full), Some(&e))?;
+                Ok(Refund {
+                    refunded: 0,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    degraded: true,
+                })
+            }
+            Outcome::Reply(v, _) => {
+                self.inner.health.success();
+                let r = ints::<3>(&v).map_err(Error::Redis)?;
+                self.inner
+                    .counters
+                    .add(Counter::Refunded, r[0].max(0) as u64);
+                Ok(Refund {
+                    refunded: r[0].max(0) as u64,
+                    remaining: r[1].max(0) as u64,
+                    reset_after: Duration::from_millis(r[2].max(0) as u64),
+                    degraded: false,
+                })
+            }
+        }
+    }
+
+    /// Frees the lease `token` holds on `key` (`RL.RELEASE`); harmless twice.
+    pub async fn release(&self, key: &str, token: impl AsRef<[u8]>) -> Result<Release, Error> {
+        let full = self.full_key(key)?;
+        crate::limits::check_token(token.as_ref())?;
+        self.release_full(&full, token.as_ref()).await
+    }
+
+    pub(crate) async fn release_full(&self, full: &str, token: &[u8]) -> Result<Release, Error> {
+        match self
+            .guarded(Op::Release, &[full], &[token.to_vec()])
+            .await?
+        {
+            Outcome::Down(e) => {
+                self.inner.health.answer(None, Some(full), Some(&e))?;
+                Ok(Release {
+                    released: 0,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    degraded: true,
+                })
+            }
+            Outcome::Reply(v, _) => {
+                self.inner.health.success();
+                let r = ints::<3>(&v).map_err(Error::Redis)?;
+                Ok(Release {
+                    released: r[0].max(0) as u64,
+                    remaining: r[1].max(0) as u64,
+                    reset_after: Duration::from_millis(r[2].max(0) as u64),
+                    degraded: false,
+                })
+            }
+        }
+    }
+
+    /// Gives back batch units whose hold has passed (every held unit with `everything`),
+    /// where that is still safe; returns the units refunded. A background task does this
+    /// every `batch_hold / 2` while batching is on.
+    pub async fn refund_leftovers(&self, everything: bool) -> u64 {
+        let Some(credits) = &self.inner.credits else {
+            return 0;
+        };
+        let mut todo = if everything {
+            credits.drain()
+        } else {
+            credits.expired(Instant::now())
+        };
+        todo.append(&mut lock(&self.inner.pending));
+        let mut total = 0u64;
+        for c in todo {
+            if Instant::now() >= c.refund_until {
+                continue; // the window rolled over / the bucket may have drained: let it lapse
+            }
+            match self
+                .call(Op::Refund, &[&c.key], &[bytes(c.units.to_string())])
+                .await
+            {
+                Ok((v, _)) => {
+                    if let Ok(r) = ints::<3>(&v) {
+                        total += r[0].max(0) as u64;
+                    }
+                }
+                Err(Error::Redis(e)) if is_unavailable(&e) => {} // a lost refund only under-admits
+                Err(e) => {
+                    tracing::warn!(target: "redis_rl_client", "redis-rl: refund of batch leftovers failed: {e}");
+                }
+            }
+        }
+        if total > 0 {
+            self.inner.counters.add(Counter::Refunded, total);
+        }
+        total
+    }
+
+    /// Refunds held batch units and stops the background refunds. The limiter still works
+    /// afterwards (batching restarts the background task when needed).
+    pub async fn close(&self) {
+        let task = lock(&self.inner.sweeper).take();
+        if let Some(task) = task {
+            task.abort();
+        }
+        self.refund_leftovers(true).await;
+    }
+
+    // -- internals ------------------------------------------------------------------------
+
+    pub(crate) fn full_key(&self, key: &str) -> Result<String, Error> {
+        if key.is_empty() {
+            return Err(Error::Usage("key must be a non-empty string".into()));
+        }
+        Ok(format!("{}{key}", self.inner.prefix))
+    }
+
+    async fn raw(&self, cmd: &Cmd, route_key: Option<&str>) -> Result<Value, RedisError> {
+        let query = self.inner.conn.query(cmd, route_key);
+        match tokio::time::timeout(self.inner.timeout, query).await {
+            Ok(r) => r,
+            Err(_) => Err(timed_out(self.inner.timeout)),
+        }
+    }
+
+    async fn mode(&self) -> Result<Mode, Error> {
+        let inner = &self.inner;
+        let mode = if inner.mode_setting != Mode::Auto {
+            inner.mode_setting
+        } else {
+            match inner.resolved.load(Ordering::Acquire) {
+                1 => Mode::Module,
+                2 => Mode::Fallback,
+                _ => {
+                    let _guard = inner.detect.lock().await;
+                    match inner.resolved.load(Ordering::Acquire) {
+                        1 => Mode::Module,
+                        2 => Mode::Fallback,
+                        _ => {
+                            let mut cmd = redis::cmd("COMMAND");
+                            cmd.arg("INFO").arg("RL.GCRA");
+                            let reply = self.raw(&cmd, None).await.map_err(Error::Redis)?;
+                            let m = if command_exists(&reply) {
+                                Mode::Module
+                            } else {
+                                Mode::Fallback
+                            };
+                            inner
+                                .resolved
+                                .store(if m == Mode::Module { 1 } else { 2 }, Ordering::Release);
+                            m
+                        }
+                    }
+                }
+            }
+        };
+        if mode == Mode::Fallback && !inner.library_ready.load(Ordering::Acquire) {
+            let _guard = inner.detect.lock().await;
+            if !inner.library_ready.load(Ordering::Acquire) {
+                self.ensure_library().await?;
+                inner.library_ready.store(true, Ordering::Release);
+            }
+        }
+        Ok(mode)
+    }
+
+    async fn ensure_library(&self) -> Result<(), Error> {
+        let mut list = redis::cmd("FUNCTION");
+        list.arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(LIBRARY_NAME)
+            .arg("WITHCODE");
+        let listings = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(list))
+            .await
+            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?
+            .map_err(Error::Redis)?;
+        let states: Vec<Option<bool>> = listings
+            .iter()
+            .map(|l| library_matches(l, LUA_LIBRARY))
+            .collect();
+        if states.iter().all(|s| *s == Some(true)) {
+            return Ok(());
+        }
+        if !self.inner.load_library {
+            if states.contains(&None) {
+                return Err(Error::Library(
+                    "the redis_rl Functions library is not loaded and load_library is false".into(),
+                ));
+            }
+            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library differs from ours");
+            return Ok(());
+        }
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(LUA_LIBRARY);
+        // FUNCTION LOAD goes to every master of a cluster.
+        self.raw(&load, None).await.map_err(Error::Redis)?;
+        Ok(())
+    }
+
+    /// Runs one command in the resolved mode, detecting again once when the module
+    /// disappeared or the library was flushed (a restart, a failover).
+    async fn call(&self, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Result<(Value, Mode), Error> {
+        for attempt in 0..2 {
+            let mode = self.mode().await?;
+            self.inner.counters.add(Counter::RedisCalls, 1);
+            let sent = Instant::now();
+            match self
+                .raw(&frame(mode, op, keys, args), keys.first().copied())
+                .await
+            {
+                Ok(v) => {
+                    self.observe_rtt(sent);
+                    return Ok((v, mode));
+                }
+                Err(e) => {
+                    if attempt == 0
+                        && mode == Mode::Module
+                        && self.inner.mode_setting == Mode::Auto
+                        && is_unknown_command(&e)
+                    {
+                        self.inner.resolved.store(0, Ordering::Release);
+                        continue;
+                    }
+                    if attempt == 0 && mode == Mode::Fallback && is_missing_function(&e) {
+                        self.inner.library_ready.store(false, Ordering::Release);
+                        continue;
+                    }
+                    return Err(Error::Redis(e));
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    /// [`Limiter::call`], with outages counted and turned into [`Outcome::Down`].
+    pub(crate) async fn guarded(
+        &self,
+        op: Op,
+        keys: &[&str],
+        args: &[Vec<u8>],
+    ) -> Result<Outcome, Error> {
+        match self.call(op, keys, args).await {
+            Ok((v, mode)) => Ok(Outcome::Reply(v, mode)),
+            Err(Error::Redis(e)) if is_unavailable(&e) => {
+                self.inner.health.failure(&self.inner.counters, &e);
+                Ok(Outcome::Down(e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn observe_rtt(&self, sent: Instant) {
+        let rtt = sent.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        let old = self.inner.rtt_ns.load(Ordering::Relaxed);
+        self.inner
+            .rtt_ns
+            .store((old / 5) * 4 + rtt / 5, Ordering::Relaxed);
+    }
+
+    /// The safety gap kept before a window boundary or a GCRA refund deadline.
+    fn margin(&self) -> Duration {
+        Duration::from_millis(5)
+            + Duration::from_nanos(3 * self.inner.rtt_ns.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn degraded(
+        &self,
+        limit: Option<&Limit>,
+        key: &str,
+        cause: Option<&RedisError>,
+    ) -> Result<Decision, Error> {
+        let d = self.inner.health.answer(limit, Some(key), cause)?;
+        self.inner.counters.count_decision(&d);
+        Ok(d)
+    }
+
+    pub(crate) fn decided(&self, d: Decision) -> Decision {
+        self.inner.health.success();
+        self.inner.counters.count_decision(&d);
+        d
+    }
+
+    pub(crate) fn skip(&self) -> bool {
+        self.inner.health.skip()
+    }
+
+    fn local_denial(&self, ck: &str, cost: u64) -> Option<Decision> {
+        let d = self
+            .inner
+            .deny_cache
+            .as_ref()?
+            .lookup(ck, cost, Instant::now())?;
+        self.inner.counters.add(Counter::DeniedLocally, 1);
+        self.inner.counters.count_decision(&d);
+        Some(d)
+    }
+
+    fn remember(&self, ck: &str, keys: &[&str], cost: u64, d: &Decision, sent: Instant) {
+        if let Some(cache) = &self.inner.deny_cache {
+            if !d.allowed {
+                cache.store(ck, keys, cost, d, sent);
+            }
+        }
+    }
+
+    /// The deny cache's and the credits' key: the key as sent and the limit (with its name).
+    fn cache_key(full: &str, limit: &Limit) -> String {
+        let mut ck = String::with_capacity(full.len() + 48);
+        ck.push_str(full);
+        ck.push('\0');
+        limit.write_ident(&mut ck);
+        ck
+    }
+
+    async fn run_check(&self, c: Check<'_>) -> Result<Decision, Error> {
+        let limit = &c.limit;
+        if matches!(limit, Limit::Lease(_)) {
+            return Err(Error::Usage(
+                "a Lease is taken with acquire(), not check()".into(),
+            ));
+        }
+        if c.max_wait.is_some() && !matches!(limit, Limit::Gcra(_)) {
+            return Err(Error::Usage(
+                "max_wait (MAXWAIT) is offered by GCRA limits only".into(),
+            ));
+        }
+        let full = self.full_key(&c.key)?;
+        let op = if matches!(limit, Limit::Gcra(_)) {
+            Op::Gcra
+        } else {
+            Op::Window
+        };
+        // A request larger than the limit goes to Redis, which answers Never (HTTP 413).
+        let plain = !(c.peek || c.force || c.max_wait.is_some())
+            && (1..=limit.capacity()).contains(&c.cost);
+        let ck = if plain {
+            Self::cache_key(&full, limit)
+        } else {
+            String::new()
+        };
+        if plain {
+            if let Some(d) = self.local_denial(&ck, c.cost) {
+                return Ok(d);
+            }
+            let k = self.batch_size(limit, c.cost);
+            if k > 0 {
+                return self.check_batched(&ck, &full, limit, c.cost, k).await;
+            }
+        }
+        if self.skip() {
+            return self.degraded(Some(limit), &full, None);
+        }
+        let mut args: Vec<Vec<u8>> = limit.args().into_iter().map(bytes).collect();
+        if c.cost != 1 {
+            args.push(bytes("QUANTITY"));
+            args.push(bytes(c.cost.to_string()));
+        }
+        if c.peek {
+            args.push(bytes("PEEK"));
+        }
+        if let Some(w) = c.max_wait {
+            args.push(bytes("MAXWAIT"));
+            args.push(bytes(w.as_millis().to_string()));
+        }
+        if c.force {
+            args.push(bytes("FORCE"));
+        }
+        let sent = Instant::now();
+        let (v, mode) = match self.guarded(op, &[&full], &args).await? {
+            Outcome::Down(e) => return self.degraded(Some(limit), &full, Some(&e)),
+            Outcome::Reply(v, mode) => (v, mode),
+        };
+        let reply = ints::<5>(&v).map_err(Error::Redis)?;
+        let d = decision_from_reply(
+            reply,
+            Some(limit.clone()),
+            Some(full.clone()),
+            mode.source(),
+            c.max_wait.is_some(),
+        );
+        if plain {
+            self.remember(&ck, &[&full], c.cost, &d, sent);
+        }
+        Ok(self.decided(d))
+    }
+
+    // -- batching ---------------------------------------------------------------------------
+
+    /// How many units one batched call takes (0: do not batch).
+    fn batch_size(&self, limit: &Limit, cost: u64) -> u64 {
+        let (Some(_), Some(batch)) = (&self.inner.credits, self.inner.batch) else {
+            return 0;
+        };
+        if !limit.batchable() {
+            return 0;
+        }
+        let k = batch.min(limit.capacity());
+        if cost < k {
+            k
+        } else {
+            0
+        }
+    }
+
+    fn take_credit(&self, ck: &str, limit: &Limit, full: &str, cost: u64) -> Option<Decision> {
+        let c = self
+            .inner
+            .credits
+            .as_ref()?
+            .take(ck, cost, Instant::now())?;
+        let d = Decision {
+            allowed: true,
+            limit: limit.capacity(),
+            remaining: c.remaining_seen + c.units,
+            retry_after: RetryAfter::Wait(Duration::ZERO),
+            reset_after: Duration::ZERO,
+            degraded: false,
+            source: Source::Local,
+            policy: Some(limit.clone()),
+            key: Some(full.to_owned()),
+            per_key: Vec::new(),
+        };
+        self.inner.counters.add(Counter::AllowedLocally, 1);
+        self.inner.counters.count_decision(&d);
+        Some(d)
+    }
+
+    /// Stores what a batched call took beyond `cost`; returns the caller's decision and a
+    /// replaced credit to refund (if any).
+    #[allow(clippy::too_many_arguments)]
+    fn keep_credit(
+        &self,
+        ck: &str,
+        limit: &Limit,
+        full: &str,
+        taken: u64,
+        cost: u64,
+        d: Decision,
+        sent: Instant,
+    ) -> (Decision, Option<Credit>) {
+        let units = taken.saturating_sub(cost);
+        let Some(credits) = &self.inner.credits else {
+            return (d, None);
+        };
+        if units == 0 {
+            return (d, None);
+        }
+        let (use_until, refund_until) = credit_deadlines(
+            limit,
+            taken,
+            sent,
+            d.reset_after,
+            self.inner.batch_hold,
+            self.margin(),
+        );
+        if use_until <= Instant::now() {
+            return (d, None); // too close to a window's end: the units lapse with it
+        }
+        let old = credits.put(
+            ck,
+            Credit {
+                key: full.to_owned(),
+                units,
+                use_until,
+                refund_until,
+                remaining_seen: d.remaining,
+            },
+        );
+        (
+            Decision {
+                remaining: d.remaining + units,
+                policy: Some(limit.clone()),
+                key: Some(full.to_owned()),
+                ..d
+            },
+            old,
+        )
+    }
+
+    /// How many units to ask for: `k`, unless the last reply for this key (plus what GCRA
+    /// refilled since) says fewer are there, so that a key running at its limit costs one
+    /// call per admission, not two.
+    fn first_take(&self, ck: &str, limit: &Limit, cost: u64, k: u64) -> u64 {
+        let Some((mut remaining, at)) = lock(&self.inner.hints).get(ck).copied() else {
+            return k;
+        };
+        let elapsed = at.elapsed();
+        match limit {
+            Limit::Gcra(g) => {
+                remaining = remaining.saturating_add(
+                    (elapsed.as_nanos() / u128::from(g.interval_ns())).min(u128::from(u64::MAX))
+                        as u64,
+                );
+            }
+            _ if elapsed > self.inner.batch_hold => return k,
+            _ => {}
+        }
+        cost.max(k.min(remaining))
+    }
+
+    fn note_remaining(&self, ck: &str, remaining: u64) {
+        let mut hints = lock(&self.inner.hints);
+        if hints.len() > 10_000 {
+            hints.clear();
+        }
+        hints.insert(ck.to_owned(), (remaining, Instant::now()));
+    }
+
+    /// From Redis's denial of a batch of `taken` units, its answer for `cost` units without
+    /// a second call, where the algorithm allows: GCRA (the wait shrinks by (taken − cost)·T)
+    /// and FIXED (the wait is the window's end for any quantity). `None`: ask Redis
+    /// (SLIDING, or `cost` might pass now).
+    fn denial_for_cost(limit: &Limit, d: &Decision, taken: u64, cost: u64) -> Option<Decision> {
+        let RetryAfter::Wait(retry) = d.retry_after else {
+            return None;
+        };
+        if d.allowed || d.remaining >= cost {
+            return None;
+        }
+        let mut retry_us = retry.as_micros() as i128;
+        match limit {
+            Limit::Gcra(g) => {
+                retry_us -= i128::from(taken - cost) * i128::from(g.interval_ns()) / 1000;
+                if retry_us <= 1000 {
+                    return None;
+                }
+                retry_us = (retry_us + 999) / 1000 * 1000;
+            }
+            Limit::Window(w) if w.algorithm() == Algorithm::Fixed => {}
+            _ => return None,
+        }
+        Some(Decision {
+            allowed: false,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after: RetryAfter::Wait(Duration::from_micros(retry_us as u64)),
+            reset_after: d.reset_after,
+            degraded: false,
+            source: d.source,
+            policy: Some(limit.clone()),
+            key: d.key.clone(),
+            per_key: Vec::new(),
+        })
+    }
+
+    async fn check_batched(
+        &self,
+        ck: &str,
+        full: &str,
+        limit: &Limit,
+        cost: u64,
+        k: u64,
+    ) -> Result<Decision, Error> {
+        if let Some(d) = self.take_credit(ck, limit, full, cost) {
+            return Ok(d);
+        }
+        if self.skip() {
+            return self.degraded(Some(limit), full, None);
+        }
+        let op = if matches!(limit, Limit::Gcra(_)) {
+            Op::Gcra
+        } else {
+            Op::Window
+        };
+        let mut want = self.first_take(ck, limit, cost, k);
+        let mut last = None;
+        for _ in 0..3 {
+            let mut args: Vec<Vec<u8>> = limit.args().into_iter().map(bytes).collect();
+            if want != 1 {
+                args.push(bytes("QUANTITY"));
+                args.push(bytes(want.to_string()));
+            }
+            let sent = Instant::now();
+            let (v, mode) = match self.guarded(op, &[full], &args).await? {
+                Outcome::Down(e) => return self.degraded(Some(limit), full, Some(&e)),
+                Outcome::Reply(v, mode) => (v, mode),
+            };
+            let reply = ints::<5>(&v).map_err(Error::Redis)?;
+            let mut d = decision_from_reply(
+                reply,
+                Some(limit.clone()),
+                Some(full.to_owned()),
+                mode.source(),
+                false,
+            );
+            self.note_remaining(ck, d.remaining);
+            if d.allowed {
+                let (d, old) = self.keep_credit(ck, limit, full, want, cost, d, sent);
+                if let Some(old) = old {
+                    lock(&self.inner.pending).push(old);
+                }
+                self.ensure_sweeper();
+                return Ok(self.decided(d));
+            }
+            self.remember(ck, &[full], want, &d, sent);
+            if d.never() || want == cost {
+                last = Some(d);
+                break;
+            }
+            if let Some(derived) = Self::denial_for_cost(limit, &d, want, cost) {
+                let earlier = sent.checked_sub(Duration::from_millis(1)).unwrap_or(sent);
+                self.remember(ck, &[full], cost, &derived, earlier);
+                d = derived;
+                last = Some(d);
+                break;
+            }
+            want = cost.max((want - 1).min(d.remaining));
+            last = Some(d);
+        }
+        let d = last.expect("the loop ran at least once");
+        Ok(self.decided(d))
+    }
+
+    fn ensure_sweeper(&self) {
+        if self.inner.credits.is_none() {
+            return;
+        }
+        let mut sweeper = lock(&self.inner.sweeper);
+        if sweeper.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let every = self.inner.batch_hold / 2;
+        *sweeper = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else {
+                    break;
+                };
+                Limiter { inner }.refund_leftovers(false).await;
+            }
+        }));
+    }
+
+    // -- check_all --------------------------------------------------------------------------
+
+    async fn run_check_all(&self, c: CheckAll<'_>) -> Result<Decision, Error> {
+        if c.entries.is_empty() {
+            return Err(Error::Usage("check_all needs at least one limit".into()));
+        }
+        let mut items = Vec::with_capacity(c.entries.len());
+        for e in c.entries {
+            let full = self.full_key(&e.key)?;
+            let token = match (&e.limit, e.token) {
+                (Limit::Lease(_), Some(t)) => {
+                    crate::limits::check_token(&t)?;
+                    Some(t)
+                }
+                (Limit::Lease(_), None) => {
+                    return Err(Error::Usage(format!(
+                        "the Lease for '{}' needs a token (Entry::token)",
+                        e.key
+                    )))
+                }
+                (_, _) => None,
+            };
+            items.push(Item {
+                key: full,
+                limit: e.limit,
+                cost: e.cost,
+                token,
+            });
+        }
+        let mut args: Vec<Vec<u8>> = Vec::new();
+        for it in &items {
+            args.extend(it.limit.spec().into_iter().map(bytes));
+            if let Some(t) = &it.token {
+                args.push(t.clone());
+            }
+            if let Some(own) = it.cost {
+                if own != c.cost {
+                    args.push(bytes("COST"));
+                    args.push(bytes(own.to_string()));
+                }
+            }
+        }
+        if c.cost != 1 {
+            args.push(bytes("QUANTITY"));
+            args.push(bytes(c.cost.to_string()));
+        }
+        if c.peek {
+            args.push(bytes("PEEK"));
+        }
+        if c.force {
+            args.push(bytes("FORCE"));
+        }
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let plain = !(c.peek || c.force)
+            && items
+                .iter()
+                .all(|i| i.cost.unwrap_or(c.cost) <= i.limit.capacity());
+        let ck = if plain {
+            let mut ck = String::from("ALL");
+            for i in &items {
+                ck.push('\0');
+                ck.push_str(&Self::cache_key(&i.key, &i.limit));
+                ck.push_str(&format!("\0{:?}\0{:?}", i.cost, i.token));
+            }
+            ck.push_str(&format!("\0{}", c.cost));
+            ck
+        } else {
+            String::new()
+        };
+        if plain {
+            if let Some(d) = self.local_denial(&ck, c.cost) {
+                return Ok(d);
+            }
+        }
+        if self.skip() {
+            return self.degraded_all(&items, None);
+        }
+        let sent = Instant::now();
+        let (v, mode) = match self.guarded(Op::All, &keys, &args).await? {
+            Outcome::Down(e) => return self.degraded_all(&items, Some(&e)),
+            Outcome::Reply(v, mode) => (v, mode),
+        };
+        let (combined, each) = all_reply(&v).map_err(Error::Redis)?;
+        let src = mode.source();
+        let per_key: Vec<Decision> = items
+            .iter()
+            .zip(each)
+            .map(|(i, r)| {
+                decision_from_reply(r, Some(i.limit.clone()), Some(i.key.clone()), src, false)
+            })
+            .collect();
+        let binding = per_key
+            .iter()
+            .find(|d| d.limit as i64 == combined[1] && d.remaining as i64 == combined[2])
+            .and_then(|d| d.policy.clone());
+        let mut d = decision_from_reply(combined, binding, None, src, false);
+        d.per_key = per_key;
+        if plain {
+            self.remember(&ck, &keys, c.cost, &d, sent);
+        }
+        Ok(self.decided(d))
+    }
+
+    fn degraded_all(&self, items: &[Item], cause: Option<&RedisError>) -> Result<Decision, Error> {
+        let per: Vec<Decision> = items
+            .iter()
+            .map(|i| {
+                self.inner
+                    .health
+                    .answer(Some(&i.limit), Some(&i.key), cause)
+            })
+            .collect::<Result<_, _>>()?;
+        let first = &per[0];
+        let d = Decision {
+            allowed: first.allowed,
+            limit: per.iter().map(|d| d.limit).min().unwrap_or(0),
+            remaining: 0,
+            retry_after: first.retry_after,
+            reset_after: first.reset_after,
+            degraded: true,
+            source: Source::Local,
+            policy: None,
+            key: None,
+            per_key: per.clone(),
+        };
+        self.inner.counters.count_decision(&d);
+        Ok(d)
+    }
+}

@@ -1,0 +1,284 @@
+//! Failure policy, counters, and the health state that logs once per burst of failures.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::decision::{Decision, RetryAfter, Source};
+use crate::error::Error;
+use crate::limits::Limit;
+
+/// What a check answers when Redis does not.
+///
+/// Redis not answering means: connection refused or lost, a timeout, a failover in progress,
+/// out of memory, cluster down. A wrong argument or `WRONGTYPE` is not an outage and is
+/// returned as [`Error::Redis`] whatever the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailurePolicy {
+    /// Allow, with `degraded = true`. For limits that protect **cost or fairness** (API
+    /// quotas, expensive endpoints): while Redis is down, serving everyone is better than
+    /// serving no one.
+    #[default]
+    Open,
+    /// Deny with a short `retry_after` (`closed_retry_after`, 1 s by default),
+    /// `degraded = true`. For limits that protect **security** (logins, one-time codes,
+    /// password resets): an outage must not open the door to brute force.
+    Closed,
+    /// Return [`Error::Unavailable`] and let the application decide.
+    Error,
+}
+
+/// The counter names, in the order [`CounterSnapshot`] lists them.
+pub const COUNTER_NAMES: [&str; 8] = [
+    "allowed",
+    "denied",
+    "allowed_locally",
+    "denied_locally",
+    "degraded",
+    "errors",
+    "redis_calls",
+    "refunded",
+];
+
+/// A hook called as `hook(counter_name, n)` on every counter increment (for a metrics
+/// library); it must be cheap and must not panic.
+pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
+
+/// Counts decisions and Redis calls; lock-free, readable at any time.
+///
+/// * `allowed` / `denied`: every decision returned (local and degraded ones included).
+/// * `allowed_locally`: admitted from a batch credit, without a Redis call.
+/// * `denied_locally`: denied by the deny cache, without a Redis call.
+/// * `degraded`: answered by the failure policy.
+/// * `errors`: Redis calls that failed (connect, timeout, OOM, failover).
+/// * `redis_calls`: Redis calls made (one per round trip).
+/// * `refunded`: units given back (`refund` and batch leftovers).
+pub struct Counters {
+    values: [AtomicU64; 8],
+    hook: Option<Hook>,
+}
+
+impl fmt::Debug for Counters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.snapshot().fmt(f)
+    }
+}
+
+/// A copy of every counter (see [`Counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CounterSnapshot {
+    /// Decisions that allowed.
+    pub allowed: u64,
+    /// Decisions that denied.
+    pub denied: u64,
+    /// Admitted from a batch credit, without a Redis call.
+    pub allowed_locally: u64,
+    /// Denied by the deny cache, without a Redis call.
+    pub denied_locally: u64,
+    /// Answered by the failure policy.
+    pub degraded: u64,
+    /// Redis calls that failed.
+    pub errors: u64,
+    /// Redis calls made.
+    pub redis_calls: u64,
+    /// Units given back.
+    pub refunded: u64,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Counter {
+    Allowed = 0,
+    Denied = 1,
+    AllowedLocally = 2,
+    DeniedLocally = 3,
+    Degraded = 4,
+    Errors = 5,
+    RedisCalls = 6,
+    Refunded = 7,
+}
+
+impl Counters {
+    pub(crate) fn new(hook: Option<Hook>) -> Counters {
+        Counters {
+            values: Default::default(),
+            hook,
+        }
+    }
+
+    pub(crate) fn add(&self, c: Counter, n: u64) {
+        self.values[c as usize].fetch_add(n, Ordering::Relaxed);
+        if let Some(hook) = &self.hook {
+            hook(COUNTER_NAMES[c as usize], n);
+        }
+    }
+
+    /// One counter by name (see [`COUNTER_NAMES`]); `None` for an unknown name.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        let i = COUNTER_NAMES.iter().position(|n| *n == name)?;
+        Some(self.values[i].load(Ordering::Relaxed))
+    }
+
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let v = |c: Counter| self.values[c as usize].load(Ordering::Relaxed);
+        CounterSnapshot {
+            allowed: v(Counter::Allowed),
+            denied: v(Counter::Denied),
+            allowed_locally: v(Counter::AllowedLocally),
+            denied_locally: v(Counter::DeniedLocally),
+            degraded: v(Counter::Degraded),
+            errors: v(Counter::Errors),
+            redis_calls: v(Counter::RedisCalls),
+            refunded: v(Counter::Refunded),
+        }
+    }
+
+    pub(crate) fn count_decision(&self, d: &Decision) {
+        self.add(
+            if d.allowed {
+                Counter::Allowed
+            } else {
+                Counter::Denied
+            },
+            1,
+        );
+        if d.degraded {
+            self.add(Counter::Degraded, 1);
+        }
+    }
+}
+
+struct Outage {
+    started: Instant,
+    failures: u64,
+    next_probe: Instant,
+}
+
+/// Tracks Redis failures: one `tracing` event per burst, a probe interval, recovery.
+///
+/// While Redis is failing, calls within `probe_interval` of the last failure are answered by
+/// the policy without waiting on Redis; the first call after it tries Redis again. The first
+/// success after a failure emits one recovery event.
+pub(crate) struct Health {
+    pub(crate) policy: FailurePolicy,
+    probe_interval: Duration,
+    pub(crate) closed_retry_after: Duration,
+    outage: Mutex<Option<Outage>>,
+}
+
+impl Health {
+    pub(crate) fn new(
+        policy: FailurePolicy,
+        probe_interval: Duration,
+        closed_retry_after: Duration,
+    ) -> Health {
+        Health {
+            policy,
+            probe_interval,
+            closed_retry_after,
+            outage: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Outage>> {
+        self.outage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether to answer by policy without trying Redis (inside the probe interval).
+    pub(crate) fn skip(&self) -> bool {
+        let mut guard = self.lock();
+        let Some(outage) = guard.as_mut() else {
+            return false;
+        };
+        let now = Instant::now();
+        if now < outage.next_probe {
+            return true;
+        }
+        outage.next_probe = now + self.probe_interval; // this caller probes
+        false
+    }
+
+    pub(crate) fn success(&self) {
+        let ended = self.lock().take();
+        if let Some(outage) = ended {
+            tracing::warn!(
+                target: "redis_rl_client",
+                failures = outage.failures,
+                seconds = outage.started.elapsed().as_secs_f64(),
+                "redis-rl: Redis answers again after {} failed call(s) over {:.1} s; \
+                 decisions come from Redis again",
+                outage.failures,
+                outage.started.elapsed().as_secs_f64(),
+            );
+        }
+    }
+
+    pub(crate) fn failure(&self, counters: &Counters, cause: &redis::RedisError) {
+        counters.add(Counter::Errors, 1);
+        let now = Instant::now();
+        let first = {
+            let mut guard = self.lock();
+            match guard.as_mut() {
+                None => {
+                    *guard = Some(Outage {
+                        started: now,
+                        failures: 1,
+                        next_probe: now + self.probe_interval,
+                    });
+                    true
+                }
+                Some(o) => {
+                    o.failures += 1;
+                    o.next_probe = now + self.probe_interval;
+                    false
+                }
+            }
+        };
+        if first {
+            tracing::warn!(
+                target: "redis_rl_client",
+                error = %cause,
+                policy = ?self.policy,
+                "redis-rl: Redis unavailable ({cause}); policy {:?} until it answers \
+                 (logged once per outage)",
+                self.policy,
+            );
+        }
+    }
+
+    /// The policy's decision (or the error, for [`FailurePolicy::Error`]).
+    pub(crate) fn answer(
+        &self,
+        limit: Option<&Limit>,
+        key: Option<&str>,
+        cause: Option<&redis::RedisError>,
+    ) -> Result<Decision, Error> {
+        let cap = limit.map_or(0, Limit::capacity);
+        let (allowed, wait) = match self.policy {
+            FailurePolicy::Error => {
+                let e = cause.cloned().unwrap_or_else(|| {
+                    redis::RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::NotConnected,
+                        "Redis failed within the probe interval; not retried yet",
+                    ))
+                });
+                return Err(Error::Unavailable(e));
+            }
+            FailurePolicy::Open => (true, Duration::ZERO),
+            FailurePolicy::Closed => (false, self.closed_retry_after),
+        };
+        Ok(Decision {
+            allowed,
+            limit: cap,
+            remaining: 0,
+            retry_after: RetryAfter::Wait(wait),
+            reset_after: wait,
+            degraded: true,
+            source: Source::Local,
+            policy: limit.cloned(),
+            key: key.map(str::to_owned),
+            per_key: Vec::new(),
+        })
+    }
+}

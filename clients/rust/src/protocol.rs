@@ -1,0 +1,306 @@
+//! Commands, replies, the connection, and the Lua fallback library.
+//!
+//! The module's commands and the Lua fallback take the same arguments and give the same
+//! replies; only the framing differs: `RL.GCRA key a b c …` becomes
+//! `FCALL rl_gcra 1 key a b c …`, `RL.ALL n k1 … spec …` becomes `FCALL rl_all n k1 … spec …`.
+
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
+use redis::{Cmd, RedisError, Value};
+
+use crate::decision::Source;
+
+/// The project's Lua fallback, the Functions library `redis_rl`, compiled into the crate from
+/// the repository's one copy (`scripts/lua/redis_rl.lua`).
+///
+/// Load it yourself with `FUNCTION LOAD REPLACE` where clients may not run `FUNCTION LOAD`
+/// (see [`LimiterBuilder::load_library`](crate::LimiterBuilder::load_library)).
+pub const LUA_LIBRARY: &str = include_str!("../../../scripts/lua/redis_rl.lua");
+
+/// The Functions library's name (`#!lua name=redis_rl`).
+pub const LIBRARY_NAME: &str = "redis_rl";
+
+/// Which commands decide: the module's, the Lua fallback's, or detect ([`Mode::Auto`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Ask the server once per connection (`COMMAND INFO RL.GCRA`): the module if it is
+    /// loaded, else the fallback.
+    #[default]
+    Auto,
+    /// The module's `RL.*` commands.
+    Module,
+    /// The Lua Functions library (`FCALL rl_gcra 1 key …`).
+    Fallback,
+}
+
+impl Mode {
+    pub(crate) fn source(self) -> Source {
+        if self == Mode::Fallback {
+            Source::Fallback
+        } else {
+            Source::Module
+        }
+    }
+}
+
+/// One of the project's commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Gcra,
+    Window,
+    All,
+    Refund,
+    Lease,
+    Release,
+}
+
+impl Op {
+    fn module_command(self) -> &'static str {
+        match self {
+            Op::Gcra => "RL.GCRA",
+            Op::Window => "RL.WINDOW",
+            Op::All => "RL.ALL",
+            Op::Refund => "RL.REFUND",
+            Op::Lease => "RL.LEASE",
+            Op::Release => "RL.RELEASE",
+        }
+    }
+
+    fn function(self) -> &'static str {
+        match self {
+            Op::Gcra => "rl_gcra",
+            Op::Window => "rl_window",
+            Op::All => "rl_all",
+            Op::Refund => "rl_refund",
+            Op::Lease => "rl_lease",
+            Op::Release => "rl_release",
+        }
+    }
+}
+
+/// Builds the wire command for `op` in MODULE or FALLBACK mode.
+pub(crate) fn frame(mode: Mode, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Cmd {
+    let mut cmd;
+    if mode == Mode::Fallback {
+        cmd = redis::cmd("FCALL");
+        cmd.arg(op.function()).arg(keys.len());
+    } else {
+        cmd = redis::cmd(op.module_command());
+        if op == Op::All {
+            cmd.arg(keys.len());
+        }
+    }
+    for k in keys {
+        cmd.arg(*k);
+    }
+    for a in args {
+        cmd.arg(a.as_slice());
+    }
+    cmd
+}
+
+/// The connection a limiter talks through: one server (an auto-reconnecting
+/// [`ConnectionManager`]) or a Redis Cluster ([`ClusterConnection`]). Both are cheap to clone
+/// and multiplex concurrent calls over one socket per node.
+#[derive(Clone)]
+pub enum Connection {
+    /// One server (or a proxy in front of several).
+    Single(ConnectionManager),
+    /// A Redis Cluster: every call goes to its key's slot's master.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Connection::Single(c) => f.debug_tuple("Single").field(c).finish(),
+            Connection::Cluster(_) => f.write_str("Cluster(..)"),
+        }
+    }
+}
+
+impl From<ConnectionManager> for Connection {
+    fn from(c: ConnectionManager) -> Connection {
+        Connection::Single(c)
+    }
+}
+
+impl From<ClusterConnection> for Connection {
+    fn from(c: ClusterConnection) -> Connection {
+        Connection::Cluster(c)
+    }
+}
+
+impl Connection {
+    /// Runs `cmd`; on a cluster, on the master of `route_key`'s slot when given (the
+    /// cluster client cannot tell where `RL.ALL numkeys key …` keeps its keys).
+    pub(crate) async fn query(
+        &self,
+        cmd: &Cmd,
+        route_key: Option<&str>,
+    ) -> Result<Value, RedisError> {
+        match (self, route_key) {
+            (Connection::Single(c), _) => cmd.query_async(&mut c.clone()).await,
+            (Connection::Cluster(c), Some(key)) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                c.clone().route_command(cmd.clone(), routing).await
+            }
+            (Connection::Cluster(c), None) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs `cmd` on every master (a cluster) or the one server; returns each reply.
+    pub(crate) async fn on_masters(&self, cmd: Cmd) -> Result<Vec<Value>, RedisError> {
+        match self {
+            Connection::Single(c) => Ok(vec![cmd.query_async(&mut c.clone()).await?]),
+            Connection::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let reply = c.clone().route_command(cmd, routing).await?;
+                // Without a response policy the replies come back as a map: node -> reply.
+                Ok(match reply {
+                    Value::Map(pairs) => pairs.into_iter().map(|(_, v)| v).collect(),
+                    other => vec![other],
+                })
+            }
+        }
+    }
+}
+
+fn protocol_error(what: &str) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply",
+        what.to_owned(),
+    ))
+}
+
+fn int(v: &Value) -> Result<i64, RedisError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| protocol_error("an integer")),
+        _ => Err(protocol_error("an integer")),
+    }
+}
+
+/// Reads a flat integer array of `N` elements.
+pub(crate) fn ints<const N: usize>(v: &Value) -> Result<[i64; N], RedisError> {
+    let Value::Array(items) = v else {
+        return Err(protocol_error("an array of integers"));
+    };
+    if items.len() != N {
+        return Err(protocol_error("an array of integers"));
+    }
+    let mut out = [0i64; N];
+    for (o, item) in out.iter_mut().zip(items) {
+        *o = int(item)?;
+    }
+    Ok(out)
+}
+
+/// Reads RL.ALL's reply: the combined five integers, then each key's.
+pub(crate) fn all_reply(v: &Value) -> Result<([i64; 5], Vec<[i64; 5]>), RedisError> {
+    let bad = || protocol_error(&format!("RL.ALL's two-element reply, not {v:?}"));
+    let Value::Array(parts) = v else {
+        return Err(bad());
+    };
+    let (Some(combined), Some(Value::Array(each))) = (parts.first(), parts.get(1)) else {
+        return Err(bad());
+    };
+    Ok((
+        ints(combined)?,
+        each.iter().map(ints).collect::<Result<_, _>>()?,
+    ))
+}
+
+/// Reads a `COMMAND INFO name` reply: whether the command exists.
+pub(crate) fn command_exists(v: &Value) -> bool {
+    match v {
+        Value::Array(items) => items.iter().any(|x| !matches!(x, Value::Nil)),
+        Value::Map(items) => items.iter().any(|(_, x)| !matches!(x, Value::Nil)),
+        Value::Nil => false,
+        _ => true,
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// Reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`: `Some(true)` loaded with this code,
+/// `Some(false)` loaded with other code, `None` not loaded.
+pub(crate) fn library_matches(listing: &Value, code: &str) -> Option<bool> {
+    let entries: &[Value] = match listing {
+        Value::Array(items) | Value::Set(items) => items,
+        _ => return None,
+    };
+    let mut found = false;
+    for entry in entries {
+        let fields: Vec<(String, &Value)> = match entry {
+            Value::Array(flat) => flat
+                .chunks(2)
+                .filter_map(|kv| match kv {
+                    [k, v] => text(k).map(|k| (k, v)),
+                    _ => None,
+                })
+                .collect(),
+            Value::Map(pairs) => pairs
+                .iter()
+                .filter_map(|(k, v)| text(k).map(|k| (k, v)))
+                .collect(),
+            _ => continue,
+        };
+        let get = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
+        if get("library_name").and_then(text).as_deref() != Some(LIBRARY_NAME) {
+            continue;
+        }
+        found = true;
+        if get("library_code").and_then(text).as_deref() != Some(code) {
+            return Some(false);
+        }
+    }
+    found.then_some(true)
+}
+
+/// The module is not (or no longer) loaded on this server.
+pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
+    let msg = e.to_string().to_lowercase();
+    msg.contains("unknown command") && msg.contains("rl.")
+}
+
+/// The Functions library is not (or no longer) loaded.
+pub(crate) fn is_missing_function(e: &RedisError) -> bool {
+    let msg = e.to_string().to_lowercase();
+    msg.contains("function not found") || msg.contains("no such function")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames() {
+        let args = vec![b"3".to_vec(), b"1".to_vec(), b"10".to_vec()];
+        let m = frame(Mode::Module, Op::Gcra, &["k"], &args);
+        assert_eq!(m.args_iter().count(), 5, "RL.GCRA k 3 1 10 has five words");
+        let f = frame(Mode::Fallback, Op::All, &["a", "b"], &args);
+        assert_eq!(f.args_iter().count(), 3 + 2 + 3);
+    }
+
+    #[test]
+    fn library_is_the_repository_copy() {
+        assert!(LUA_LIBRARY.starts_with("#!lua name=redis_rl"));
+        assert!(LUA_LIBRARY.contains("rl_lease"));
+    }
+}

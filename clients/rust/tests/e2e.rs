@@ -1,0 +1,409 @@
+//! End to end, as users run it: the axum example (`examples/axum.rs`, compiled in here) served
+//! by two real axum servers (each in its own thread with its own Tokio runtime, limiter and
+//! Redis connection, on its own loopback port) sharing one limit in one `redis-server`, and
+//! real HTTP/1.1 requests over TCP alternating between them: the fleet admits exactly the
+//! limit. Then the same layer on a plain hyper server. Both modes.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+mod support;
+
+#[path = "../examples/axum.rs"]
+#[allow(dead_code)]
+mod example;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use redis_rl_client::http::{Key, Rule};
+use redis_rl_client::{FailurePolicy, Gcra, Limiter, RateLimitLayer};
+use support::Kind;
+use tower::{Layer, Service};
+
+/// One instance of the example app: a thread running its own runtime and axum server.
+struct Instance {
+    port: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Instance {
+    fn start(url: String, prefix: String, name: &str) -> Instance {
+        let (tx, rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let name = name.to_owned();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let limiter = Limiter::builder(url)
+                    .prefix(prefix)
+                    .on_error(FailurePolicy::Open)
+                    .timeout(Duration::from_millis(300))
+                    .build()
+                    .await
+                    .unwrap();
+                let app = example::app(limiter, name).unwrap();
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap().port()).unwrap();
+                axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .with_graceful_shutdown(async {
+                    let _ = stop_rx.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the app did not start");
+        Instance {
+            port,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap())
+            .unwrap_or_else(|| panic!("no {name} in {:?}", self.headers))
+    }
+}
+
+/// One real HTTP/1.1 request on a new TCP connection.
+async fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", format!("127.0.0.1:{port}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        sender.send_request(req.body(Empty::<Bytes>::new()).unwrap()),
+    )
+    .await
+    .expect("no answer within 10 s")
+    .unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+fn fleet(server: &common::Server) -> (Instance, Instance) {
+    let prefix = support::prefix();
+    let url = support::url(server);
+    (
+        Instance::start(url.clone(), prefix.clone(), "a"),
+        Instance::start(url, prefix, "b"),
+    )
+}
+
+both_modes!(
+    two_instances_share_one_limit,
+    concurrent_requests_across_the_fleet_admit_exactly_the_limit,
+    per_ip_limit_honours_trusted_proxies,
+    too_large_requests_get_413,
+    per_route_limit_and_exemptions,
+    failure_policy_through_the_server,
+    plain_hyper_service,
+);
+
+async fn two_instances_share_one_limit(kind: Kind) {
+    let server = kind.server();
+    let (a, b) = fleet(&server);
+    let mut replies = Vec::new();
+    for i in 0..30 {
+        let port = if i % 2 == 0 { a.port } else { b.port };
+        replies.push(http(port, "GET", "/api/thing", &[("X-API-Key", "cust-1")]).await);
+    }
+    let ok = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .count();
+    let denied = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((ok, denied), (10, 20), "the fleet admits exactly the limit");
+    let instances: std::collections::HashSet<&str> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .map(|r| if r.body.contains("\"a\"") { "a" } else { "b" })
+        .collect();
+    assert_eq!(instances.len(), 2, "both instances admitted some");
+    let first = &replies[0];
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        "\"api\";q=10;w=600, \"ip\";q=100;w=60"
+    );
+    assert!(
+        first
+            .header("ratelimit")
+            .starts_with("\"api\";r=9;t=60, \"ip\";r=99;t="),
+        "{}",
+        first.header("ratelimit")
+    );
+    assert!(
+        first.body.contains("\"remaining\": 9"),
+        "the handler sees the decision"
+    );
+    let last = replies.last().unwrap();
+    assert_eq!(last.header("retry-after"), "60");
+    assert!(last.header("content-type").starts_with("application/json"));
+    assert_eq!(
+        last.body,
+        r#"{"error": "rate_limited", "message": "too many requests", "policy": "api", "retry_after": 60}"#
+    );
+    // Another API key has its own limit.
+    let other = http(b.port, "GET", "/api/thing", &[("X-API-Key", "cust-2")]).await;
+    assert_eq!(other.status, StatusCode::OK);
+}
+
+async fn concurrent_requests_across_the_fleet_admit_exactly_the_limit(kind: Kind) {
+    let server = kind.server();
+    let (a, b) = fleet(&server);
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let port = if i % 2 == 0 { a.port } else { b.port };
+            tokio::spawn(async move {
+                http(port, "GET", "/api/thing", &[("X-API-Key", "burst")])
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        let s = t.await.unwrap();
+        assert!(
+            s == StatusCode::OK || s == StatusCode::TOO_MANY_REQUESTS,
+            "{s}"
+        );
+        ok += usize::from(s == StatusCode::OK);
+    }
+    assert_eq!(ok, 10);
+}
+
+async fn per_ip_limit_honours_trusted_proxies(kind: Kind) {
+    let server = kind.server();
+    let (a, b) = fleet(&server);
+    // The app trusts loopback (our connection) as a proxy, so X-Forwarded-For names the
+    // client; a forged left-most entry does not help. (The IP limit is scoped under the API
+    // key: a rule's limits share the first key's hash tag.)
+    let r = http(
+        a.port,
+        "GET",
+        "/api/thing",
+        &[
+            ("X-API-Key", "k-ip"),
+            ("X-Forwarded-For", "6.6.6.6, 198.51.100.20"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.header("ratelimit").contains("\"ip\";r=99"));
+    let r2 = http(
+        b.port,
+        "GET",
+        "/api/thing",
+        &[
+            ("X-API-Key", "k-ip"),
+            ("X-Forwarded-For", "7.7.7.7, 198.51.100.20"),
+        ],
+    )
+    .await;
+    assert!(
+        r2.header("ratelimit").contains("\"ip\";r=98"),
+        "same client, other instance"
+    );
+    let r3 = http(
+        b.port,
+        "GET",
+        "/api/thing",
+        &[("X-API-Key", "k-ip"), ("X-Forwarded-For", "198.51.100.21")],
+    )
+    .await;
+    assert!(
+        r3.header("ratelimit").contains("\"ip\";r=99"),
+        "another client IP"
+    );
+}
+
+async fn too_large_requests_get_413(kind: Kind) {
+    let server = kind.server();
+    let (a, _b) = fleet(&server);
+    let r = http(a.port, "POST", "/upload", &[("X-Units", "6")]).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        r.body.contains("\"error\": \"request_too_large\""),
+        "{}",
+        r.body
+    );
+    assert!(!r.headers.contains_key("retry-after"));
+    let ok = http(a.port, "POST", "/upload", &[("X-Units", "5")]).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(ok.header("ratelimit-policy"), "\"upload\";q=5;w=300");
+}
+
+async fn per_route_limit_and_exemptions(kind: Kind) {
+    let server = kind.server();
+    let (a, b) = fleet(&server);
+    let mut got = Vec::new();
+    for port in [a.port, b.port, a.port] {
+        got.push(http(port, "GET", "/reports", &[("X-API-Key", "rep")]).await);
+    }
+    assert_eq!(
+        got.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [200, 200, 429]
+    );
+    assert_eq!(got[0].header("ratelimit-policy"), "\"reports\";q=2;w=120");
+    assert_eq!(got[2].header("retry-after"), "60");
+    assert!(got[2].body.contains("\"policy\": \"reports\""));
+    let health = http(a.port, "GET", "/health", &[]).await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert!(!health.headers.contains_key("ratelimit"));
+}
+
+async fn failure_policy_through_the_server(kind: Kind) {
+    // The apps are configured fail-open: with Redis paused they answer 200 within the
+    // client's timeout, and come back to Redis's decisions when it resumes.
+    let server = kind.server();
+    let (a, _b) = fleet(&server);
+    let key = [("X-API-Key", "fo")];
+    assert_eq!(
+        http(a.port, "GET", "/api/thing", &key).await.status,
+        StatusCode::OK
+    );
+    let pid = server.pid().unwrap().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let start = Instant::now();
+    let r = http(a.port, "GET", "/api/thing", &key).await;
+    let took = start.elapsed();
+    assert!(Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        !r.headers.contains_key("ratelimit"),
+        "degraded: nothing known"
+    );
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = http(a.port, "GET", "/api/thing", &key).await;
+        if r.headers.contains_key("ratelimit") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let m = http(a.port, "GET", "/metrics", &[]).await;
+    assert!(!m.body.contains("\"degraded\": 0,"), "{}", m.body);
+    assert!(!m.body.contains("\"errors\": 0,"), "{}", m.body);
+}
+
+async fn plain_hyper_service(kind: Kind) {
+    // No axum: the layer around a tower `service_fn`, served by hyper, with the peer
+    // address inserted where the connection is accepted.
+    let server = kind.server();
+    let limiter = support::limiter(&server).await;
+    let layer = RateLimitLayer::new(limiter).rule(Rule::new(
+        "/",
+        Gcra::new(2, 1, 60).unwrap().named("hyper").unwrap(),
+        Key::client_ip(Vec::<&str>::new()).unwrap(),
+    ));
+    let svc = layer.layer(tower::service_fn(|req: Request<Incoming>| async move {
+        let remaining = req
+            .extensions()
+            .get::<redis_rl_client::Decision>()
+            .map_or(0, |d| d.remaining);
+        Ok::<_, std::convert::Infallible>(Response::new(Full::<Bytes>::from(format!(
+            "remaining {remaining}"
+        ))))
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accept = tokio::spawn(async move {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                break;
+            };
+            let svc = svc.clone();
+            let with_peer = tower::service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(peer);
+                let mut svc = svc.clone();
+                async move { svc.call(req).await }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(with_peer)),
+            );
+        }
+    });
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(http(port, "GET", "/x", &[]).await);
+    }
+    accept.abort();
+    assert_eq!(
+        got.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [200, 200, 429]
+    );
+    assert_eq!(got[0].body, "remaining 1");
+    assert_eq!(got[0].header("ratelimit"), "\"hyper\";r=1;t=60");
+    assert_eq!(got[2].header("retry-after"), "60");
+}

@@ -1,0 +1,330 @@
+//! The failure policy with a real `redis-server` stopped and started again in the middle of a
+//! run, and paused (SIGSTOP) to make commands time out: open / closed / error, one `tracing`
+//! event per outage and one on recovery, counters, and recovery without help. Both modes.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::future::Future;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use redis_rl_client::{
+    Algorithm, Decision, Entry, Error, FailurePolicy, Gcra, Limit, Limiter, LimiterBuilder, Source,
+    Window,
+};
+use support::{Capture, Kind};
+use tower::{Layer, ServiceExt};
+
+/// Runs `f` on a current-thread runtime with a `tracing` capture installed on this thread
+/// (every task of that runtime runs here, so every event is seen).
+fn run<F: Future<Output = ()>>(capture: &Capture, f: F) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(capture.clone(), || rt.block_on(f));
+}
+
+macro_rules! both_modes_traced {
+    ($($name:ident),* $(,)?) => {
+        mod module {
+            $(
+                #[test]
+                fn $name() {
+                    let c = crate::support::Capture::default();
+                    crate::run(&c, super::$name(crate::support::Kind::Module, c.clone()));
+                }
+            )*
+        }
+        mod fallback {
+            $(
+                #[test]
+                fn $name() {
+                    let c = crate::support::Capture::default();
+                    crate::run(&c, super::$name(crate::support::Kind::Fallback, c.clone()));
+                }
+            )*
+        }
+    };
+}
+
+both_modes_traced!(
+    open_admits_degraded_then_recovers,
+    closed_denies_with_a_short_retry_then_recovers,
+    error_policy_returns_unavailable_then_recovers,
+    a_stalled_server_times_out_into_the_policy,
+    server_restarted_empty_is_detected_again,
+    built_while_redis_is_down,
+    the_layer_answers_503_while_redis_is_down,
+);
+
+async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
+    support::limiter_with(server, |b| {
+        f(b.timeout(Duration::from_millis(300))
+            .probe_interval(Duration::from_millis(100)))
+    })
+    .await
+}
+
+fn outage_events(c: &Capture) -> (usize, usize) {
+    (c.count("Redis unavailable"), c.count("answers again"))
+}
+
+/// Checks before, during and after an outage: stop the server mid-run, keep checking, start
+/// it again on the same port, keep checking until Redis answers (bounded).
+async fn through_outage(
+    lim: &Limiter,
+    server: &mut Server,
+    limit: &Limit,
+    key: &str,
+) -> (Vec<Decision>, Vec<Decision>, Vec<Decision>) {
+    let mut before = Vec::new();
+    for _ in 0..3 {
+        before.push(lim.check(key, limit).await.unwrap());
+    }
+    server.stop();
+    let mut during = Vec::new();
+    for _ in 0..30 {
+        during.push(lim.check(key, limit).await.unwrap());
+    }
+    // A check_all during the outage is answered by the policy too.
+    let all = lim
+        .check_all([Entry::new("{o}:a", limit), Entry::new("{o}:b", limit)])
+        .await
+        .unwrap();
+    assert!(all.degraded && all.per_key.iter().all(|d| d.degraded));
+    server.restart();
+    let mut after = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let d = lim.check(key, limit).await.unwrap();
+        let done = !d.degraded;
+        after.push(d);
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (before, during, after)
+}
+
+async fn open_admits_degraded_then_recovers(kind: Kind, capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Open)).await;
+    let g: Limit = Gcra::new(100, 100, 1).unwrap().into();
+    let (before, during, after) = through_outage(&lim, &mut server, &g, "open").await;
+    assert!(before.iter().all(|d| d.allowed && !d.degraded));
+    let want = match kind {
+        Kind::Module => Source::Module,
+        Kind::Fallback => Source::Fallback,
+    };
+    assert_eq!(before[0].source, want);
+    assert!(during
+        .iter()
+        .all(|d| d.allowed && d.degraded && d.source == Source::Local));
+    assert!(
+        !during[0].headers(None).contains_key("ratelimit"),
+        "nothing is known about the key"
+    );
+    let last = after.last().unwrap();
+    assert!(!last.degraded && last.allowed, "{after:?}");
+    let snap = lim.counters().snapshot();
+    assert!(snap.degraded >= 30, "{snap:?}");
+    assert!((1..=31).contains(&snap.errors), "{snap:?}");
+    assert_eq!(
+        outage_events(&capture),
+        (1, 1),
+        "once per burst of failures, once on recovery: {:?}",
+        capture.messages.lock().unwrap()
+    );
+}
+
+async fn closed_denies_with_a_short_retry_then_recovers(kind: Kind, capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| {
+        b.on_error(FailurePolicy::Closed)
+            .closed_retry_after(Duration::from_secs(2))
+    })
+    .await;
+    let w: Limit = Window::new(100, 60, Algorithm::Fixed).unwrap().into();
+    let (before, during, after) = through_outage(&lim, &mut server, &w, "closed").await;
+    assert!(before.iter().all(|d| d.allowed));
+    assert!(during.iter().all(|d| !d.allowed && d.degraded));
+    assert_eq!(
+        during[0].retry_after.duration(),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(during[0].headers(None)["retry-after"], "2");
+    let last = after.last().unwrap();
+    assert!(last.allowed && !last.degraded, "{after:?}");
+    assert_eq!(outage_events(&capture), (1, 1));
+}
+
+async fn error_policy_returns_unavailable_then_recovers(kind: Kind, _capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Error)).await;
+    let g = Gcra::new(10, 1, 1).unwrap();
+    assert!(lim.check("r", &g).await.unwrap().allowed);
+    server.stop();
+    match lim.check("r", &g).await {
+        Err(Error::Unavailable(e)) => {
+            assert!(std::error::Error::source(&Error::Unavailable(e)).is_some())
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(matches!(
+        lim.refund("r", 1).await,
+        Err(Error::Unavailable(_))
+    ));
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let d = loop {
+        match lim.check("r", &g).await {
+            Ok(d) => break d,
+            Err(Error::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("did not recover: {e}"),
+        }
+    };
+    assert!(d.allowed && !d.degraded);
+}
+
+fn signal(server: &Server, sig: &str) {
+    let pid = server.pid().expect("server running").to_string();
+    let ok = Command::new("kill")
+        .arg(sig)
+        .arg(&pid)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+async fn a_stalled_server_times_out_into_the_policy(kind: Kind, _capture: Capture) {
+    let server = kind.server();
+    let lim = make(&server, |b| {
+        b.on_error(FailurePolicy::Open)
+            .probe_interval(Duration::from_secs(1))
+    })
+    .await;
+    let g = Gcra::new(10, 1, 1).unwrap();
+    assert!(!lim.check("t", &g).await.unwrap().degraded);
+    signal(&server, "-STOP"); // accepts connections, answers nothing
+    let start = Instant::now();
+    let d = lim.check("t", &g).await.unwrap();
+    let took = start.elapsed();
+    // Inside the probe interval the policy answers at once, without waiting on Redis.
+    let start2 = Instant::now();
+    let mut fast = true;
+    for _ in 0..100 {
+        fast &= lim.check("t", &g).await.unwrap().degraded;
+    }
+    let took2 = start2.elapsed();
+    signal(&server, "-CONT");
+    assert!(d.degraded && d.allowed, "{d:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "{took:?}: the 0.3 s timeout, not a hang"
+    );
+    assert!(fast && took2 < Duration::from_millis(500), "{took2:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lim.check("t", &g).await.unwrap().degraded {
+        assert!(Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn server_restarted_empty_is_detected_again(kind: Kind, _capture: Capture) {
+    // A restart without persistence loses the Functions library: the fallback reloads it.
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Error)).await;
+    let g = Gcra::new(5, 1, 60).unwrap();
+    assert_eq!(lim.check("e", &g).await.unwrap().remaining, 4);
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let d = loop {
+        match lim.check("e", &g).await {
+            Ok(d) => break d,
+            Err(Error::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("did not recover: {e}"),
+        }
+    };
+    assert!(
+        d.allowed && d.remaining == 4,
+        "the state went with the restart: {d:?}"
+    );
+    assert_eq!(lim.resolved_mode().await.unwrap(), kind.expected());
+}
+
+async fn built_while_redis_is_down(kind: Kind, capture: Capture) {
+    // A limiter is built without waiting on Redis: a service starts while Redis is down,
+    // the policy answers, and decisions come from Redis once it is up.
+    let mut server = kind.server();
+    server.stop();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Open)).await;
+    let g = Gcra::new(3, 1, 60).unwrap();
+    let d = lim.check("boot", &g).await.unwrap();
+    assert!(d.allowed && d.degraded);
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let d = lim.check("boot", &g).await.unwrap();
+        if !d.degraded {
+            assert_eq!(d.remaining, 2);
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lim.resolved_mode().await.unwrap(), kind.expected());
+    assert_eq!(outage_events(&capture), (1, 1));
+}
+
+async fn the_layer_answers_503_while_redis_is_down(kind: Kind, _capture: Capture) {
+    // Through the tower layer: "closed" answers 503 with Retry-After and a JSON body while
+    // Redis is down, and so does "error" (the layer cannot decide); both recover.
+    use http::{Request, Response, StatusCode};
+    use redis_rl_client::http::{Key, Rule};
+    use redis_rl_client::RateLimitLayer;
+
+    let mut server = kind.server();
+    for policy in [FailurePolicy::Closed, FailurePolicy::Error] {
+        let lim = make(&server, |b| b.on_error(policy)).await;
+        let svc = RateLimitLayer::new(lim)
+            .rule(Rule::any(
+                Gcra::new(5, 1, 60).unwrap(),
+                Key::header_or("x-k", "anon"),
+            ))
+            .layer(tower::service_fn(|_req: Request<String>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+            }));
+        let call = || {
+            let svc = svc.clone();
+            async move { svc.oneshot(Request::new(String::new())).await.unwrap() }
+        };
+        let up = call().await;
+        assert_eq!(up.status(), StatusCode::OK);
+        assert!(up.headers().contains_key("ratelimit"));
+        server.stop();
+        let down = call().await;
+        assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE, "{policy:?}");
+        assert_eq!(down.headers()["retry-after"], "1");
+        assert!(
+            down.body().contains("\"error\": \"limiter_unavailable\""),
+            "{}",
+            down.body()
+        );
+        server.restart();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while call().await.status() != StatusCode::OK {
+            assert!(Instant::now() < deadline, "did not recover");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

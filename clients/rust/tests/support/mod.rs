@@ -1,0 +1,175 @@
+//! What the crate's integration tests share: the mode under test, servers for it, limiters
+//! on them, a `tracing` capture, and the macro that runs a test in both modes.
+//!
+//! Servers come from the repository's harness (`tests/common/mod.rs`): real `redis-server`
+//! processes on free loopback ports in temporary directories, killed by PID on drop. The
+//! module under test is `$RL_MODULE`, else the workspace's `target/release/libredis_rl.so`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+
+use redis_rl_client::{Limiter, LimiterBuilder, Mode};
+
+use crate::common::Server;
+
+static INIT: Once = Once::new();
+
+/// Points the shared harness at the module (its own default is relative to the root
+/// crate, not this one).
+pub fn init() {
+    INIT.call_once(|| {
+        if std::env::var_os("RL_MODULE").is_none() {
+            let p: PathBuf =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/libredis_rl.so");
+            assert!(
+                p.exists(),
+                "no module at {}: run `cargo build --release` at the workspace root",
+                p.display()
+            );
+            std::env::set_var("RL_MODULE", p);
+        }
+    });
+}
+
+/// The mode a test runs in: a server with the module, or one without it (the Lua
+/// fallback, chosen by `Mode::Auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Module,
+    Fallback,
+}
+
+impl Kind {
+    pub fn expected(self) -> Mode {
+        match self {
+            Kind::Module => Mode::Module,
+            Kind::Fallback => Mode::Fallback,
+        }
+    }
+
+    /// A fresh server for this mode.
+    pub fn server(self) -> Server {
+        init();
+        match self {
+            Kind::Module => Server::start(),
+            Kind::Fallback => Server::builder().no_module().start(),
+        }
+    }
+
+    /// The command name of `op` in this mode, for direct calls: `RL.GCRA` or
+    /// `FCALL rl_gcra 1`.
+    pub fn command(self, op: &str, key: &str) -> redis::Cmd {
+        match self {
+            Kind::Module => {
+                let mut c = redis::cmd(&format!("RL.{}", op.to_uppercase()));
+                c.arg(key);
+                c
+            }
+            Kind::Fallback => {
+                let mut c = redis::cmd("FCALL");
+                c.arg(format!("rl_{}", op.to_lowercase())).arg(1).arg(key);
+                c
+            }
+        }
+    }
+}
+
+pub fn url(server: &Server) -> String {
+    format!("redis://127.0.0.1:{}/", server.port)
+}
+
+/// A unique key prefix per limiter, so tests never share keys.
+pub fn prefix() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}-{}:",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A limiter on `server`, configured by `f`, with a fresh prefix.
+pub async fn limiter_with(
+    server: &Server,
+    f: impl FnOnce(LimiterBuilder) -> LimiterBuilder,
+) -> Limiter {
+    f(Limiter::builder(url(server)).prefix(prefix()))
+        .build()
+        .await
+        .expect("build the limiter")
+}
+
+pub async fn limiter(server: &Server) -> Limiter {
+    limiter_with(server, |b| b).await
+}
+
+/// Runs each named `async fn(Kind)` test in both modes: `module::name` against a server
+/// with the module, `fallback::name` against one without it.
+#[macro_export]
+macro_rules! both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::support::Kind::Module).await
+                }
+            )*
+        }
+        mod fallback {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::support::Kind::Fallback).await
+                }
+            )*
+        }
+    };
+}
+
+/// Collects the messages of the `tracing` events emitted on this thread while installed.
+#[derive(Clone, Default)]
+pub struct Capture {
+    pub messages: Arc<Mutex<Vec<String>>>,
+}
+
+impl Capture {
+    pub fn count(&self, needle: &str) -> usize {
+        self.messages
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.contains(needle))
+            .count()
+    }
+}
+
+struct MessageVisitor<'a>(&'a mut String);
+
+impl tracing::field::Visit for MessageVisitor<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = String::new();
+        event.record(&mut MessageVisitor(&mut message));
+        self.messages.lock().unwrap().push(message);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}

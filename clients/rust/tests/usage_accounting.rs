@@ -1,0 +1,238 @@
+//! Leases (acquire with a guard that renews in the background and releases on drop or on
+//! `release().await`), FORCE and per-limit COST, per SPEC.md "Usage accounting", against a
+//! real server in both modes.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::time::Duration;
+
+use redis_rl_client::{Algorithm, Entry, Error, Gcra, Lease, RetryAfter, Window};
+use support::{limiter, Kind};
+
+both_modes!(
+    acquire_holds_a_slot_and_releases_it,
+    acquire_renews_in_the_background,
+    dropping_the_guard_releases_it,
+    a_crashed_holder_frees_its_slot_when_the_lease_ends,
+    acquire_with_the_same_token_renews_instead_of_taking_twice,
+    force_records_usage_past_the_limit,
+    force_on_log_is_an_error,
+    check_all_with_per_limit_costs,
+    check_all_with_a_lease_spec,
+    check_all_force,
+);
+
+fn rate_limited(r: Result<redis_rl_client::LeaseGuard, Error>) -> Box<redis_rl_client::Decision> {
+    match r {
+        Err(Error::RateLimited(d)) => d,
+        other => panic!("expected RateLimited, got {other:?}"),
+    }
+}
+
+async fn acquire_holds_a_slot_and_releases_it(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let lease = Lease::new(2, 10).unwrap();
+    let a = lim.acquire("jobs", &lease).await.unwrap();
+    assert!(a.decision().allowed && a.decision().remaining == 1);
+    let b = lim.acquire("jobs", &lease).await.unwrap();
+    assert_eq!(b.decision().remaining, 0);
+    let d = rate_limited(lim.acquire("jobs", &lease).await);
+    assert!(!d.allowed && !d.never());
+    let wait = d.retry_after.duration().unwrap().as_millis();
+    assert!((9_000..=10_000).contains(&wait), "{wait}");
+    let released = b.release().await.unwrap().unwrap();
+    assert_eq!(released.released, 1);
+    a.release().await.unwrap();
+    let both = lim.acquire("jobs", &lease).slots(2).await.unwrap();
+    assert_eq!(both.decision().remaining, 0);
+    both.release().await.unwrap();
+}
+
+async fn acquire_renews_in_the_background(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let lease = Lease::new(1, "0.3").unwrap();
+    let held = lim.acquire("long", &lease).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await; // three lease times: held only through renewals
+    rate_limited(lim.acquire("long", &lease).await);
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+    lim.acquire("long", &lease)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+async fn dropping_the_guard_releases_it(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let lease = Lease::new(1, 30).unwrap();
+    {
+        let _held = lim.acquire("drop", &lease).await.unwrap();
+        rate_limited(lim.acquire("drop", &lease).await);
+    }
+    // The release runs on the runtime right after the drop.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match lim.acquire("drop", &lease).await {
+            Ok(g) => {
+                g.release().await.unwrap();
+                break;
+            }
+            Err(Error::RateLimited(_)) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the dropped guard was not released: {e}"),
+        }
+    }
+}
+
+async fn a_crashed_holder_frees_its_slot_when_the_lease_ends(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let key = format!("{}crash", lim.prefix());
+    assert_eq!(lim.resolved_mode().await.unwrap(), kind.expected()); // loads the fallback
+    let mut con = server.conn();
+    // A holder that took a lease and died (no renewal, no release).
+    let _: Vec<i64> = kind
+        .command("lease", &key)
+        .arg(1)
+        .arg("0.2")
+        .arg("dead-process")
+        .query(&mut con)
+        .unwrap();
+    let lease = Lease::new(1, "0.2").unwrap();
+    rate_limited(lim.acquire("crash", &lease).await);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let held = lim.acquire("crash", &lease).await.unwrap();
+    assert!(held.decision().allowed);
+    held.release().await.unwrap();
+}
+
+async fn acquire_with_the_same_token_renews_instead_of_taking_twice(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let lease = Lease::new(2, 10).unwrap();
+    let a = lim.acquire("tok", &lease).token("job-7").await.unwrap();
+    let again = lim.acquire("tok", &lease).token("job-7").await.unwrap();
+    assert_eq!(again.decision().remaining, 1, "still one lease of one slot");
+    assert_eq!(a.token(), b"job-7");
+    assert_eq!(again.release().await.unwrap().unwrap().released, 1);
+    assert_eq!(
+        a.release().await.unwrap().unwrap().released,
+        0,
+        "harmless twice"
+    );
+    assert_eq!(lim.release("tok", "job-7").await.unwrap().released, 0);
+}
+
+async fn force_records_usage_past_the_limit(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let g = Gcra::new(5, 1, 1).unwrap();
+    let d = lim.force("f", &g, 8).await.unwrap();
+    assert!(d.allowed && d.remaining == 0);
+    assert_eq!(d.retry_after, RetryAfter::Wait(Duration::ZERO));
+    assert!(
+        !lim.check("f", &g).await.unwrap().allowed,
+        "until the excess has drained"
+    );
+    let w = Window::new(10, 60, Algorithm::Fixed).unwrap();
+    let d = lim.check("fw", &w).cost(25).force().await.unwrap();
+    assert!(d.allowed && d.remaining == 0);
+}
+
+async fn force_on_log_is_an_error(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let r = lim
+        .force("fl", Window::new(10, 60, Algorithm::Log).unwrap(), 1)
+        .await;
+    assert!(matches!(r, Err(Error::Redis(_))), "{r:?}");
+}
+
+async fn check_all_with_per_limit_costs(kind: Kind) {
+    // One request and 1,200 tokens: requests per minute and tokens per minute together.
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let rpm = Window::new(600, 60, Algorithm::Fixed)
+        .unwrap()
+        .named("rpm")
+        .unwrap();
+    let tpm = Window::new(2000, 60, Algorithm::Fixed)
+        .unwrap()
+        .named("tpm")
+        .unwrap();
+    let call = |tokens: u64| {
+        lim.check_all([
+            Entry::new("{t}:rpm", &rpm),
+            Entry::new("{t}:tpm", &tpm).cost(tokens),
+        ])
+    };
+    let d = call(1200).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.per_key[0].remaining, 599);
+    assert_eq!(d.per_key[1].remaining, 800);
+    // The binding limit is tokens: 800 left admit no further call of 1,200.
+    assert_eq!(d.policy, Some(tpm.clone().into()));
+    assert_eq!(d.remaining, 800);
+    assert!(!call(1200).await.unwrap().allowed);
+    assert!(call(0).await.unwrap().allowed, "a cost of 0 only reports");
+}
+
+async fn check_all_with_a_lease_spec(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let rate = Gcra::new(10, 1, 1).unwrap();
+    let slots = Lease::new(1, 10).unwrap();
+    let d = lim
+        .check_all([
+            Entry::new("{j}:rate", &rate),
+            Entry::new("{j}:slots", &slots).token("w1"),
+        ])
+        .await
+        .unwrap();
+    assert!(d.allowed);
+    let d2 = lim
+        .check_all([
+            Entry::new("{j}:rate", &rate),
+            Entry::new("{j}:slots", &slots).token("w2"),
+        ])
+        .await
+        .unwrap();
+    assert!(!d2.allowed);
+    // Nothing was taken from the rate limit by the denied call.
+    assert_eq!(
+        lim.check("{j}:rate", &rate)
+            .cost(0)
+            .await
+            .unwrap()
+            .remaining,
+        9
+    );
+    assert_eq!(lim.release("{j}:slots", "w1").await.unwrap().released, 1);
+}
+
+async fn check_all_force(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter(&server).await;
+    let a = Gcra::new(2, 1, 60).unwrap();
+    let b = Window::new(2, 60, Algorithm::Fixed).unwrap();
+    let d = lim
+        .check_all([Entry::new("{u}:a", &a), Entry::new("{u}:b", &b)])
+        .cost(5)
+        .force()
+        .await
+        .unwrap();
+    assert!(d.allowed && d.remaining == 0);
+    let after = lim
+        .check_all([Entry::new("{u}:a", &a), Entry::new("{u}:b", &b)])
+        .await
+        .unwrap();
+    assert!(!after.allowed);
+}
