@@ -1,5 +1,5 @@
 //! Leases (acquire with a guard that renews in the background and releases on drop or on
-//! `release().await`), FORCE and per-limit COST, per SPEC.md "Usage accounting", against a
+//! `release().await`), FORCE and per-limit COST, per docs/reference.md "Usage accounting", against a
 //! real server in both modes.
 
 #[path = "../../../tests/common/mod.rs"]

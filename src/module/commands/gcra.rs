@@ -1,14 +1,13 @@
 //! `RL.GCRA key burst rate period [QUANTITY n] [PEEK] [MAXWAIT ms] [FORCE]`: a GCRA (token
 //! bucket) limit. Reply: the five integers.
 
-use super::{five, once, unknown, Options, RequestOptions};
+use super::{decide_and_reply, once, unknown, Options, RequestOptions};
 use crate::limit::Limit;
 use crate::module::call::{Arg, Call};
-use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, opt, Arg as DocArg, INTEGER};
 use crate::module::error::{CommandError, FORCE_WITH_MAXWAIT};
-use crate::module::limits::{self, Check, Mode};
+use crate::module::limits::{Check, Mode};
 use crate::module::stats::Counters;
 use crate::state::Event;
 use crate::params::{self, GcraParams};
@@ -95,14 +94,11 @@ impl Command for Gcra {
 
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
-        let now = clock::now();
         let check = Check {
             key: c.key,
             limit: c.limit,
             charge: c.quantity,
         };
-        let decision = limits::decide_one(call, &check, c.mode, now, Event::Gcra)?;
-        call.reply_integers(&five(&decision));
-        Ok(Counted::from_allowed(decision.verdict.is_allowed()))
+        decide_and_reply(call, &check, c.mode, Event::Gcra)
     }
 }

@@ -3,15 +3,14 @@
 //! acquire unless renewed; the same `token` renews instead of taking a second lease. Reply:
 //! the five integers.
 
-use super::{five, unknown, Options, RequestOptions};
+use super::{decide_and_reply, unknown, Options, RequestOptions};
 use crate::algo::lease::LeaseParams;
 use crate::limit::Limit;
 use crate::module::call::{Arg, Call};
-use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, STRING};
 use crate::module::error::{CommandError, FORCE_ON_LEASE};
-use crate::module::limits::{self, check_caps, Check, Mode};
+use crate::module::limits::{check_caps, Check, Mode};
 use crate::module::stats::Counters;
 use crate::params;
 use crate::state::Event;
@@ -79,7 +78,6 @@ impl Command for Lease {
 
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
-        let now = clock::now();
         let check = Check {
             key: c.key,
             limit: c.limit,
@@ -89,8 +87,6 @@ impl Command for Lease {
             peek: c.options.peek,
             ..Mode::default()
         };
-        let decision = limits::decide_one(call, &check, mode, now, Event::Lease)?;
-        call.reply_integers(&five(&decision));
-        Ok(Counted::from_allowed(decision.verdict.is_allowed()))
+        decide_and_reply(call, &check, mode, Event::Lease)
     }
 }

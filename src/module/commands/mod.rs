@@ -7,12 +7,15 @@
 
 #![forbid(unsafe_code)]
 
-use super::call::Arg;
-use super::command::Command;
+use super::call::{Arg, Call};
+use super::clock;
+use super::command::{Command, Counted};
 use super::error::{CommandError, FORCE_WITH_PEEK};
+use super::limits::{self, Check, Mode};
 use super::stats::Counters;
 use crate::decision::{Decision, Verdict};
 use crate::limit::shown;
+use crate::state::Event;
 
 /// Declares the command files and the list of commands registered at load.
 macro_rules! commands {
@@ -155,6 +158,19 @@ pub fn unknown(arg: &[u8]) -> CommandError {
 /// Saturating conversion for reply integers.
 pub fn as_reply_int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Decides a one-key call at the server's current time and replies the five integers
+/// ([`five`]): the whole of RL.GCRA, RL.WINDOW and RL.LEASE after parsing.
+pub fn decide_and_reply(
+    call: &Call<'_>,
+    check: &Check<'_>,
+    mode: Mode,
+    event: Event,
+) -> Result<Counted, CommandError> {
+    let decision = limits::decide_one(call, check, mode, clock::now(), event)?;
+    call.reply_integers(&five(&decision));
+    Ok(Counted::from_allowed(decision.verdict.is_allowed()))
 }
 
 /// The five-integer reply: allowed, limit, remaining, retry_after_ms, reset_after_ms.

@@ -1,15 +1,14 @@
 //! `RL.WINDOW key limit window [FIXED | SLIDING | LOG] [QUANTITY n] [PEEK] [FORCE]`: a window
 //! limit (SLIDING by default). Reply: the five integers.
 
-use super::{five, once, unknown, Options, RequestOptions};
+use super::{decide_and_reply, once, unknown, Options, RequestOptions};
 use crate::limit::{Limit, WindowKind};
 use crate::params::WindowParams;
 use crate::module::call::{Arg, Call};
-use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, ONEOF, OPTIONAL};
 use crate::module::error::{CommandError, FORCE_WITH_LOG};
-use crate::module::limits::{self, check_caps, Check, Mode};
+use crate::module::limits::{check_caps, Check, Mode};
 use crate::module::stats::Counters;
 use crate::state::Event;
 
@@ -95,7 +94,6 @@ impl Command for Window {
 
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
-        let now = clock::now();
         let check = Check {
             key: c.key,
             limit: c.limit,
@@ -106,8 +104,6 @@ impl Command for Window {
             force: c.options.force,
             max_wait: None,
         };
-        let decision = limits::decide_one(call, &check, mode, now, Event::Window)?;
-        call.reply_integers(&five(&decision));
-        Ok(Counted::from_allowed(decision.verdict.is_allowed()))
+        decide_and_reply(call, &check, mode, Event::Window)
     }
 }
