@@ -51,10 +51,27 @@ for i in range(52000):
         ]))
     elif r < 0.9:
         cmds.append(resp("COPY", random.choice(["g", "LOG", "SLIDING"]) + k, "copy" + k, "REPLACE"))
-    else:
+    elif r < 0.94:
         cmds.append(resp("RL.WINDOW", "LOG" + k, 1000, "0.1", "LOG", "QUANTITY", random.randrange(1, 30)))
+    elif r < 0.97:
+        # leases: taken, renewed, released, some held by 64-byte tokens
+        token = random.choice(["t%d" % random.randrange(8), "T" * 64])
+        if random.random() < 0.7:
+            cmds.append(resp("RL.LEASE", "L" + k, random.randrange(1, 6), random.choice(periods), token, "QUANTITY", random.randrange(0, 3)))
+        else:
+            cmds.append(resp("RL.RELEASE", "L" + k, token))
+    else:
+        # usage accounting: FORCE past the limit, per-spec COST and a LEASE spec in RL.ALL
+        cmds.append(random.choice([
+            resp("RL.GCRA", "g" + k, 3, 10, 1, "QUANTITY", random.randrange(1, 9), "FORCE"),
+            resp("RL.WINDOW", "FIXED" + k, 5, 1, "FIXED", "QUANTITY", random.randrange(1, 9), "FORCE"),
+            resp("RL.ALL", 3, "{b}" + k, "{b}t" + k, "{b}L" + k, "GCRA", 60, 60, 60, "WINDOW", 1000, 60, "SLIDING", "COST", random.randrange(0, 300), "LEASE", 2, 1, "job"),
+        ]))
     if i % 10000 == 5000:
         cmds.append(resp("DEBUG", "RELOAD"))
+    if i % 10000 == 7500:
+        # the AOF replays every write's RL.APPLY effect (compact and general forms)
+        cmds.append(resp("DEBUG", "LOADAOF"))
     if i % 20000 == 19999:
         cmds.append(resp("FLUSHALL"))
 open(sys.argv[1], "wb").write(b"".join(cmds))
@@ -71,7 +88,7 @@ run_under_valgrind() {
     valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite --num-callers=40 \
         --suppressions="$PWD/scripts/valgrind.supp" \
         --log-file="$out/valgrind.log" \
-        "$server" --port "$port" --bind 127.0.0.1 --save "" --dir "$out" --logfile "$out/server.log" \
+        "$server" --port "$port" --bind 127.0.0.1 --save "" --appendonly yes --aof-use-rdb-preamble no --dir "$out" --logfile "$out/server.log" \
         --enable-debug-command yes --loadmodule "$PWD/target/release/libredis_rl.so" &
     local vg=$!
     for _ in $(seq 300); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
