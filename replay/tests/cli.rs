@@ -267,3 +267,99 @@ fn bad_arguments_exit_2_and_name_the_argument() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/file"));
 }
+
+/// The rotated logs and the JSON log that `--help`'s examples name, in `dir`:
+/// `access.log.2.gz` (oldest), `access.log.1.gz`, `access.log.gz`, `access.log` (newest, an
+/// hour apart each), and `app.jsonl` with its time under `ts` and its client under
+/// `request.remote_ip`.
+fn write_example_logs(dir: &Path) {
+    let clf = |start: u64| -> Vec<u8> {
+        let out = Command::new(env!("CARGO_BIN_EXE_rl-loggen"))
+            .args([
+                "--lines",
+                "3000",
+                "--seed",
+                "4",
+                "--start",
+                &start.to_string(),
+            ])
+            .output()
+            .expect("run rl-loggen");
+        assert!(out.status.success());
+        out.stdout
+    };
+    let gzip = |data: &[u8]| -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(data).unwrap();
+        gz.finish().unwrap()
+    };
+    let t0 = 1_762_128_000;
+    std::fs::write(dir.join("access.log.2.gz"), gzip(&clf(t0))).unwrap();
+    std::fs::write(dir.join("access.log.1.gz"), gzip(&clf(t0 + 3600))).unwrap();
+    std::fs::write(dir.join("access.log.gz"), gzip(&clf(t0 + 7200))).unwrap();
+    std::fs::write(dir.join("access.log"), clf(t0 + 10_800)).unwrap();
+    let mut app = String::new();
+    for line in String::from_utf8(generate(3000, 4, "json"))
+        .unwrap()
+        .lines()
+    {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let moved = serde_json::json!({
+            "ts": v["msec"],
+            "request": { "remote_ip": v["remote_addr"], "line": v["request"] },
+            "status": v["status"],
+        });
+        app.push_str(&moved.to_string());
+        app.push('\n');
+    }
+    std::fs::write(dir.join("app.jsonl"), app).unwrap();
+}
+
+#[test]
+fn help_examples_run_as_written_and_read_their_logs_in_time_order() {
+    let help = ok(replay().arg("--help").output().unwrap());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let examples: Vec<&str> = help
+        .split("Examples:\n")
+        .nth(1)
+        .expect("an Examples section")
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    assert!(examples.len() >= 4, "{examples:?}");
+    let dir = tempfile::tempdir().unwrap();
+    write_example_logs(dir.path());
+    // `rl-replay` on the PATH, as an installed binary would be.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_rl-replay"), bin.join("rl-replay")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for (i, example) in examples.iter().enumerate() {
+        let json = dir.path().join(format!("example-{i}.json"));
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{example} -q --json {}", json.display()))
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let input = read_json(&json)["input"].clone();
+        assert!(
+            input["requests"].as_u64().unwrap() >= 3000,
+            "{example}: {input}"
+        );
+        assert_eq!(input["malformed"], 0, "{example}");
+        // Logs fed newest first would be decided at the wrong times: every line late.
+        assert_eq!(input["late"], 0, "{example}: logs out of time order");
+    }
+}
