@@ -249,6 +249,10 @@ fn bad_arguments_exit_2_and_name_the_argument() {
         (vec!["-l", "GCRA 1 1 1 at /x"], "unexpected 'at'"),
         (vec!["-l", "WINDOW 200000 1 LOG"], "rl.log-max-limit"),
         (
+            vec!["-l", "GCRA 10 5 1 COST 2"],
+            "COST is not supported by rl-replay: each log line is one request",
+        ),
+        (
             vec!["-l", "GCRA 1 1 1", "--suggest", "2"],
             "there are 1 limits",
         ),
