@@ -465,6 +465,13 @@ pub fn text(r: &Report) -> String {
                     );
                 }
             }
+            None if s.candidates.iter().all(|c| c.keys == 0) => {
+                let _ = writeln!(
+                    o,
+                    "No suggestion: limit #{} applied to no request: nothing to suggest.",
+                    s.limit
+                );
+            }
             None => {
                 let _ = writeln!(
                     o,

@@ -367,3 +367,26 @@ fn help_examples_run_as_written_and_read_their_logs_in_time_order() {
         assert_eq!(input["late"], 0, "{example}: logs out of time order");
     }
 }
+
+#[test]
+fn a_suggestion_needs_keys_to_judge() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("empty.log");
+    std::fs::write(&log, "").unwrap();
+    let json = dir.path().join("r.json");
+    let out = ok(replay()
+        .arg(&log)
+        .args(["-l", "GCRA 20 10 1 per {ip}", "--suggest"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let r = read_json(&json);
+    assert_eq!(r["suggest"]["suggested"], Value::Null, "{text}");
+    assert!(!text.contains("Suggested:"), "{text}");
+    assert!(
+        text.contains("No suggestion: limit #1 applied to no request: nothing to suggest."),
+        "{text}"
+    );
+}
