@@ -62,7 +62,8 @@ struct Cli {
     time_unit: Unit,
 
     /// Seconds by which a line may be earlier than the latest line before it and still be put
-    /// back in order; earlier lines are counted as late and decided at the replay's clock.
+    /// back in order. A line earlier than a request already decided (which happens only
+    /// beyond the skew) is counted as late and decided at the replay's clock.
     #[arg(long, default_value = "10", value_name = "SECONDS")]
     skew: String,
 

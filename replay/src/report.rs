@@ -255,7 +255,7 @@ pub fn text(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "  malformed {}, out of order {} (beyond the skew: {}){}",
+        "  malformed {}, out of order {} (late, decided at the replay's clock: {}){}",
         thousands(t.malformed),
         thousands(t.out_of_order),
         thousands(t.late),

@@ -224,6 +224,12 @@ fn edge_lines_are_parsed_counted_and_reported() {
         ]
     );
     assert!(text.contains("edge.log:6: bad timestamp"), "{text}");
+    // Late: earlier than a request already decided (here 10:00:30), so decided at the
+    // replay's clock. 09:59:58 is out of order too, but was put back in its place.
+    assert!(
+        text.contains("out of order 3 (late, decided at the replay's clock: 2)"),
+        "{text}"
+    );
     // 2001:db8::1: 09:59:58 allowed (reordered first), 10:00:00 denied (1 per minute), and
     // the two late lines are decided at 10:00:30: denied.
     let ip = &r["limits"][0];
