@@ -85,7 +85,7 @@ struct Cli {
     show_malformed: usize,
 
     /// Write the report as JSON to this file (`-`: standard output, the summary then goes to
-    /// standard error).
+    /// standard error). Its fields, and those of --keys and --decisions: replay/docs/json.md.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 

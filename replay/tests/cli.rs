@@ -396,3 +396,75 @@ fn a_suggestion_needs_keys_to_judge() {
         "{text}"
     );
 }
+
+/// Every field name in `v` (objects inside arrays and objects too).
+fn field_names(v: &Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                out.insert(k.clone());
+                field_names(v, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| field_names(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_json_field_is_documented() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/json.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("replay/docs/json.md");
+    let section = |flag: &str| -> String {
+        let start = doc
+            .find(&format!("## `{flag}"))
+            .unwrap_or_else(|| panic!("json.md has no section for {flag}"));
+        let rest = &doc[start + 3..];
+        rest[..rest.find("\n## ").unwrap_or(rest.len())].to_owned()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut data = generate(20_000, 2, "clf");
+    data.extend_from_slice(b"not a log line\n");
+    std::fs::write(&log, data).unwrap();
+    let (json, keys, decisions) = (
+        dir.path().join("r.json"),
+        dir.path().join("keys.jsonl"),
+        dir.path().join("decisions.jsonl"),
+    );
+    ok(replay()
+        .arg(&log)
+        .args(["-l", "GCRA 20 10 1 per {ip}"])
+        .args(["-l", "WINDOW 5 60 LOG per {ip} on POST /login", "-q"])
+        .args(["--suggest", "--steps", "6"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--keys")
+        .arg(&keys)
+        .arg("--decisions")
+        .arg(&decisions)
+        .output()
+        .unwrap());
+    let mut report = std::collections::BTreeSet::new();
+    field_names(&read_json(&json), &mut report);
+    let lines = |path: &Path| {
+        let mut names = std::collections::BTreeSet::new();
+        for line in std::fs::read_to_string(path).unwrap().lines() {
+            field_names(&serde_json::from_str(line).unwrap(), &mut names);
+        }
+        names
+    };
+    for (flag, names) in [
+        ("--json", report),
+        ("--keys", lines(&keys)),
+        ("--decisions", lines(&decisions)),
+    ] {
+        assert!(names.len() > 5, "{flag}: {names:?}");
+        let text = section(flag);
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|n| !text.contains(&format!("`{n}`")))
+            .collect();
+        assert!(missing.is_empty(), "{flag}: undocumented {missing:?}");
+    }
+}
