@@ -126,6 +126,9 @@ pub struct Totals {
     pub last_ns: u64,
     /// The first few malformed lines.
     pub examples: Vec<BadLine>,
+    /// Inputs whose gzip data broke off (cut short or corrupt), where: each is also counted
+    /// as one malformed line, and the rest of that input is lost.
+    pub damaged: Vec<BadLine>,
 }
 
 /// SweepSpec asks for one limit to be replayed at several sizes.
@@ -354,6 +357,19 @@ impl Replayer {
                 text,
             });
         }
+    }
+
+    /// Counts input `src` as broken off at line `line` (its gzip data cut short or corrupt),
+    /// as a malformed line, and keeps it for the report (apart from the examples).
+    pub fn damaged(&mut self, src: u32, line: u64, reason: &str) {
+        self.totals.lines += 1;
+        self.totals.malformed += 1;
+        self.totals.damaged.push(BadLine {
+            source: self.sources[src as usize].clone(),
+            line,
+            reason: reason.to_owned(),
+            text: String::new(),
+        });
     }
 
     /// Takes one parsed request from line `line` of input `src`.

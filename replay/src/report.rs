@@ -265,6 +265,9 @@ pub fn text(r: &Report) -> String {
             String::new()
         }
     );
+    for d in &t.damaged {
+        let _ = writeln!(o, "  damaged input: {}:{}: {}", d.source, d.line, d.reason);
+    }
     if !t.examples.is_empty() {
         let _ = writeln!(
             o,

@@ -468,3 +468,57 @@ fn every_json_field_is_documented() {
         assert!(missing.is_empty(), "{flag}: undocumented {missing:?}");
     }
 }
+
+#[test]
+fn a_gzip_log_cut_short_is_replayed_up_to_the_cut_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = generate(20_000, 8, "clf");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&data).unwrap();
+    let gz = gz.finish().unwrap();
+    // Copied while logrotate was still compressing it: the second half is missing.
+    let cut = dir.path().join("access.log.1.gz");
+    std::fs::write(&cut, &gz[..gz.len() / 2]).unwrap();
+    let next = dir.path().join("access.log");
+    std::fs::write(
+        &next,
+        "10.9.9.9 - - [04/Nov/2025:00:00:00 +0000] \"GET / HTTP/1.1\" 200 1\n",
+    )
+    .unwrap();
+    let json = dir.path().join("r.json");
+    let out = ok(replay()
+        .arg(&cut)
+        .arg(&next)
+        .args(["-l", "GCRA 20 10 1 per {ip}"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let r = read_json(&json);
+    let input = &r["input"];
+    let lines = input["lines"].as_u64().unwrap();
+    // Every whole line before the cut was replayed, and the next file too.
+    assert!(lines > 2_000 && lines < 20_000, "{input}");
+    assert_eq!(input["malformed"], 1, "{input}");
+    assert_eq!(input["requests"].as_u64().unwrap(), lines - 1);
+    assert!(r["limits"][0]["keys"].as_u64().unwrap() > 100, "{r}");
+    let damaged = &input["damaged"][0];
+    assert!(damaged["source"]
+        .as_str()
+        .unwrap()
+        .ends_with("access.log.1.gz"));
+    assert_eq!(damaged["line"].as_u64().unwrap(), lines - 1);
+    let reason = damaged["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("gzip data cut short or damaged"),
+        "{reason}"
+    );
+    assert!(
+        text.contains(&format!(
+            "access.log.1.gz:{}: gzip data cut short or damaged",
+            lines - 1
+        )) && text.contains("the rest of this input is lost"),
+        "{text}"
+    );
+}
