@@ -81,8 +81,12 @@ impl Limit {
         let mut it = words.iter().map(|w| w.as_bytes());
         let spec = parse_spec(&mut it, 1, 1)?;
         if spec.cost.is_some() {
+            // The module's RL.ALL accepts `COST n`; a replayed log line is one request,
+            // charged 1 by every limit that applies to it.
             return Err(SpecError(
-                "COST is not a limit's own: give QUANTITY per request".into(),
+                "COST is not supported by rl-replay: each log line is one request, charged 1 \
+                 by every limit"
+                    .into(),
             ));
         }
         let used = words.len() - it.count();

@@ -38,12 +38,42 @@ impl Source {
     }
 }
 
+/// GzipDamage is an error of the gzip data itself: cut short (a copy taken while logrotate
+/// was still compressing) or corrupt. What was decoded before it is sound.
+#[derive(Debug)]
+pub struct GzipDamage(io::Error);
+
+impl std::fmt::Display for GzipDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "gzip data cut short or damaged ({})", self.0)
+    }
+}
+
+impl std::error::Error for GzipDamage {}
+
+/// Whether `e` is a [`GzipDamage`].
+pub fn is_gzip_damage(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<GzipDamage>())
+}
+
+/// Gunzip decodes gzip members back to back, its errors marked as [`GzipDamage`].
+struct Gunzip<R: BufRead>(MultiGzDecoder<R>);
+
+impl<R: BufRead> Read for Gunzip<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::Interrupted => e,
+            kind => io::Error::new(kind, GzipDamage(e)),
+        })
+    }
+}
+
 /// Wraps `raw` in a gzip decoder when it starts with gzip's magic bytes.
 pub fn decompressing<'a, R: Read + 'a>(raw: R) -> io::Result<Box<dyn Read + 'a>> {
     let mut buffered = BufReader::with_capacity(1 << 16, raw);
     let head = buffered.fill_buf()?;
     if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(MultiGzDecoder::new(buffered)))
+        Ok(Box::new(Gunzip(MultiGzDecoder::new(buffered))))
     } else {
         Ok(Box::new(buffered))
     }
@@ -236,6 +266,16 @@ mod tests {
         })
         .unwrap();
         assert_eq!(got, ["one", "two", "three"]);
+        // Cut short: the whole lines before the cut, then an error marked as damage.
+        let mut got = Vec::new();
+        let err = for_each_line(decompressing(&gz[..gz.len() - 12]).unwrap(), |_, l| {
+            if let Line::Text(t) = l {
+                got.push(String::from_utf8_lossy(t).into_owned());
+            }
+        })
+        .unwrap_err();
+        assert!(is_gzip_damage(&err), "{err}");
+        assert_eq!(got, ["one", "two"]);
         let plain = decompressing(&b"plain\n"[..]).unwrap();
         let mut n = 0;
         for_each_line(plain, |_, _| n += 1).unwrap();

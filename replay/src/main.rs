@@ -21,9 +21,13 @@ use rl_replay::{plot, report};
 const EXAMPLES: &str = "\
 Examples:
   rl-replay access.log -l 'GCRA 20 10 1 per {ip}'
-  zcat access.log.*.gz | rl-replay -l 'GCRA 20 10 1' -l 'WINDOW 5 60 LOG per {ip} on POST /login'
+  zcat access.log.2.gz access.log.1.gz | rl-replay -l 'GCRA 20 10 1' -l 'WINDOW 5 60 LOG per {ip} on POST /login'
   rl-replay access.log.gz -l 'WINDOW 600 60 SLIDING per {user}' --suggest --target 0.1 --out-dir pics
   rl-replay app.jsonl --field time=ts --field ip=request.remote_ip -l 'GCRA 50 25 1 per {ip}'
+
+Give rotated logs oldest first, as one timeline (a glob such as access.log.*.gz lists them
+newest first, and every line of the older logs would then come too late to be put back in
+order).
 
 A limit is `SPEC [per TEMPLATE] [on [METHOD] PATH_PREFIX]`. SPEC is the module's own:
 `GCRA burst rate period` or `WINDOW limit window [FIXED|SLIDING|LOG]` (period and window in
@@ -58,7 +62,8 @@ struct Cli {
     time_unit: Unit,
 
     /// Seconds by which a line may be earlier than the latest line before it and still be put
-    /// back in order; earlier lines are counted as late and decided at the replay's clock.
+    /// back in order. A line earlier than a request already decided (which happens only
+    /// beyond the skew) is counted as late and decided at the replay's clock.
     #[arg(long, default_value = "10", value_name = "SECONDS")]
     skew: String,
 
@@ -80,7 +85,7 @@ struct Cli {
     show_malformed: usize,
 
     /// Write the report as JSON to this file (`-`: standard output, the summary then goes to
-    /// standard error).
+    /// standard error). Its fields, and those of --keys and --decisions: replay/docs/json.md.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 
@@ -124,7 +129,7 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     keys: Option<PathBuf>,
 
-    /// The module's rl-log-max-limit: the largest LOG limit.
+    /// The module's rl.log-max-limit: the largest LOG limit.
     #[arg(long, default_value_t = LOG_MAX_LIMIT_DEFAULT)]
     log_max_limit: u64,
 

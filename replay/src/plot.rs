@@ -52,22 +52,45 @@ fn width_label(width_ns: u64) -> String {
     }
 }
 
+/// The text of the time axis' tick at `x` units of `unit_s` seconds past `origin_ns` (a whole
+/// second), for a timeline spanning `span_s` seconds: `HH:MM:SS`, `HH:MM` past 10 minutes,
+/// `mm-dd HH:MM` past two days. A tick the format cannot name exactly (between two of its
+/// seconds or minutes) gets no text, which would repeat a neighbour's.
 fn clock_label(origin_ns: u64, x: f64, unit_s: u64, span_s: u64) -> String {
-    let ns = origin_ns + (x.max(0.0) * unit_s as f64 * 1e9) as u64;
-    let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, 0);
-    match t {
-        Some(t) if span_s > 2 * 86_400 => t.format("%m-%d %H:%M").to_string(),
-        Some(t) if span_s > 600 => t.format("%H:%M").to_string(),
-        Some(t) => t.format("%H:%M:%S").to_string(),
+    // To the millisecond, rounded: a tick that float steps left a hair short of a second
+    // is that second, not the one before.
+    let ms = (x.max(0.0) * unit_s as f64 * 1e3).round() as u64;
+    let (format, step_ms) = match span_s {
+        s if s > 2 * 86_400 => ("%m-%d %H:%M", 60_000),
+        s if s > 600 => ("%H:%M", 60_000),
+        _ => ("%H:%M:%S", 1_000),
+    };
+    if ms % step_ms != 0 {
+        return String::new();
+    }
+    let secs = origin_ns / 1_000_000_000 + ms / 1_000;
+    match chrono::DateTime::from_timestamp(secs as i64, 0) {
+        Some(t) => t.format(format).to_string(),
         None => String::new(),
     }
 }
 
-/// The x unit of a timeline spanning `span_s` seconds: minutes up to 3 h, hours up to 10
-/// days, else days (so that the axis ticks fall on round clock times).
+/// The text of a count axis' tick: the count, or nothing between two whole counts (a panel
+/// whose busiest bucket holds 2 requests has ticks at 0.5 and 1.5 too).
+fn count_label(y: f64) -> String {
+    let whole = y.round();
+    if (y - whole).abs() > 1e-6 || whole < 0.0 {
+        return String::new();
+    }
+    thousands(whole as u64)
+}
+
+/// The x unit of a timeline spanning `span_s` seconds: seconds up to 2 min, minutes up to
+/// 3 h, hours up to 10 days, else days (so that the axis ticks fall on round clock times).
 fn time_unit(span_s: u64) -> u64 {
     match span_s {
-        0..=10_800 => 60,
+        0..=120 => 1,
+        121..=10_800 => 60,
         10_801..=864_000 => 3600,
         _ => 86_400,
     }
@@ -100,7 +123,7 @@ fn panel(
         .x_labels(10)
         .y_labels(5)
         .x_label_formatter(&|x| clock_label(origin, *x, unit_s, span_s))
-        .y_label_formatter(&|y| thousands(*y as u64))
+        .y_label_formatter(&|y| count_label(*y))
         .y_desc(format!("requests / {}", width_label(spec.width_ns)))
         .light_line_style(WHITE.mix(0.0))
         .draw()
@@ -422,6 +445,44 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000_000;
+
+    const MIDNIGHT: u64 = 1_762_128_000 * S; // 2025-11-03T00:00:00Z
+
+    #[test]
+    fn clock_labels_name_the_tick_they_stand_at() {
+        // A tick at 1.6 min that float steps left a hair short of it is 00:01:36, not :35.
+        assert_eq!(
+            clock_label(MIDNIGHT, 1.5999999999999999, 60, 100),
+            "00:01:36"
+        );
+        assert_eq!(clock_label(MIDNIGHT, 0.5, 60, 100), "00:00:30");
+        assert_eq!(clock_label(MIDNIGHT, 20.0, 60, 3600), "00:20");
+        assert_eq!(clock_label(MIDNIGHT, 30.0, 3600, 3 * 86_400), "11-04 06:00");
+        // A tick between two labels of the axis' resolution gets none: a span of 3 s puts
+        // ticks every 0.5 s, which would repeat each second twice.
+        assert_eq!(clock_label(MIDNIGHT, 0.5 / 60.0, 60, 3), "");
+        assert_eq!(clock_label(MIDNIGHT, 1.0 / 60.0, 60, 3), "00:00:01");
+        assert_eq!(clock_label(MIDNIGHT, 2.5, 60, 3600), "");
+    }
+
+    #[test]
+    fn short_timelines_count_in_seconds() {
+        // Ticks at round seconds (0, 1, 2 … or 0, 10, 20 …), not at fractions of a minute.
+        assert_eq!(time_unit(5), 1);
+        assert_eq!(time_unit(120), 1);
+        assert_eq!(time_unit(3600), 60);
+        assert_eq!(time_unit(86_400), 3600);
+    }
+
+    #[test]
+    fn count_labels_are_whole_numbers() {
+        // A panel whose busiest bucket holds 2 requests puts ticks at 0, 0.5, 1, 1.5, 2.
+        assert_eq!(count_label(0.5), "");
+        assert_eq!(count_label(1.5), "");
+        assert_eq!(count_label(0.0), "0");
+        assert_eq!(count_label(2.0), "2");
+        assert_eq!(count_label(2500.0), "2,500");
+    }
 
     #[test]
     fn bucket_widths_are_round_and_cover_the_span() {

@@ -109,7 +109,8 @@ pub struct Totals {
     pub malformed: u64,
     /// Lines whose time is earlier than an earlier line's.
     pub out_of_order: u64,
-    /// Of those, lines beyond the skew: decided at the replay's clock instead of their own.
+    /// Of those, lines earlier than a request already decided (which happens only beyond the
+    /// skew): decided at the replay's clock instead of their own.
     pub late: u64,
     /// Requests no limit applied to (allowed).
     pub unlimited: u64,
@@ -125,6 +126,9 @@ pub struct Totals {
     pub last_ns: u64,
     /// The first few malformed lines.
     pub examples: Vec<BadLine>,
+    /// Inputs whose gzip data broke off (cut short or corrupt), where: each is also counted
+    /// as one malformed line, and the rest of that input is lost.
+    pub damaged: Vec<BadLine>,
 }
 
 /// SweepSpec asks for one limit to be replayed at several sizes.
@@ -353,6 +357,19 @@ impl Replayer {
                 text,
             });
         }
+    }
+
+    /// Counts input `src` as broken off at line `line` (its gzip data cut short or corrupt),
+    /// as a malformed line, and keeps it for the report (apart from the examples).
+    pub fn damaged(&mut self, src: u32, line: u64, reason: &str) {
+        self.totals.lines += 1;
+        self.totals.malformed += 1;
+        self.totals.damaged.push(BadLine {
+            source: self.sources[src as usize].clone(),
+            line,
+            reason: reason.to_owned(),
+            text: String::new(),
+        });
     }
 
     /// Takes one parsed request from line `line` of input `src`.
@@ -684,6 +701,21 @@ mod tests {
         // Decided at +21 s, 21 s after a's first request: allowed.
         assert_eq!(res.stats[0].keys[0].denied, 0);
         assert_eq!(res.totals.denied, 1); // b@21
+    }
+
+    #[test]
+    fn beyond_the_skew_but_before_any_decision_is_put_back_in_order_not_late() {
+        let mut schema = Schema::default();
+        let defs = vec![def("GCRA 1 1 10", "{ip}", &mut schema)];
+        let mut r = Replayer::new(defs, opts(5 * S, false));
+        r.begin_source("t".into());
+        offer(&mut r, 1, T0 + 20 * S, "a"); // nothing decided yet: it waits for the skew
+        offer(&mut r, 2, T0, "a"); // 20 s back, beyond the skew, but its turn has not passed
+        let res = r.finish().unwrap();
+        assert_eq!((res.totals.out_of_order, res.totals.late), (1, 0));
+        // Decided in time order at their own instants: 20 s apart, both allowed.
+        assert_eq!(res.totals.denied, 0);
+        assert_eq!(res.totals.first_ns, T0);
     }
 
     #[test]

@@ -255,7 +255,7 @@ pub fn text(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "  malformed {}, out of order {} (beyond the skew: {}){}",
+        "  malformed {}, out of order {} (late, decided at the replay's clock: {}){}",
         thousands(t.malformed),
         thousands(t.out_of_order),
         thousands(t.late),
@@ -265,6 +265,9 @@ pub fn text(r: &Report) -> String {
             String::new()
         }
     );
+    for d in &t.damaged {
+        let _ = writeln!(o, "  damaged input: {}:{}: {}", d.source, d.line, d.reason);
+    }
     if !t.examples.is_empty() {
         let _ = writeln!(
             o,
@@ -464,6 +467,13 @@ pub fn text(r: &Report) -> String {
                          it with --sweep)"
                     );
                 }
+            }
+            None if s.candidates.iter().all(|c| c.keys == 0) => {
+                let _ = writeln!(
+                    o,
+                    "No suggestion: limit #{} applied to no request: nothing to suggest.",
+                    s.limit
+                );
             }
             None => {
                 let _ = writeln!(

@@ -69,7 +69,9 @@ pub fn pass(
                 spec.unit,
             ))),
         };
-        for_each_line(reader, |line_no, line| {
+        let mut seen = 0u64; // the last line number handed out
+        let read = for_each_line(reader, |line_no, line| {
+            seen = line_no;
             let text = match line {
                 Line::Text(t) => t,
                 Line::TooLong(start) => {
@@ -103,8 +105,20 @@ pub fn pass(
                 },
                 Parser::Undecided => unreachable!("decided above"),
             }
-        })
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", source.name())))?;
+        });
+        match read {
+            Ok(()) => {}
+            // Never fatal: the lines before the cut are replayed; the cut is counted as a
+            // malformed line and reported with its line number.
+            Err(e) if input::is_gzip_damage(&e) => {
+                replayer.damaged(
+                    src,
+                    seen + 1,
+                    &format!("{e}: the rest of this input is lost"),
+                );
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", source.name()))),
+        }
     }
     Ok(())
 }

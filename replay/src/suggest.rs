@@ -124,8 +124,12 @@ pub fn request_share(r: &SweepResult) -> f64 {
 }
 
 /// The index of the smallest candidate from which on every larger candidate denies at most
-/// `target` (a fraction) of the keys; None if even the largest denies more.
+/// `target` (a fraction) of the keys; None if even the largest denies more, or if the limit
+/// applied to no request (no keys: nothing to judge a size by).
 pub fn recommend(results: &[SweepResult], target: f64) -> Option<usize> {
+    if results.iter().all(|r| r.keys == 0) {
+        return None;
+    }
     let mut pick = None;
     for (i, r) in results.iter().enumerate().rev() {
         // keys_denied ≤ target · keys, compared without rounding the share.
@@ -232,5 +236,16 @@ mod tests {
         let r = [result(1, 0), result(2, 5), result(4, 0)];
         assert_eq!(recommend(&r, 0.001), Some(2));
         assert_eq!(recommend(&[result(1, 9)], 0.001), None);
+    }
+
+    #[test]
+    fn no_keys_no_recommendation() {
+        let none = |size| SweepResult {
+            keys: 0,
+            requests: 0,
+            ..result(size, 0)
+        };
+        assert_eq!(recommend(&[none(1), none(2)], 0.001), None);
+        assert_eq!(recommend(&[none(1)], 1.0), None);
     }
 }

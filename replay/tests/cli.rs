@@ -224,6 +224,12 @@ fn edge_lines_are_parsed_counted_and_reported() {
         ]
     );
     assert!(text.contains("edge.log:6: bad timestamp"), "{text}");
+    // Late: earlier than a request already decided (here 10:00:30), so decided at the
+    // replay's clock. 09:59:58 is out of order too, but was put back in its place.
+    assert!(
+        text.contains("out of order 3 (late, decided at the replay's clock: 2)"),
+        "{text}"
+    );
     // 2001:db8::1: 09:59:58 allowed (reordered first), 10:00:00 denied (1 per minute), and
     // the two late lines are decided at 10:00:30: denied.
     let ip = &r["limits"][0];
@@ -249,6 +255,10 @@ fn bad_arguments_exit_2_and_name_the_argument() {
         (vec!["-l", "GCRA 1 1 1 at /x"], "unexpected 'at'"),
         (vec!["-l", "WINDOW 200000 1 LOG"], "rl.log-max-limit"),
         (
+            vec!["-l", "GCRA 10 5 1 COST 2"],
+            "COST is not supported by rl-replay: each log line is one request",
+        ),
+        (
             vec!["-l", "GCRA 1 1 1", "--suggest", "2"],
             "there are 1 limits",
         ),
@@ -266,4 +276,249 @@ fn bad_arguments_exit_2_and_name_the_argument() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/file"));
+}
+
+/// The rotated logs and the JSON log that `--help`'s examples name, in `dir`:
+/// `access.log.2.gz` (oldest), `access.log.1.gz`, `access.log.gz`, `access.log` (newest, an
+/// hour apart each), and `app.jsonl` with its time under `ts` and its client under
+/// `request.remote_ip`.
+fn write_example_logs(dir: &Path) {
+    let clf = |start: u64| -> Vec<u8> {
+        let out = Command::new(env!("CARGO_BIN_EXE_rl-loggen"))
+            .args([
+                "--lines",
+                "3000",
+                "--seed",
+                "4",
+                "--start",
+                &start.to_string(),
+            ])
+            .output()
+            .expect("run rl-loggen");
+        assert!(out.status.success());
+        out.stdout
+    };
+    let gzip = |data: &[u8]| -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(data).unwrap();
+        gz.finish().unwrap()
+    };
+    let t0 = 1_762_128_000;
+    std::fs::write(dir.join("access.log.2.gz"), gzip(&clf(t0))).unwrap();
+    std::fs::write(dir.join("access.log.1.gz"), gzip(&clf(t0 + 3600))).unwrap();
+    std::fs::write(dir.join("access.log.gz"), gzip(&clf(t0 + 7200))).unwrap();
+    std::fs::write(dir.join("access.log"), clf(t0 + 10_800)).unwrap();
+    let mut app = String::new();
+    for line in String::from_utf8(generate(3000, 4, "json"))
+        .unwrap()
+        .lines()
+    {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let moved = serde_json::json!({
+            "ts": v["msec"],
+            "request": { "remote_ip": v["remote_addr"], "line": v["request"] },
+            "status": v["status"],
+        });
+        app.push_str(&moved.to_string());
+        app.push('\n');
+    }
+    std::fs::write(dir.join("app.jsonl"), app).unwrap();
+}
+
+#[test]
+fn help_examples_run_as_written_and_read_their_logs_in_time_order() {
+    let help = ok(replay().arg("--help").output().unwrap());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let examples: Vec<&str> = help
+        .split("Examples:\n")
+        .nth(1)
+        .expect("an Examples section")
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    assert!(examples.len() >= 4, "{examples:?}");
+    let dir = tempfile::tempdir().unwrap();
+    write_example_logs(dir.path());
+    // `rl-replay` on the PATH, as an installed binary would be.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_rl-replay"), bin.join("rl-replay")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for (i, example) in examples.iter().enumerate() {
+        let json = dir.path().join(format!("example-{i}.json"));
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{example} -q --json {}", json.display()))
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let input = read_json(&json)["input"].clone();
+        assert!(
+            input["requests"].as_u64().unwrap() >= 3000,
+            "{example}: {input}"
+        );
+        assert_eq!(input["malformed"], 0, "{example}");
+        // Logs fed newest first would be decided at the wrong times: every line late.
+        assert_eq!(input["late"], 0, "{example}: logs out of time order");
+    }
+}
+
+#[test]
+fn a_suggestion_needs_keys_to_judge() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("empty.log");
+    std::fs::write(&log, "").unwrap();
+    let json = dir.path().join("r.json");
+    let out = ok(replay()
+        .arg(&log)
+        .args(["-l", "GCRA 20 10 1 per {ip}", "--suggest"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let r = read_json(&json);
+    assert_eq!(r["suggest"]["suggested"], Value::Null, "{text}");
+    assert!(!text.contains("Suggested:"), "{text}");
+    assert!(
+        text.contains("No suggestion: limit #1 applied to no request: nothing to suggest."),
+        "{text}"
+    );
+}
+
+/// Every field name in `v` (objects inside arrays and objects too).
+fn field_names(v: &Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                out.insert(k.clone());
+                field_names(v, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| field_names(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_json_field_is_documented() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/json.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("replay/docs/json.md");
+    let section = |flag: &str| -> String {
+        let start = doc
+            .find(&format!("## `{flag}"))
+            .unwrap_or_else(|| panic!("json.md has no section for {flag}"));
+        let rest = &doc[start + 3..];
+        rest[..rest.find("\n## ").unwrap_or(rest.len())].to_owned()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut data = generate(20_000, 2, "clf");
+    data.extend_from_slice(b"not a log line\n");
+    std::fs::write(&log, data).unwrap();
+    let (json, keys, decisions) = (
+        dir.path().join("r.json"),
+        dir.path().join("keys.jsonl"),
+        dir.path().join("decisions.jsonl"),
+    );
+    ok(replay()
+        .arg(&log)
+        .args(["-l", "GCRA 20 10 1 per {ip}"])
+        .args(["-l", "WINDOW 5 60 LOG per {ip} on POST /login", "-q"])
+        .args(["--suggest", "--steps", "6"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--keys")
+        .arg(&keys)
+        .arg("--decisions")
+        .arg(&decisions)
+        .output()
+        .unwrap());
+    let mut report = std::collections::BTreeSet::new();
+    field_names(&read_json(&json), &mut report);
+    let lines = |path: &Path| {
+        let mut names = std::collections::BTreeSet::new();
+        for line in std::fs::read_to_string(path).unwrap().lines() {
+            field_names(&serde_json::from_str(line).unwrap(), &mut names);
+        }
+        names
+    };
+    for (flag, names) in [
+        ("--json", report),
+        ("--keys", lines(&keys)),
+        ("--decisions", lines(&decisions)),
+    ] {
+        assert!(names.len() > 5, "{flag}: {names:?}");
+        let text = section(flag);
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|n| !text.contains(&format!("`{n}`")))
+            .collect();
+        assert!(missing.is_empty(), "{flag}: undocumented {missing:?}");
+    }
+}
+
+#[test]
+fn a_gzip_log_cut_short_is_replayed_up_to_the_cut_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = generate(20_000, 8, "clf");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&data).unwrap();
+    let gz = gz.finish().unwrap();
+    // Copied while logrotate was still compressing it: the second half is missing.
+    let cut = dir.path().join("access.log.1.gz");
+    std::fs::write(&cut, &gz[..gz.len() / 2]).unwrap();
+    let next = dir.path().join("access.log");
+    std::fs::write(
+        &next,
+        "10.9.9.9 - - [04/Nov/2025:00:00:00 +0000] \"GET / HTTP/1.1\" 200 1\n",
+    )
+    .unwrap();
+    let json = dir.path().join("r.json");
+    let out = ok(replay()
+        .arg(&cut)
+        .arg(&next)
+        .args(["-l", "GCRA 20 10 1 per {ip}"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let r = read_json(&json);
+    let input = &r["input"];
+    let lines = input["lines"].as_u64().unwrap();
+    // Every whole line before the cut was replayed, and the next file too.
+    assert!(lines > 2_000 && lines < 20_000, "{input}");
+    assert_eq!(input["malformed"], 1, "{input}");
+    assert_eq!(input["requests"].as_u64().unwrap(), lines - 1);
+    assert!(r["limits"][0]["keys"].as_u64().unwrap() > 100, "{r}");
+    let damaged = &input["damaged"][0];
+    assert!(damaged["source"]
+        .as_str()
+        .unwrap()
+        .ends_with("access.log.1.gz"));
+    assert_eq!(damaged["line"].as_u64().unwrap(), lines - 1);
+    let reason = damaged["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("gzip data cut short or damaged"),
+        "{reason}"
+    );
+    assert!(
+        text.contains(&format!(
+            "access.log.1.gz:{}: gzip data cut short or damaged",
+            lines - 1
+        )) && text.contains("the rest of this input is lost"),
+        "{text}"
+    );
 }
