@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::decision::{decision_from_reply, Decision, RetryAfter, Source};
 use crate::error::{is_unavailable, Error};
-use crate::limits::{Algorithm, InvalidLimit, Limit};
+use crate::limits::{Algorithm, InvalidLimit, Limit, MAX_SECONDS};
 use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
@@ -185,7 +185,8 @@ impl LimiterBuilder {
     /// Builds the limiter (inside a Tokio runtime). For one server the connection is made
     /// lazily, so a limiter can be built while Redis is down (the failure policy answers
     /// until it is up); a cluster client connects now and returns [`Error::Unavailable`] if
-    /// it cannot.
+    /// it cannot. A prefix with braces, or a duration setting that is zero or longer than
+    /// [`MAX_SECONDS`](crate::MAX_SECONDS), is [`Error::Usage`].
     pub async fn build(self) -> Result<Limiter, Error> {
         if self.prefix.contains('{') || self.prefix.contains('}') {
             return Err(Error::Usage(
@@ -198,8 +199,11 @@ impl LimiterBuilder {
             (self.probe_interval, "probe_interval"),
             (self.closed_retry_after, "closed_retry_after"),
         ] {
-            if d.is_zero() {
-                return Err(Error::Usage(format!("{name} must be a positive duration")));
+            // The upper bound keeps `Instant + d` from overflowing (a panic) on every platform.
+            if d.is_zero() || d > Duration::from_secs(MAX_SECONDS) {
+                return Err(Error::Usage(format!(
+                    "{name} must be a positive duration of at most {MAX_SECONDS} s"
+                )));
             }
         }
         if self.batch == Some(0) {

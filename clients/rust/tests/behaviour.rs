@@ -279,6 +279,31 @@ async fn usage_errors(kind: Kind) {
         .build()
         .await;
     assert!(matches!(bad, Err(Error::Usage(_))));
+    // Durations that would overflow `Instant + d` later (a panic mid-outage or on the first
+    // batched check) are refused when built.
+    type Setting = fn(redis_rl_client::LimiterBuilder) -> redis_rl_client::LimiterBuilder;
+    let settings: [(&str, Setting); 4] = [
+        ("timeout", |b| b.timeout(Duration::MAX)),
+        ("batch_hold", |b| b.batch(5).batch_hold(Duration::MAX)),
+        ("probe_interval", |b| b.probe_interval(Duration::MAX)),
+        ("closed_retry_after", |b| {
+            b.closed_retry_after(Duration::from_secs(315_360_001))
+        }),
+    ];
+    for (name, set) in settings {
+        let built = set(redis_rl_client::Limiter::builder(support::url(&server)))
+            .build()
+            .await;
+        match built {
+            Err(Error::Usage(m)) => assert!(m.starts_with(name), "{m}"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    let longest = redis_rl_client::Limiter::builder(support::url(&server))
+        .probe_interval(Duration::from_secs(315_360_000))
+        .build()
+        .await;
+    assert!(longest.is_ok());
 }
 
 // -- deny cache -----------------------------------------------------------------------------
