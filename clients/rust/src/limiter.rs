@@ -791,11 +791,14 @@ impl Limiter {
                         _ => {
                             let mut cmd = redis::cmd("COMMAND");
                             cmd.arg("INFO").arg("RL.GCRA");
-                            let reply = self.raw(&cmd, None).await.map_err(Error::Redis)?;
-                            let m = if command_exists(&reply) {
-                                Mode::Module
-                            } else {
-                                Mode::Fallback
+                            // A user whose ACL admits the limiter's commands but not
+                            // `COMMAND` (`+@ratelimit`, or `+rl.gcra …` on 7.0) gets NOPERM:
+                            // try the module; an unknown command moves to the fallback.
+                            let m = match self.raw(&cmd, None).await {
+                                Ok(reply) if !command_exists(&reply) => Mode::Fallback,
+                                Ok(_) => Mode::Module,
+                                Err(e) if e.code() == Some("NOPERM") => Mode::Module,
+                                Err(e) => return Err(Error::Redis(e)),
                             };
                             inner
                                 .resolved
@@ -870,7 +873,8 @@ impl Limiter {
                         && self.inner.mode_setting == Mode::Auto
                         && is_unknown_command(&e)
                     {
-                        self.inner.resolved.store(0, Ordering::Release);
+                        // The module is not (or no longer) there: the fallback answers.
+                        self.inner.resolved.store(2, Ordering::Release);
                         continue;
                     }
                     if attempt == 0 && mode == Mode::Fallback && is_missing_function(&e) {
