@@ -1383,9 +1383,15 @@ impl Limiter {
             .iter()
             .find(|d| d.limit as i64 == combined[1] && d.remaining as i64 == combined[2])
             .and_then(|d| d.policy.clone());
+        // A lease's retry_after assumes no holder releases early: it is no lower bound on
+        // when Redis admits again, so a denial a full lease took part in is not cached.
+        let lease_denied = items
+            .iter()
+            .zip(&per_key)
+            .any(|(i, p)| matches!(i.limit, Limit::Lease(_)) && !p.allowed);
         let mut d = decision_from_reply(combined, binding, None, src, false);
         d.per_key = per_key;
-        if plain {
+        if plain && !lease_denied {
             self.remember(&ck, &keys, c.cost, &d, sent);
         }
         Ok(self.decided(d))
