@@ -855,37 +855,51 @@ impl Limiter {
     /// Runs one command in the resolved mode, detecting again once when the module
     /// disappeared or the library was flushed (a restart, a failover).
     async fn call(&self, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Result<(Value, Mode), Error> {
-        for attempt in 0..2 {
-            let mode = self.mode().await?;
-            self.inner.counters.add(Counter::RedisCalls, 1);
-            let sent = Instant::now();
-            match self
-                .raw(&frame(mode, op, keys, args), keys.first().copied())
-                .await
-            {
-                Ok(v) => {
-                    self.observe_rtt(sent);
-                    return Ok((v, mode));
-                }
-                Err(e) => {
-                    if attempt == 0
-                        && mode == Mode::Module
-                        && self.inner.mode_setting == Mode::Auto
-                        && is_unknown_command(&e)
+        let (mut reconnected, mut redetected) = (false, false);
+        loop {
+            let (e, mode) = match self.mode().await {
+                Err(Error::Redis(e)) => (e, None),
+                Err(other) => return Err(other),
+                Ok(mode) => {
+                    self.inner.counters.add(Counter::RedisCalls, 1);
+                    let sent = Instant::now();
+                    match self
+                        .raw(&frame(mode, op, keys, args), keys.first().copied())
+                        .await
                     {
-                        // The module is not (or no longer) there: the fallback answers.
-                        self.inner.resolved.store(2, Ordering::Release);
-                        continue;
+                        Ok(v) => {
+                            self.observe_rtt(sent);
+                            return Ok((v, mode));
+                        }
+                        Err(e) => (e, Some(mode)),
                     }
-                    if attempt == 0 && mode == Mode::Fallback && is_missing_function(&e) {
-                        self.inner.library_ready.store(false, Ordering::Release);
-                        continue;
-                    }
-                    return Err(Error::Redis(e));
                 }
+            };
+            // After a failed connect, the connection manager answers the next call with that
+            // stale error without sending it, and only then reconnects: try once more, so the
+            // first call after Redis is back reaches it. A refused connection never carried
+            // the command: it cannot count twice.
+            if !reconnected && e.is_connection_refusal() {
+                reconnected = true;
+                continue;
             }
+            if !redetected
+                && mode == Some(Mode::Module)
+                && self.inner.mode_setting == Mode::Auto
+                && is_unknown_command(&e)
+            {
+                // The module is not (or no longer) there: the fallback answers.
+                redetected = true;
+                self.inner.resolved.store(2, Ordering::Release);
+                continue;
+            }
+            if !redetected && mode == Some(Mode::Fallback) && is_missing_function(&e) {
+                redetected = true;
+                self.inner.library_ready.store(false, Ordering::Release);
+                continue;
+            }
+            return Err(Error::Redis(e));
         }
-        unreachable!("the loop returns on its second attempt")
     }
 
     /// [`Limiter::call`], with outages counted and turned into [`Outcome::Down`].
