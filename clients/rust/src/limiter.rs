@@ -647,11 +647,13 @@ impl Limiter {
             cache.forget(&full);
         }
         match self
-            .guarded(Op::Refund, &[&full], &[bytes(n.to_string())])
+            .guarded_unless_down(Op::Refund, &full, bytes(n.to_string()))
             .await?
         {
-            Outcome::Down(e) => {
-                self.inner.health.answer(None, Some(&full), Some(&e))?;
+            Err(cause) => {
+                self.inner
+                    .health
+                    .answer(None, Some(&full), cause.as_ref())?;
                 Ok(Refund {
                     refunded: 0,
                     remaining: 0,
@@ -659,7 +661,7 @@ impl Limiter {
                     degraded: true,
                 })
             }
-            Outcome::Reply(v, _) => {
+            Ok(v) => {
                 self.inner.health.success();
                 let r = ints::<3>(&v).map_err(Error::Redis)?;
                 self.inner
@@ -684,11 +686,11 @@ impl Limiter {
 
     pub(crate) async fn release_full(&self, full: &str, token: &[u8]) -> Result<Release, Error> {
         match self
-            .guarded(Op::Release, &[full], &[token.to_vec()])
+            .guarded_unless_down(Op::Release, full, token.to_vec())
             .await?
         {
-            Outcome::Down(e) => {
-                self.inner.health.answer(None, Some(full), Some(&e))?;
+            Err(cause) => {
+                self.inner.health.answer(None, Some(full), cause.as_ref())?;
                 Ok(Release {
                     released: 0,
                     remaining: 0,
@@ -696,7 +698,7 @@ impl Limiter {
                     degraded: true,
                 })
             }
-            Outcome::Reply(v, _) => {
+            Ok(v) => {
                 self.inner.health.success();
                 let r = ints::<3>(&v).map_err(Error::Redis)?;
                 Ok(Release {
@@ -900,6 +902,24 @@ impl Limiter {
             }
             return Err(Error::Redis(e));
         }
+    }
+
+    /// A one-key call that reports without deciding (refund, release): inside the probe
+    /// interval of an outage it does not touch the network, like a check. `Err(cause)`: Redis
+    /// is down (`None`: known down, not tried).
+    async fn guarded_unless_down(
+        &self,
+        op: Op,
+        key: &str,
+        arg: Vec<u8>,
+    ) -> Result<Result<Value, Option<RedisError>>, Error> {
+        if self.skip() {
+            return Ok(Err(None));
+        }
+        Ok(match self.guarded(op, &[key], &[arg]).await? {
+            Outcome::Reply(v, _) => Ok(v),
+            Outcome::Down(e) => Err(Some(e)),
+        })
     }
 
     /// [`Limiter::call`], with outages counted and turned into [`Outcome::Down`].
