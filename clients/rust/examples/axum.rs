@@ -12,11 +12,13 @@
 //! spread. Configuration: `RL_REDIS_URL` (default `redis://127.0.0.1:6379/`), `PORT`
 //! (default 3000), `RL_PREFIX` (default `demo:`), `RL_INSTANCE` (a name in the replies).
 //!
-//! * `/api/*`: two limits in one atomic call: 10 per minute per API key (GCRA, burst 10) and
-//!   100 per minute per client IP (exact sliding log), behind trusted proxies on loopback.
-//! * `/upload`: 5 units per minute per client IP; a request costs `X-Units` units (413 for
-//!   more than 5: it can never pass).
-//! * `/reports`: its own limit, 2 per minute per API key, with a `route_layer`.
+//! * `/api/*`: two limits in one atomic call: per API key, 10 at once then one more per minute
+//!   (GCRA: burst 10, 1 per 60 s), and 100 per minute per client IP (exact sliding log), behind
+//!   trusted proxies on loopback.
+//! * `/upload`: per client IP, 5 units at once then one more per minute; a request costs
+//!   `X-Units` units (413 for more than 5: it can never pass).
+//! * `/reports`: its own limit per API key, 2 at once then one more per minute, with a
+//!   `route_layer`.
 //! * `/health` is exempt; `/metrics` shows the limiter's counters.
 
 use std::net::SocketAddr;

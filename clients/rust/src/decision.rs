@@ -104,7 +104,7 @@ pub struct HeaderOptions {
 
 /// Rounds a duration up to whole seconds (as `Retry-After` wants).
 pub(crate) fn ceil_seconds(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 fn sf_string(name: &str) -> String {
@@ -302,6 +302,29 @@ mod tests {
         assert_eq!(
             reserved.retry_after,
             RetryAfter::Wait(Duration::from_millis(950))
+        );
+    }
+
+    #[test]
+    fn headers_of_the_longest_durations_do_not_overflow() {
+        // Decision is a plain struct: a caller may fill it with any Duration.
+        let d = Decision {
+            allowed: false,
+            limit: 1,
+            remaining: 0,
+            retry_after: RetryAfter::Wait(Duration::MAX),
+            reset_after: Duration::MAX,
+            degraded: false,
+            source: Source::Module,
+            policy: None,
+            key: None,
+            per_key: vec![],
+        };
+        let h = d.headers(None);
+        assert_eq!(h["retry-after"], u64::MAX.to_string().as_str());
+        assert_eq!(
+            h["ratelimit"],
+            format!("\"default\";r=0;t={}", u64::MAX).as_str()
         );
     }
 

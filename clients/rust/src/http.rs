@@ -513,13 +513,30 @@ fn path_name(p: &PathPattern) -> String {
     }
 }
 
+/// A rule's limits are request rates: a lease would fail every request it applies to.
+fn refuse_lease(limit: &Limit) {
+    assert!(
+        !matches!(limit, Limit::Lease(_)),
+        "a Rule takes a Gcra or a Window limit, not a Lease: take a concurrency limit with \
+         Limiter::acquire in the handler"
+    );
+}
+
 impl Rule {
     /// One limit, keyed by `key`. Its name (in keys and headers) is the rule's
     /// [`name`](Rule::name), else the limit's, else one made from the path.
+    ///
+    /// # Panics
+    ///
+    /// When `limit` is a [`Lease`](crate::Lease): the layer limits request rates
+    /// ([`Gcra`](crate::Gcra), [`Window`](crate::Window)); a concurrency limit is taken with
+    /// [`Limiter::acquire`](crate::Limiter::acquire) in the handler.
     pub fn new(path: impl Into<PathPattern>, limit: impl Into<Limit>, key: Key) -> Rule {
+        let limit = limit.into();
+        refuse_lease(&limit);
         Rule {
             path: path.into(),
-            named: vec![(String::new(), limit.into(), key)],
+            named: vec![(String::new(), limit, key)],
             single: true,
             name: None,
             methods: None,
@@ -531,7 +548,7 @@ impl Rule {
     ///
     /// # Panics
     ///
-    /// When `limits` is empty.
+    /// When `limits` is empty or holds a [`Lease`](crate::Lease) (see [`Rule::new`]).
     pub fn all<I, N>(path: impl Into<PathPattern>, limits: I) -> Rule
     where
         I: IntoIterator<Item = (N, Limit, Key)>,
@@ -542,6 +559,9 @@ impl Rule {
             .map(|(n, l, k)| (n.into(), l, k))
             .collect();
         assert!(!named.is_empty(), "a Rule needs at least one limit");
+        for (_, limit, _) in &named {
+            refuse_lease(limit);
+        }
         Rule {
             path: path.into(),
             named,

@@ -200,7 +200,23 @@ impl GuardState {
 /// of the lease time), released on drop or on [`LeaseGuard::release`].
 ///
 /// A degraded guard (failure policy "open" while Redis was down) holds nothing in Redis.
-/// Dropping a guard outside a Tokio runtime cannot release it; the lease then ends by itself.
+/// Dropping a guard outside a Tokio runtime cannot release it; the lease then ends by itself,
+/// as it does when Redis cannot be reached at the drop.
+///
+/// ```no_run
+/// # async fn demo(limiter: redis_rl_client::Limiter) -> Result<(), redis_rl_client::Error> {
+/// use redis_rl_client::Lease;
+///
+/// let exports = Lease::new(2, 30)?; // two per customer at once
+/// {
+///     let guard = limiter.acquire("exports:acme", &exports).await?;
+///     // … the export; the guard renews the lease every 10 s …
+///     if guard.is_lost() {
+///         // a renewal was refused, or Redis was out of reach for 30 s: stop the work
+///     }
+/// } // dropped: released in the background
+/// # Ok(()) }
+/// ```
 pub struct LeaseGuard {
     state: Arc<GuardState>,
     renewer: Option<JoinHandle<()>>,

@@ -56,6 +56,11 @@ pub use limits::{
 pub use policy::{CounterSnapshot, Counters, FailurePolicy, Hook, COUNTER_NAMES};
 pub use protocol::{Connection, Mode, LIBRARY_NAME, LUA_LIBRARY};
 
+// The README's snippets are compiled as doc tests (`cargo test --doc`), so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// Builds a cluster-safe key: `tag("user42", &["rpm"]) == "{user42}:rpm"`.
 ///
 /// Keys built with one hash tag live in one Redis Cluster slot, as

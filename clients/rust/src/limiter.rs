@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::decision::{decision_from_reply, Decision, RetryAfter, Source};
 use crate::error::{is_unavailable, Error};
-use crate::limits::{Algorithm, InvalidLimit, Limit};
+use crate::limits::{Algorithm, InvalidLimit, Limit, MAX_SECONDS};
 use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
@@ -185,7 +185,8 @@ impl LimiterBuilder {
     /// Builds the limiter (inside a Tokio runtime). For one server the connection is made
     /// lazily, so a limiter can be built while Redis is down (the failure policy answers
     /// until it is up); a cluster client connects now and returns [`Error::Unavailable`] if
-    /// it cannot.
+    /// it cannot. A prefix with braces, or a duration setting that is zero or longer than
+    /// [`MAX_SECONDS`](crate::MAX_SECONDS), is [`Error::Usage`].
     pub async fn build(self) -> Result<Limiter, Error> {
         if self.prefix.contains('{') || self.prefix.contains('}') {
             return Err(Error::Usage(
@@ -198,8 +199,11 @@ impl LimiterBuilder {
             (self.probe_interval, "probe_interval"),
             (self.closed_retry_after, "closed_retry_after"),
         ] {
-            if d.is_zero() {
-                return Err(Error::Usage(format!("{name} must be a positive duration")));
+            // The upper bound keeps `Instant + d` from overflowing (a panic) on every platform.
+            if d.is_zero() || d > Duration::from_secs(MAX_SECONDS) {
+                return Err(Error::Usage(format!(
+                    "{name} must be a positive duration of at most {MAX_SECONDS} s"
+                )));
             }
         }
         if self.batch == Some(0) {
@@ -643,11 +647,13 @@ impl Limiter {
             cache.forget(&full);
         }
         match self
-            .guarded(Op::Refund, &[&full], &[bytes(n.to_string())])
+            .guarded_unless_down(Op::Refund, &full, bytes(n.to_string()))
             .await?
         {
-            Outcome::Down(e) => {
-                self.inner.health.answer(None, Some(&full), Some(&e))?;
+            Err(cause) => {
+                self.inner
+                    .health
+                    .answer(None, Some(&full), cause.as_ref())?;
                 Ok(Refund {
                     refunded: 0,
                     remaining: 0,
@@ -655,7 +661,7 @@ impl Limiter {
                     degraded: true,
                 })
             }
-            Outcome::Reply(v, _) => {
+            Ok(v) => {
                 self.inner.health.success();
                 let r = ints::<3>(&v).map_err(Error::Redis)?;
                 self.inner
@@ -680,11 +686,11 @@ impl Limiter {
 
     pub(crate) async fn release_full(&self, full: &str, token: &[u8]) -> Result<Release, Error> {
         match self
-            .guarded(Op::Release, &[full], &[token.to_vec()])
+            .guarded_unless_down(Op::Release, full, token.to_vec())
             .await?
         {
-            Outcome::Down(e) => {
-                self.inner.health.answer(None, Some(full), Some(&e))?;
+            Err(cause) => {
+                self.inner.health.answer(None, Some(full), cause.as_ref())?;
                 Ok(Release {
                     released: 0,
                     remaining: 0,
@@ -692,7 +698,7 @@ impl Limiter {
                     degraded: true,
                 })
             }
-            Outcome::Reply(v, _) => {
+            Ok(v) => {
                 self.inner.health.success();
                 let r = ints::<3>(&v).map_err(Error::Redis)?;
                 Ok(Release {
@@ -787,11 +793,14 @@ impl Limiter {
                         _ => {
                             let mut cmd = redis::cmd("COMMAND");
                             cmd.arg("INFO").arg("RL.GCRA");
-                            let reply = self.raw(&cmd, None).await.map_err(Error::Redis)?;
-                            let m = if command_exists(&reply) {
-                                Mode::Module
-                            } else {
-                                Mode::Fallback
+                            // A user whose ACL admits the limiter's commands but not
+                            // `COMMAND` (`+@ratelimit`, or `+rl.gcra …` on 7.0) gets NOPERM:
+                            // try the module; an unknown command moves to the fallback.
+                            let m = match self.raw(&cmd, None).await {
+                                Ok(reply) if !command_exists(&reply) => Mode::Fallback,
+                                Ok(_) => Mode::Module,
+                                Err(e) if e.code() == Some("NOPERM") => Mode::Module,
+                                Err(e) => return Err(Error::Redis(e)),
                             };
                             inner
                                 .resolved
@@ -848,36 +857,69 @@ impl Limiter {
     /// Runs one command in the resolved mode, detecting again once when the module
     /// disappeared or the library was flushed (a restart, a failover).
     async fn call(&self, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Result<(Value, Mode), Error> {
-        for attempt in 0..2 {
-            let mode = self.mode().await?;
-            self.inner.counters.add(Counter::RedisCalls, 1);
-            let sent = Instant::now();
-            match self
-                .raw(&frame(mode, op, keys, args), keys.first().copied())
-                .await
-            {
-                Ok(v) => {
-                    self.observe_rtt(sent);
-                    return Ok((v, mode));
-                }
-                Err(e) => {
-                    if attempt == 0
-                        && mode == Mode::Module
-                        && self.inner.mode_setting == Mode::Auto
-                        && is_unknown_command(&e)
+        let (mut reconnected, mut redetected) = (false, false);
+        loop {
+            let (e, mode) = match self.mode().await {
+                Err(Error::Redis(e)) => (e, None),
+                Err(other) => return Err(other),
+                Ok(mode) => {
+                    self.inner.counters.add(Counter::RedisCalls, 1);
+                    let sent = Instant::now();
+                    match self
+                        .raw(&frame(mode, op, keys, args), keys.first().copied())
+                        .await
                     {
-                        self.inner.resolved.store(0, Ordering::Release);
-                        continue;
+                        Ok(v) => {
+                            self.observe_rtt(sent);
+                            return Ok((v, mode));
+                        }
+                        Err(e) => (e, Some(mode)),
                     }
-                    if attempt == 0 && mode == Mode::Fallback && is_missing_function(&e) {
-                        self.inner.library_ready.store(false, Ordering::Release);
-                        continue;
-                    }
-                    return Err(Error::Redis(e));
                 }
+            };
+            // After a failed connect, the connection manager answers the next call with that
+            // stale error without sending it, and only then reconnects: try once more, so the
+            // first call after Redis is back reaches it. A refused connection never carried
+            // the command: it cannot count twice.
+            if !reconnected && e.is_connection_refusal() {
+                reconnected = true;
+                continue;
             }
+            if !redetected
+                && mode == Some(Mode::Module)
+                && self.inner.mode_setting == Mode::Auto
+                && is_unknown_command(&e)
+            {
+                // The module is not (or no longer) there: the fallback answers.
+                redetected = true;
+                self.inner.resolved.store(2, Ordering::Release);
+                continue;
+            }
+            if !redetected && mode == Some(Mode::Fallback) && is_missing_function(&e) {
+                redetected = true;
+                self.inner.library_ready.store(false, Ordering::Release);
+                continue;
+            }
+            return Err(Error::Redis(e));
         }
-        unreachable!("the loop returns on its second attempt")
+    }
+
+    /// A one-key call that reports without deciding (refund, release): inside the probe
+    /// interval of an outage it does not touch the network, like a check. `Err(cause)`: Redis
+    /// is down (`None`: known down, not tried).
+    async fn guarded_unless_down(
+        &self,
+        op: Op,
+        key: &str,
+        arg: Vec<u8>,
+    ) -> Result<Result<Value, Option<RedisError>>, Error> {
+        if self.skip() {
+            return Ok(Err(None));
+        }
+        Ok(match self.guarded(op, &[key], &[arg]).await? {
+            Outcome::Reply(v, _) => Ok(v),
+            Outcome::Down(e) => Err(Some(e)),
+        })
     }
 
     /// [`Limiter::call`], with outages counted and turned into [`Outcome::Down`].
@@ -1375,9 +1417,15 @@ impl Limiter {
             .iter()
             .find(|d| d.limit as i64 == combined[1] && d.remaining as i64 == combined[2])
             .and_then(|d| d.policy.clone());
+        // A lease's retry_after assumes no holder releases early: it is no lower bound on
+        // when Redis admits again, so a denial a full lease took part in is not cached.
+        let lease_denied = items
+            .iter()
+            .zip(&per_key)
+            .any(|(i, p)| matches!(i.limit, Limit::Lease(_)) && !p.allowed);
         let mut d = decision_from_reply(combined, binding, None, src, false);
         d.per_key = per_key;
-        if plain {
+        if plain && !lease_denied {
             self.remember(&ck, &keys, c.cost, &d, sent);
         }
         Ok(self.decided(d))

@@ -14,6 +14,21 @@ use crate::limits::Limit;
 /// Redis not answering means: connection refused or lost, a timeout, a failover in progress,
 /// out of memory, cluster down. A wrong argument or `WRONGTYPE` is not an outage and is
 /// returned as [`Error::Redis`] whatever the policy.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), redis_rl_client::Error> {
+/// use redis_rl_client::{FailurePolicy, Limiter};
+///
+/// // API quotas: serve everyone while Redis is down.
+/// let quotas = Limiter::builder("redis://127.0.0.1:6379/").build().await?;
+/// // Logins: deny (503 from the layer) while Redis is down.
+/// let logins = Limiter::builder("redis://127.0.0.1:6379/")
+///     .on_error(FailurePolicy::Closed)
+///     .build()
+///     .await?;
+/// # let _ = (quotas, logins);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailurePolicy {
     /// Allow, with `degraded = true`. For limits that protect **cost or fairness** (API
@@ -54,6 +69,23 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 /// * `errors`: Redis calls that failed (connect, timeout, OOM, failover).
 /// * `redis_calls`: Redis calls made (one per round trip).
 /// * `refunded`: units given back (`refund` and batch leftovers).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), redis_rl_client::Error> {
+/// use redis_rl_client::Limiter;
+///
+/// let limiter = Limiter::builder("redis://127.0.0.1:6379/")
+///     .hook(|name, n| {
+///         // e.g. increment a Prometheus counter labelled `name` by `n`
+///         # let _ = (name, n);
+///     })
+///     .build()
+///     .await?;
+/// let c = limiter.counters().snapshot();
+/// let hit_rate = c.denied_locally as f64 / c.denied.max(1) as f64;
+/// # let _ = hit_rate;
+/// # Ok(()) }
+/// ```
 pub struct Counters {
     values: [AtomicU64; 8],
     hook: Option<Hook>,

@@ -18,6 +18,7 @@ fn ms(r: RetryAfter) -> u128 {
 
 both_modes!(
     auto_mode_picks_module_or_fallback,
+    auto_mode_works_for_a_user_denied_command_info,
     idle_key_admits_exactly_burst_then_denies,
     window_allows_limit_then_denies,
     cost_above_the_limit_is_never,
@@ -53,6 +54,37 @@ async fn auto_mode_picks_module_or_fallback(kind: Kind) {
         Kind::Fallback => Source::Fallback,
     };
     assert_eq!(d.source, want);
+}
+
+/// A user restricted to what a limiter needs (the README's ACL advice) may not run `COMMAND`:
+/// `Mode::Auto` must still find the module, or the fallback without it.
+async fn auto_mode_works_for_a_user_denied_command_info(kind: Kind) {
+    let server = kind.server();
+    let mut con = server.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "limiter", "on", ">pw", "~*", "+@all", "-command"])
+        .query(&mut con)
+        .unwrap();
+    let url = format!("redis://limiter:pw@127.0.0.1:{}/", server.port);
+    let lim = redis_rl_client::Limiter::builder(url)
+        .prefix(support::prefix())
+        .build()
+        .await
+        .unwrap();
+    let d = lim.check("k", Gcra::new(1, 1, 1).unwrap()).await.unwrap();
+    assert!(d.allowed);
+    let want = match kind {
+        Kind::Module => Source::Module,
+        Kind::Fallback => Source::Fallback,
+    };
+    assert_eq!(d.source, want);
+    assert_eq!(lim.resolved_mode().await.unwrap(), kind.expected());
+    assert!(
+        !lim.check("k", Gcra::new(1, 1, 1).unwrap())
+            .await
+            .unwrap()
+            .allowed
+    );
 }
 
 async fn idle_key_admits_exactly_burst_then_denies(kind: Kind) {
@@ -279,6 +311,31 @@ async fn usage_errors(kind: Kind) {
         .build()
         .await;
     assert!(matches!(bad, Err(Error::Usage(_))));
+    // Durations that would overflow `Instant + d` later (a panic mid-outage or on the first
+    // batched check) are refused when built.
+    type Setting = fn(redis_rl_client::LimiterBuilder) -> redis_rl_client::LimiterBuilder;
+    let settings: [(&str, Setting); 4] = [
+        ("timeout", |b| b.timeout(Duration::MAX)),
+        ("batch_hold", |b| b.batch(5).batch_hold(Duration::MAX)),
+        ("probe_interval", |b| b.probe_interval(Duration::MAX)),
+        ("closed_retry_after", |b| {
+            b.closed_retry_after(Duration::from_secs(315_360_001))
+        }),
+    ];
+    for (name, set) in settings {
+        let built = set(redis_rl_client::Limiter::builder(support::url(&server)))
+            .build()
+            .await;
+        match built {
+            Err(Error::Usage(m)) => assert!(m.starts_with(name), "{m}"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    let longest = redis_rl_client::Limiter::builder(support::url(&server))
+        .probe_interval(Duration::from_secs(315_360_000))
+        .build()
+        .await;
+    assert!(longest.is_ok());
 }
 
 // -- deny cache -----------------------------------------------------------------------------

@@ -59,6 +59,8 @@ both_modes_traced!(
     server_restarted_empty_is_detected_again,
     built_while_redis_is_down,
     the_layer_answers_503_while_redis_is_down,
+    the_first_probe_after_redis_returns_reaches_it,
+    refund_and_release_inside_the_probe_interval_do_not_wait,
 );
 
 async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
@@ -327,4 +329,52 @@ async fn the_layer_answers_503_while_redis_is_down(kind: Kind, _capture: Capture
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+async fn the_first_probe_after_redis_returns_reaches_it(kind: Kind, capture: Capture) {
+    // Recovery costs no extra probe interval: the first call allowed to probe once Redis is
+    // back gets its answer from Redis (the connection manager's stale "connection refused"
+    // from the outage must not be taken for a new failure).
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Open)).await;
+    let g = Gcra::new(100, 100, 1).unwrap();
+    assert!(!lim.check("p", &g).await.unwrap().degraded);
+    server.stop();
+    assert!(lim.check("p", &g).await.unwrap().degraded);
+    tokio::time::sleep(Duration::from_millis(150)).await; // past the 100 ms probe interval
+    assert!(
+        lim.check("p", &g).await.unwrap().degraded,
+        "a probe while down"
+    );
+    // Let the reconnect that probe started fail while Redis is still down (this runtime
+    // runs it only when the test yields).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.restart(); // answers PING when this returns
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let d = lim.check("p", &g).await.unwrap();
+    assert!(!d.degraded && d.allowed, "{d:?}");
+    assert_eq!(outage_events(&capture), (1, 1));
+}
+
+async fn refund_and_release_inside_the_probe_interval_do_not_wait(kind: Kind, _capture: Capture) {
+    // Like a check, a refund or a release made while Redis is known to be down is answered at
+    // once, not after a timeout each (a guard dropped mid-outage releases this way too).
+    let server = kind.server();
+    let lim = make(&server, |b| {
+        b.on_error(FailurePolicy::Open)
+            .probe_interval(Duration::from_secs(5))
+    })
+    .await;
+    let g = Gcra::new(10, 1, 1).unwrap();
+    assert!(!lim.check("q", &g).await.unwrap().degraded);
+    signal(&server, "-STOP");
+    let d = lim.check("q", &g).await.unwrap(); // the 300 ms timeout: the outage starts
+    let start = Instant::now();
+    let refund = lim.refund("q", 1).await;
+    let release = lim.release("l", "token").await;
+    let took = start.elapsed();
+    signal(&server, "-CONT");
+    assert!(d.degraded);
+    assert!(refund.unwrap().degraded && release.unwrap().degraded);
+    assert!(took < Duration::from_millis(150), "{took:?}");
 }

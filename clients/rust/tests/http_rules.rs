@@ -368,3 +368,34 @@ fn names_are_validated() {
         .name("")
         .is_err());
 }
+
+#[test]
+#[should_panic(expected = "not a Lease")]
+fn a_lease_is_refused_when_the_rule_is_built() {
+    // Checked by the layer, a Lease failed every request with 500.
+    let _ = Rule::new(
+        "/export",
+        redis_rl_client::Lease::new(2, 30).unwrap(),
+        Key::header("x-user"),
+    );
+}
+
+#[test]
+#[should_panic(expected = "not a Lease")]
+fn a_lease_is_refused_in_a_combined_rule() {
+    let _ = Rule::all(
+        "/export",
+        [
+            (
+                "rate",
+                Gcra::new(5, 1, 1).unwrap().into(),
+                Key::header("x-user"),
+            ),
+            (
+                "jobs",
+                redis_rl_client::Lease::new(2, 30).unwrap().into(),
+                Key::header("x-user"),
+            ),
+        ],
+    );
+}

@@ -21,6 +21,7 @@ both_modes!(
     force_on_log_is_an_error,
     check_all_with_per_limit_costs,
     check_all_with_a_lease_spec,
+    a_released_slot_is_not_denied_locally,
     check_all_force,
 );
 
@@ -216,6 +217,36 @@ async fn check_all_with_a_lease_spec(kind: Kind) {
         9
     );
     assert_eq!(lim.release("{j}:slots", "w1").await.unwrap().released, 1);
+}
+
+/// A lease's `retry_after` assumes nobody releases early, so it is no bound on when Redis
+/// admits again: a denial by a full lease must not be repeated by the deny cache after the
+/// holder (here another process) released its slot.
+async fn a_released_slot_is_not_denied_locally(kind: Kind) {
+    let server = kind.server();
+    let a = limiter(&server).await;
+    let b = redis_rl_client::Limiter::builder(support::url(&server))
+        .prefix(a.prefix())
+        .build()
+        .await
+        .unwrap();
+    let rate = Gcra::new(100, 100, 1).unwrap();
+    let slots = Lease::new(1, 30).unwrap();
+    let job = |token: &str| {
+        [
+            Entry::new("{j}:rate", &rate),
+            Entry::new("{j}:slots", &slots).token(token),
+        ]
+    };
+    assert!(a.check_all(job("a")).await.unwrap().allowed);
+    let denied = b.check_all(job("b")).await.unwrap();
+    assert!(!denied.allowed);
+    assert!(denied.retry_after.duration().unwrap() > Duration::from_secs(20));
+    assert_eq!(a.release("{j}:slots", "a").await.unwrap().released, 1);
+    let d = b.check_all(job("b")).await.unwrap();
+    assert!(d.allowed, "the slot is free in Redis: {d:?}");
+    assert_ne!(d.source, redis_rl_client::Source::Local);
+    assert_eq!(b.release("{j}:slots", "b").await.unwrap().released, 1);
 }
 
 async fn check_all_force(kind: Kind) {
