@@ -1050,7 +1050,9 @@ impl Limiter {
         }
         if let Some(w) = c.max_wait {
             args.push(bytes("MAXWAIT"));
-            args.push(bytes(w.as_millis().to_string()));
+            // The module takes up to u64::MAX ms (past 2^64 ns: any wait); more is the same.
+            let ms = u64::try_from(w.as_millis()).unwrap_or(u64::MAX);
+            args.push(bytes(ms.to_string()));
         }
         if c.force {
             args.push(bytes("FORCE"));

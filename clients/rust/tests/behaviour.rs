@@ -176,6 +176,9 @@ async fn max_wait_is_a_reservation(kind: Kind) {
         .await
         .unwrap();
     assert!(!too_long.allowed);
+    // Any wait at all: beyond the module's u64 milliseconds, still a reservation.
+    let any = lim.check("m", &g).max_wait(Duration::MAX).await.unwrap();
+    assert!(any.allowed, "{any:?}");
 }
 
 async fn check_all_is_atomic_and_reports_each_key(kind: Kind) {
