@@ -259,3 +259,64 @@ fn out_of_memory_the_limiter_refuses_writes_and_still_denies() {
     q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
     assert_eq!(rl(&mut c, &["RL.GCRA", "fresh", "5", "1", "60"])[0], 1);
 }
+
+#[test]
+fn regression_a_write_the_server_would_accept_while_evicting_is_not_refused() {
+    // Found by attack testing: under an eviction policy, when the server's eviction pass ran
+    // out of its time budget (it goes on in the background and the server still accepts
+    // `deny-oom` commands), used memory is briefly above `maxmemory`; the limiter read that
+    // as out of memory and answered OOM where SET succeeded in the same instant.
+    let s = Server::builder()
+        .arg("maxmemory-policy", "allkeys-lru")
+        // No time budget: each command's eviction pass frees 16 keys and leaves the rest to
+        // the background, so the overshoot below lasts for many commands.
+        .arg("maxmemory-eviction-tenacity", "0")
+        .start();
+    let mut c = s.conn();
+    let mut fill = redis::pipe();
+    for i in 0..20_000 {
+        fill.cmd("SET").arg(format!("fill:{i}")).arg(&[b'x'; 100][..]).ignore();
+    }
+    fill.query::<()>(&mut c).unwrap();
+    let target = used_memory(&mut c) - 1_000_000;
+    // One packet: the server handles it without returning to its event loop, so no
+    // background eviction runs between the commands.
+    let writes: &[&[&str]] = &[
+        &["RL.GCRA", "g", "5", "1", "60"],
+        &["RL.GCRA", "g", "5", "1", "60", "FORCE"],
+        &["RL.WINDOW", "w", "5", "60", "FIXED"],
+        &["RL.WINDOW", "l", "5", "60", "LOG"],
+        &["RL.ALL", "2", "a1", "a2", "GCRA", "5", "1", "60", "WINDOW", "5", "60"],
+        &["CL.THROTTLE", "t", "4", "1", "60"],
+        &["RL.LEASE", "e", "3", "60", "job"],
+    ];
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(target.to_string());
+    for write in writes {
+        pipe.cmd("SET").arg("plain").arg("v");
+        let mut cmd = redis::cmd(write[0]);
+        for a in &write[1..] {
+            cmd.arg(*a);
+        }
+        pipe.add_command(cmd);
+    }
+    let replies: Vec<redis::RedisResult<redis::Value>> = pipe.query(&mut c).unwrap();
+    assert!(replies[0].is_ok(), "CONFIG SET: {:?}", replies[0]);
+    for (i, write) in writes.iter().enumerate() {
+        let set = &replies[1 + 2 * i];
+        let limiter = &replies[2 + 2 * i];
+        assert!(set.is_ok(), "SET before {write:?}: {set:?}");
+        assert!(
+            limiter.is_ok(),
+            "{write:?} refused where SET was accepted: {limiter:?}"
+        );
+    }
+    let evicted: i64 = info_field(&mut c, "stats", "evicted_keys")
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(evicted > 0, "the server evicted nothing: not the case under test");
+}
