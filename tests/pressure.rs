@@ -275,7 +275,10 @@ fn regression_a_write_the_server_would_accept_while_evicting_is_not_refused() {
     let mut c = s.conn();
     let mut fill = redis::pipe();
     for i in 0..20_000 {
-        fill.cmd("SET").arg(format!("fill:{i}")).arg(&[b'x'; 100][..]).ignore();
+        fill.cmd("SET")
+            .arg(format!("fill:{i}"))
+            .arg(&[b'x'; 100][..])
+            .ignore();
     }
     fill.query::<()>(&mut c).unwrap();
     let target = used_memory(&mut c) - 1_000_000;
@@ -286,7 +289,9 @@ fn regression_a_write_the_server_would_accept_while_evicting_is_not_refused() {
         &["RL.GCRA", "g", "5", "1", "60", "FORCE"],
         &["RL.WINDOW", "w", "5", "60", "FIXED"],
         &["RL.WINDOW", "l", "5", "60", "LOG"],
-        &["RL.ALL", "2", "a1", "a2", "GCRA", "5", "1", "60", "WINDOW", "5", "60"],
+        &[
+            "RL.ALL", "2", "a1", "a2", "GCRA", "5", "1", "60", "WINDOW", "5", "60",
+        ],
         &["CL.THROTTLE", "t", "4", "1", "60"],
         &["RL.LEASE", "e", "3", "60", "job"],
     ];
@@ -318,5 +323,8 @@ fn regression_a_write_the_server_would_accept_while_evicting_is_not_refused() {
     let evicted: i64 = info_field(&mut c, "stats", "evicted_keys")
         .and_then(|v| v.parse().ok())
         .unwrap();
-    assert!(evicted > 0, "the server evicted nothing: not the case under test");
+    assert!(
+        evicted > 0,
+        "the server evicted nothing: not the case under test"
+    );
 }
