@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{err_s, info_field, now_ns, q, rl, Clock, Dump, Server};
+use common::{err_s, info_field, now_ns, q, rl, snapshot, Clock, Dump, Server};
 
 /// The server's mean time per call of `command` since the last `CONFIG RESETSTAT`, in µs.
 fn usec_per_call(c: &mut redis::Connection, command: &str) -> f64 {
@@ -327,4 +327,95 @@ fn regression_a_write_the_server_would_accept_while_evicting_is_not_refused() {
         evicted > 0,
         "the server evicted nothing: not the case under test"
     );
+}
+
+#[test]
+fn out_of_memory_leases_and_force_record_nothing_and_release_still_answers() {
+    let s = Server::builder()
+        .arg("maxmemory-policy", "noeviction")
+        .arg("notify-keyspace-events", "KA")
+        .start();
+    let mut c = s.conn();
+    rl(&mut c, &["RL.LEASE", "e", "3", "60", "job-1"]);
+    rl(
+        &mut c,
+        &["RL.LEASE", "e", "3", "60", "job-2", "QUANTITY", "2"],
+    );
+    rl(&mut c, &["RL.GCRA", "g", "5", "1", "60", "QUANTITY", "2"]);
+    rl(
+        &mut c,
+        &["RL.WINDOW", "f", "5", "60", "FIXED", "QUANTITY", "2"],
+    );
+    rl(
+        &mut c,
+        &["RL.WINDOW", "s", "5", "60", "SLIDING", "QUANTITY", "2"],
+    );
+    let unchanged = ["g", "f", "s"];
+    let before: Vec<_> = unchanged.iter().map(|k| snapshot(&mut c, k)).collect();
+    let mut events = s.conn();
+    let mut pubsub = events.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "1"]);
+    let oom = "OOM command not allowed when used memory > 'maxmemory'.";
+    for write in [
+        &["RL.LEASE", "new", "3", "60", "job"][..],
+        &["RL.LEASE", "e", "3", "60", "job-1"], // a renewal is a write too
+        &["RL.GCRA", "g", "5", "1", "60", "QUANTITY", "9", "FORCE"],
+        &[
+            "RL.WINDOW",
+            "f",
+            "5",
+            "60",
+            "FIXED",
+            "QUANTITY",
+            "9",
+            "FORCE",
+        ],
+        &["RL.WINDOW", "s", "5", "60", "SLIDING", "FORCE"],
+        &["RL.ALL", "1", "g", "GCRA", "5", "1", "60", "FORCE"],
+        &[
+            "RL.ALL", "2", "g", "new", "GCRA", "5", "1", "60", "LEASE", "3", "60", "job",
+        ],
+    ] {
+        assert_eq!(err_s(&mut c, write), oom, "{write:?}");
+    }
+    // A lease that finds no free slot, a peek and a report answer as usual.
+    let full = rl(&mut c, &["RL.LEASE", "e", "3", "60", "job-3"]);
+    assert_eq!(full[..3], [0, 3, 0]);
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "e", "3", "60", "job-3", "PEEK"])[..3],
+        [0, 3, 0]
+    );
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.LEASE", "e", "3", "60", "job-3", "QUANTITY", "0"]
+        )[..3],
+        [1, 3, 0]
+    );
+    // RL.RELEASE only frees: it answers and writes.
+    let released: Vec<i64> = q(&mut c, &["RL.RELEASE", "e", "job-1"]);
+    assert_eq!(released[..2], [1, 1]);
+    let nothing: Vec<i64> = q(&mut c, &["RL.RELEASE", "e", "nobody"]);
+    assert_eq!(nothing[..2], [0, 1]);
+    for (key, before) in unchanged.iter().zip(&before) {
+        assert_eq!(
+            &snapshot(&mut c, key),
+            before,
+            "{key} changed on an OOM answer"
+        );
+    }
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "new"]), 0);
+    // The only keyspace event is the release's.
+    let mut seen = Vec::new();
+    while let Ok(msg) = pubsub.get_message() {
+        let payload: String = msg.get_payload().unwrap();
+        seen.push(format!("{} {payload}", msg.get_channel_name()));
+    }
+    assert_eq!(seen, ["__keyspace@0__:e rl.release"]);
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(rl(&mut c, &["RL.LEASE", "new", "3", "60", "job"])[0], 1);
 }
