@@ -746,6 +746,60 @@ mod tests {
             }
         }
 
+        /// Logs around and past the index (63 to a few hundred entries, so marks, cursors and
+        /// the head standing in for entry 0 are all in play): pushes, drops of a few entries,
+        /// refunds back below 64 and to empty, reads through two windows, and rebuilds from
+        /// the codec's fields (as after an RDB load, which renumbers the entries), against the
+        /// brute-force model.
+        #[test]
+        fn logs_across_the_index_boundary_agree_with_a_brute_force_model(
+            fill in 60u64..300,
+            ops in prop::collection::vec((0u8..8, 0u64..200, 1u64..70), 1..300),
+        ) {
+            let mut log = RequestLog::default();
+            let mut model = Model::default();
+            let mut now = 1_000_000u64;
+            for _ in 0..fill { now += 10; log.push(t(now), 1); model.push(now, 1); }
+            check(&log, &model)?;
+            for (op, x, c) in ops {
+                match op {
+                    0 | 1 => { now += 1 + x % 20; log.push(t(now), 1 + c % 3); model.push(now, 1 + c % 3); }
+                    2 => { prop_assert_eq!(log.pop_back(c), model.pop_back(c)); }
+                    3 => {
+                        // Drop the oldest few entries: the head moves off the marks.
+                        let cut = model.0.get((x % 8) as usize).map_or(now, |e| e.0);
+                        log.drop_until(t(cut));
+                        model.drop_until(cut);
+                    }
+                    4 | 5 => {
+                        let span = if op == 4 { 50 + x } else { 700 + 3 * x };
+                        let cut = now.saturating_sub(span);
+                        let after = model.after(cut);
+                        prop_assert_eq!(log.count_after(Some(t(cut))), after.iter().map(|e| e.1).sum::<u64>());
+                        let n = 1 + (x * 7 + c) % 200;
+                        let mut seen = 0;
+                        let expected = after.iter().find(|e| { seen += e.1; seen >= n }).map(|e| t(e.0));
+                        prop_assert_eq!(log.nth_after(Some(t(cut)), n), expected);
+                    }
+                    6 => {
+                        // An earlier instant (a clock step back) joins the newest entry.
+                        let at = now.saturating_sub(x);
+                        log.push(t(at), c);
+                        model.push(at, c);
+                    }
+                    _ => {
+                        log = RequestLog::from_parts(
+                            log.first().unwrap_or_default(),
+                            log.last().unwrap_or_default(),
+                            log.total(),
+                            log.bytes(),
+                        ).unwrap();
+                    }
+                }
+                check(&log, &model)?;
+            }
+        }
+
         /// Long logs (many marks) with two window lengths read alternately.
         #[test]
         fn alternating_cutoffs_on_a_long_log_count_exactly(

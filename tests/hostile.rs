@@ -3,12 +3,13 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    err_s, free_port, gcra_state, log_state, module_path, now_ns, q, rl, server_binary, Dump,
-    Server,
+    err_s, free_port, gcra_state, log_state, module_path, now_ns, q, rl, server_binary, snapshot,
+    Dump, Server,
 };
 
 const MAX_PERIOD_NS: u64 = 315_360_000_000_000_000;
@@ -146,6 +147,12 @@ fn forged_restore_payloads_are_refused() {
             "expiry prefix is not a state",
             fields(2, 0x90, &[now / 1_000_000]),
         ),
+        ("compact effect is not a state", {
+            // Version 3, tag 0x92, event 1 (rl.gcra), then a GCRA state's tag and fields.
+            let mut v = vec![3u8, 0x92, 1];
+            v.extend_from_slice(&good_gcra[1..]);
+            v
+        }),
     ];
     for (label, state) in cases.drain(..) {
         let e = redis::cmd("RESTORE")
@@ -414,4 +421,164 @@ fn regression_reads_of_a_log_do_not_rescan_expired_entries() {
         median < 40,
         "median PEEK on a log of 60 000 expired entries: {median} µs"
     );
+}
+
+/// The commands of an AOF file (RESP arrays of bulk strings), in order.
+fn aof_commands(data: &[u8]) -> Vec<Vec<Vec<u8>>> {
+    fn line<'a>(data: &'a [u8], at: &mut usize) -> &'a [u8] {
+        let end = *at + data[*at..].windows(2).position(|w| w == b"\r\n").unwrap();
+        let l = &data[*at..end];
+        *at = end + 2;
+        l
+    }
+    let number = |l: &[u8]| -> usize { std::str::from_utf8(&l[1..]).unwrap().parse().unwrap() };
+    let mut at = 0;
+    let mut commands = Vec::new();
+    while at < data.len() {
+        let n = number(line(data, &mut at));
+        let mut words = Vec::new();
+        for _ in 0..n {
+            let len = number(line(data, &mut at));
+            words.push(data[at..at + len].to_vec());
+            at += len + 2;
+        }
+        commands.push(words);
+    }
+    commands
+}
+
+/// The last `RL.APPLY` blob the AOF under `dir` holds for each key.
+fn applied_blobs(dir: &Path) -> std::collections::HashMap<String, Vec<u8>> {
+    let mut blobs = std::collections::HashMap::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("appendonlydir"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .collect();
+    files.sort();
+    for file in files {
+        for words in aof_commands(&std::fs::read(file).unwrap()) {
+            if let [name, key, blob] = &words[..] {
+                if name == b"RL.APPLY" {
+                    blobs.insert(String::from_utf8(key.clone()).unwrap(), blob.clone());
+                }
+            }
+        }
+    }
+    blobs
+}
+
+fn resp(words: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", words.len()).into_bytes();
+    for w in words {
+        out.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
+        out.extend_from_slice(w);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+#[test]
+fn forged_compact_effects_in_the_aof_are_refused_and_real_ones_load_exactly() {
+    // The compact effect (tag 0x92) carries no expiry: the reader derives it. The master's
+    // own compact blobs, replayed by a fresh server from an AOF, give its bytes and expiries
+    // exactly; forged ones (truncated, a byte too many, overlong or 11-byte varints, tags
+    // and events that do not exist, an older version, prefixes the form does not take) are
+    // each refused with a named error, write nothing, and do not stop the load.
+    let master = Server::builder()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let mut m = master.conn();
+    rl(&mut m, &["RL.GCRA", "g", "5", "1", "600", "QUANTITY", "2"]);
+    rl(&mut m, &["RL.WINDOW", "f", "5", "600", "FIXED"]);
+    // A limit and counts of more than 127: two-byte varints.
+    rl(
+        &mut m,
+        &["RL.WINDOW", "s", "300", "600", "SLIDING", "QUANTITY", "200"],
+    );
+    rl(&mut m, &["RL.WINDOW", "l", "5", "600", "LOG"]);
+    let keys = ["g", "f", "s", "l"];
+    let expected: Vec<_> = keys.iter().map(|k| snapshot(&mut m, k)).collect();
+    let blobs = applied_blobs(master.dir());
+    for key in keys {
+        assert_eq!(blobs[key][..2], [3, 0x92], "{key}: not the compact form");
+    }
+    let (g, sl) = (&blobs["g"], &blobs["s"]);
+    let last = sl.len() - 1;
+    let with = |blob: &[u8], at: usize, byte: u8| {
+        let mut v = blob.to_vec();
+        v[at] = byte;
+        v
+    };
+    let bad: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("truncated", sl[..last].to_vec(), "truncated"),
+        ("trailing", [&sl[..], &[0]].concat(), "trailing bytes"),
+        (
+            "overlong varint",
+            [&sl[..last], &[sl[last] | 0x80, 0]].concat(),
+            "varint",
+        ),
+        (
+            "eleven-byte varint",
+            [&sl[..last], &[0xff; 10][..], &[1]].concat(),
+            "varint",
+        ),
+        ("LOG state tag", with(sl, 3, 4), "tag 4"),
+        ("LEASE state tag", with(g, 3, 5), "tag 5"),
+        ("unknown event", with(g, 2, 0xee), "event"),
+        ("version 2", with(g, 0, 2), "tag 146"),
+        (
+            "after an event prefix",
+            [&[3, 0x91, 1][..], g].concat(),
+            "tag 146",
+        ),
+        (
+            "after an expiry prefix",
+            [&[3, 0x90][..], &u64::MAX.to_le_bytes()[..7], &[0], g].concat(),
+            "tag 146",
+        ),
+    ];
+    let dir = tempfile::Builder::new()
+        .prefix("redis-rl-test-")
+        .tempdir()
+        .unwrap();
+    let mut aof = resp(&[b"SELECT", b"0"]);
+    for key in keys {
+        aof.extend(resp(&[
+            b"RL.APPLY",
+            format!("ok:{key}").as_bytes(),
+            &blobs[key],
+        ]));
+    }
+    for (label, blob, _) in &bad {
+        aof.extend(resp(&[
+            b"RL.APPLY",
+            format!("bad:{label}").as_bytes(),
+            blob,
+        ]));
+    }
+    aof.extend(resp(&[b"SET", b"marker", b"loaded"]));
+    std::fs::write(dir.path().join("appendonly.aof"), aof).unwrap();
+    let replay = Server::builder().dir(dir).arg("appendonly", "yes").start();
+    let mut c = replay.conn();
+    assert_eq!(q::<String>(&mut c, &["GET", "marker"]), "loaded");
+    for (key, expected) in keys.iter().zip(&expected) {
+        assert_eq!(&snapshot(&mut c, &format!("ok:{key}")), expected, "{key}");
+    }
+    // One log line per refused effect, in the file's order, naming what is wrong.
+    let log = replay.log();
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("invalid limiter state"))
+        .collect();
+    assert_eq!(refusals.len(), bad.len(), "{log}");
+    for ((label, _, why), line) in bad.iter().zip(&refusals) {
+        assert_eq!(
+            q::<i64>(&mut c, &["EXISTS", &format!("bad:{label}")]),
+            0,
+            "{label}"
+        );
+        assert!(line.contains(why), "{label}: '{line}' does not say '{why}'");
+    }
 }

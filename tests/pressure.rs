@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{err_s, info_field, now_ns, q, rl, Clock, Dump, Server};
+use common::{err_s, info_field, now_ns, q, rl, snapshot, Clock, Dump, Server};
 
 /// The server's mean time per call of `command` since the last `CONFIG RESETSTAT`, in µs.
 fn usec_per_call(c: &mut redis::Connection, command: &str) -> f64 {
@@ -258,4 +258,164 @@ fn out_of_memory_the_limiter_refuses_writes_and_still_denies() {
     // Room again: writes go through.
     q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
     assert_eq!(rl(&mut c, &["RL.GCRA", "fresh", "5", "1", "60"])[0], 1);
+}
+
+#[test]
+fn regression_a_write_the_server_would_accept_while_evicting_is_not_refused() {
+    // Found by attack testing: under an eviction policy, when the server's eviction pass ran
+    // out of its time budget (it goes on in the background and the server still accepts
+    // `deny-oom` commands), used memory is briefly above `maxmemory`; the limiter read that
+    // as out of memory and answered OOM where SET succeeded in the same instant.
+    let s = Server::builder()
+        .arg("maxmemory-policy", "allkeys-lru")
+        // No time budget: each command's eviction pass frees 16 keys and leaves the rest to
+        // the background, so the overshoot below lasts for many commands.
+        .arg("maxmemory-eviction-tenacity", "0")
+        .start();
+    let mut c = s.conn();
+    let mut fill = redis::pipe();
+    for i in 0..20_000 {
+        fill.cmd("SET")
+            .arg(format!("fill:{i}"))
+            .arg(&[b'x'; 100][..])
+            .ignore();
+    }
+    fill.query::<()>(&mut c).unwrap();
+    let target = used_memory(&mut c) - 1_000_000;
+    // One packet: the server handles it without returning to its event loop, so no
+    // background eviction runs between the commands.
+    let writes: &[&[&str]] = &[
+        &["RL.GCRA", "g", "5", "1", "60"],
+        &["RL.GCRA", "g", "5", "1", "60", "FORCE"],
+        &["RL.WINDOW", "w", "5", "60", "FIXED"],
+        &["RL.WINDOW", "l", "5", "60", "LOG"],
+        &[
+            "RL.ALL", "2", "a1", "a2", "GCRA", "5", "1", "60", "WINDOW", "5", "60",
+        ],
+        &["CL.THROTTLE", "t", "4", "1", "60"],
+        &["RL.LEASE", "e", "3", "60", "job"],
+    ];
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(target.to_string());
+    for write in writes {
+        pipe.cmd("SET").arg("plain").arg("v");
+        let mut cmd = redis::cmd(write[0]);
+        for a in &write[1..] {
+            cmd.arg(*a);
+        }
+        pipe.add_command(cmd);
+    }
+    let replies: Vec<redis::RedisResult<redis::Value>> = pipe.query(&mut c).unwrap();
+    assert!(replies[0].is_ok(), "CONFIG SET: {:?}", replies[0]);
+    for (i, write) in writes.iter().enumerate() {
+        let set = &replies[1 + 2 * i];
+        let limiter = &replies[2 + 2 * i];
+        assert!(set.is_ok(), "SET before {write:?}: {set:?}");
+        assert!(
+            limiter.is_ok(),
+            "{write:?} refused where SET was accepted: {limiter:?}"
+        );
+    }
+    let evicted: i64 = info_field(&mut c, "stats", "evicted_keys")
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(
+        evicted > 0,
+        "the server evicted nothing: not the case under test"
+    );
+}
+
+#[test]
+fn out_of_memory_leases_and_force_record_nothing_and_release_still_answers() {
+    let s = Server::builder()
+        .arg("maxmemory-policy", "noeviction")
+        .arg("notify-keyspace-events", "KA")
+        .start();
+    let mut c = s.conn();
+    rl(&mut c, &["RL.LEASE", "e", "3", "60", "job-1"]);
+    rl(
+        &mut c,
+        &["RL.LEASE", "e", "3", "60", "job-2", "QUANTITY", "2"],
+    );
+    rl(&mut c, &["RL.GCRA", "g", "5", "1", "60", "QUANTITY", "2"]);
+    rl(
+        &mut c,
+        &["RL.WINDOW", "f", "5", "60", "FIXED", "QUANTITY", "2"],
+    );
+    rl(
+        &mut c,
+        &["RL.WINDOW", "s", "5", "60", "SLIDING", "QUANTITY", "2"],
+    );
+    let unchanged = ["g", "f", "s"];
+    let before: Vec<_> = unchanged.iter().map(|k| snapshot(&mut c, k)).collect();
+    let mut events = s.conn();
+    let mut pubsub = events.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "1"]);
+    let oom = "OOM command not allowed when used memory > 'maxmemory'.";
+    for write in [
+        &["RL.LEASE", "new", "3", "60", "job"][..],
+        &["RL.LEASE", "e", "3", "60", "job-1"], // a renewal is a write too
+        &["RL.GCRA", "g", "5", "1", "60", "QUANTITY", "9", "FORCE"],
+        &[
+            "RL.WINDOW",
+            "f",
+            "5",
+            "60",
+            "FIXED",
+            "QUANTITY",
+            "9",
+            "FORCE",
+        ],
+        &["RL.WINDOW", "s", "5", "60", "SLIDING", "FORCE"],
+        &["RL.ALL", "1", "g", "GCRA", "5", "1", "60", "FORCE"],
+        &[
+            "RL.ALL", "2", "g", "new", "GCRA", "5", "1", "60", "LEASE", "3", "60", "job",
+        ],
+    ] {
+        assert_eq!(err_s(&mut c, write), oom, "{write:?}");
+    }
+    // A lease that finds no free slot, a peek and a report answer as usual.
+    let full = rl(&mut c, &["RL.LEASE", "e", "3", "60", "job-3"]);
+    assert_eq!(full[..3], [0, 3, 0]);
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "e", "3", "60", "job-3", "PEEK"])[..3],
+        [0, 3, 0]
+    );
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.LEASE", "e", "3", "60", "job-3", "QUANTITY", "0"]
+        )[..3],
+        [1, 3, 0]
+    );
+    // RL.RELEASE only frees: it answers and writes.
+    let released: Vec<i64> = q(&mut c, &["RL.RELEASE", "e", "job-1"]);
+    assert_eq!(released[..2], [1, 1]);
+    let nothing: Vec<i64> = q(&mut c, &["RL.RELEASE", "e", "nobody"]);
+    assert_eq!(nothing[..2], [0, 1]);
+    for (key, before) in unchanged.iter().zip(&before) {
+        assert_eq!(
+            &snapshot(&mut c, key),
+            before,
+            "{key} changed on an OOM answer"
+        );
+    }
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "new"]), 0);
+    // The only keyspace event is the release's.
+    let mut seen = Vec::new();
+    while let Ok(msg) = pubsub.get_message() {
+        let payload: String = msg.get_payload().unwrap();
+        seen.push(format!("{} {payload}", msg.get_channel_name()));
+    }
+    assert_eq!(seen, ["__keyspace@0__:e rl.release"]);
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(rl(&mut c, &["RL.LEASE", "new", "3", "60", "job"])[0], 1);
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{err_s, info_field, q, rl, snapshot, wait_until, Server};
+use common::{err_s, info_field, q, rl, snapshot, wait_until, Clock, Server};
 
 fn wait_for_link(replica: &Server) {
     let mut c = replica.conn();
@@ -197,4 +197,133 @@ fn replicas_emit_the_masters_event_names() {
     );
     let mut r = replica.conn();
     assert_eq!(q::<i64>(&mut r, &["EXISTS", "e:window"]), 0);
+}
+
+/// Every key of `a` (and of `b`) holds the same value, expiry and digest in both.
+fn assert_same_keys(a: &mut redis::Connection, b: &mut redis::Connection, what: &str) {
+    let names = keys(a);
+    assert_eq!(keys(b), names, "{what}: key names");
+    for key in &names {
+        assert_eq!(snapshot(b, key), snapshot(a, key), "{what}: key {key}");
+        let da: Vec<String> = q(a, &["DEBUG", "DIGEST-VALUE", key]);
+        let db: Vec<String> = q(b, &["DEBUG", "DIGEST-VALUE", key]);
+        assert_eq!(da, db, "{what}: digest of {key}");
+    }
+}
+
+/// After the master's writes: the replica, the replica of the replica and the master
+/// reloaded from its own AOF hold what the master held.
+fn assert_everywhere(
+    m: &mut redis::Connection,
+    r: &mut redis::Connection,
+    s: &mut redis::Connection,
+    what: &str,
+) {
+    assert_eq!(q::<i64>(m, &["WAIT", "1", "5000"]), 1, "{what}");
+    wait_until("the sub-replica's offset", Duration::from_secs(10), || {
+        info_field(s, "replication", "slave_repl_offset")
+            == info_field(r, "replication", "master_repl_offset")
+    });
+    assert_same_keys(m, r, &format!("{what}, replica"));
+    assert_same_keys(m, s, &format!("{what}, replica of the replica"));
+    q::<()>(m, &["DEBUG", "LOADAOF"]);
+    assert_same_keys(m, r, &format!("{what}, master reloaded from its AOF"));
+}
+
+#[test]
+fn replicas_and_the_aof_keep_the_masters_state_and_expiry_across_clock_steps() {
+    // The limiting commands send most writes in the compact form, whose expiry the reader
+    // derives from the write; under clock steps the derived expiry is often not the master's
+    // (a LOG request dated before the newest entry joins it, and the key keeps the newest
+    // entry's expiry), and the general form must be sent. Every kind of write, with the clock
+    // stepping back and forth, through a replica, a replica of the replica, the master's AOF
+    // and its rewrite: all hold the master's bytes and expiries.
+    let clock = Clock::new();
+    let master = Server::builder()
+        .clock(&clock)
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .arg("aof-use-rdb-preamble", "no")
+        .arg("repl-diskless-sync-delay", "0")
+        .start();
+    let replica = Server::builder()
+        .clock(&clock)
+        .replica_of(&master)
+        .arg("repl-diskless-sync-delay", "0")
+        .start();
+    let sub = Server::builder().clock(&clock).replica_of(&replica).start();
+    wait_for_link(&replica);
+    wait_for_link(&sub);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    let mut s = sub.conn();
+    let log = ["RL.WINDOW", "log", "200", "3600", "LOG"];
+    for _ in 0..130 {
+        assert_eq!(rl(&mut m, &log)[0], 1);
+    }
+    let before_step = q::<i64>(&mut m, &["PEXPIRETIME", "log"]);
+    // 1.5 s back: these requests join the newest entry, which keeps its expiry.
+    clock.step_to(-1_500_000);
+    for _ in 0..5 {
+        assert_eq!(rl(&mut m, &log)[0], 1);
+    }
+    assert_eq!(q::<i64>(&mut m, &["PEXPIRETIME", "log"]), before_step);
+    assert_everywhere(&mut m, &mut r, &mut s, "after the step back");
+    let script: &[&[&str]] = &[
+        &["RL.GCRA", "g", "5", "1", "3600", "QUANTITY", "3"],
+        &["RL.GCRA", "g", "5", "1", "3600", "MAXWAIT", "10000000"],
+        &["RL.GCRA", "g", "5", "1", "3600", "QUANTITY", "4", "FORCE"],
+        &["RL.GCRA", "g", "9", "2", "1800", "MAXWAIT", "99999999"],
+        &[
+            "RL.WINDOW",
+            "f",
+            "5",
+            "3600",
+            "FIXED",
+            "QUANTITY",
+            "7",
+            "FORCE",
+        ],
+        &["RL.WINDOW", "s", "5", "3600", "SLIDING", "QUANTITY", "2"],
+        &["RL.WINDOW", "s", "5", "7200", "SLIDING", "FORCE"],
+        &["RL.WINDOW", "log2", "70", "3600", "LOG", "QUANTITY", "3"],
+        &["RL.LEASE", "e", "3", "3600", "job-1"],
+        &[
+            "RL.ALL", "3", "g2", "log", "e", "GCRA", "5", "1", "3600", "WINDOW", "200", "3600",
+            "LOG", "LEASE", "3", "3600", "job-2",
+        ],
+        &["CL.THROTTLE", "t", "3", "1", "3600", "2"],
+    ];
+    for (step, offset_us) in [0, 2_000_000, -700_000, 1_100_000].into_iter().enumerate() {
+        clock.step_to(offset_us);
+        for args in script {
+            let _: redis::Value = q(&mut m, args);
+        }
+        assert_everywhere(&mut m, &mut r, &mut s, &format!("step {step}, writes"));
+        for _ in 0..40 {
+            rl(&mut m, &log);
+            rl(&mut m, &["RL.WINDOW", "log2", "70", "3600", "LOG"]);
+        }
+        assert_everywhere(&mut m, &mut r, &mut s, &format!("step {step}, LOG"));
+        let _: Vec<i64> = q(&mut m, &["RL.REFUND", "g", "2"]);
+        let _: Vec<i64> = q(&mut m, &["RL.REFUND", "f", "3"]);
+        let _: Vec<i64> = q(&mut m, &["RL.REFUND", "s", "1"]);
+        let _: Vec<i64> = q(&mut m, &["RL.RELEASE", "e", "job-1"]);
+        // Back below the first mark of the log's index, and a whole log given back.
+        let _: Vec<i64> = q(&mut m, &["RL.REFUND", "log", "70"]);
+        if step == 2 {
+            let _: Vec<i64> = q(&mut m, &["RL.REFUND", "log2", "1000"]);
+            assert_eq!(q::<i64>(&mut m, &["EXISTS", "log2"]), 0);
+        }
+        assert_everywhere(&mut m, &mut r, &mut s, &format!("step {step}, refunds"));
+    }
+    assert!(keys(&mut m).len() >= 8, "{:?}", keys(&mut m));
+    // The AOF's rewrite (a state per key).
+    q::<()>(&mut m, &["BGREWRITEAOF"]);
+    wait_until("the AOF rewrite", Duration::from_secs(20), || {
+        info_field(&mut m, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            && info_field(&mut m, "persistence", "aof_rewrite_scheduled").as_deref() == Some("0")
+    });
+    q::<()>(&mut m, &["DEBUG", "LOADAOF"]);
+    assert_same_keys(&mut m, &mut r, "master reloaded from its rewritten AOF");
 }

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::{assert_ms, err_s, q, rl, snapshot, Server};
+use common::{assert_ms, err_s, now_ns, q, rl, snapshot, Clock, Server};
 
 /// A ten-year window: its epoch-aligned boundaries (1980, 1990, …, Dec 2029) are far from
 /// any test run, so counts never roll over mid-test.
@@ -433,4 +433,247 @@ fn keyspace_event_is_rl_window() {
             ("__keyspace@0__:ev2".to_owned(), "rl.window".to_owned()),
         ]
     );
+}
+
+/// A brute-force LOG: every admitted request's instant (ns), oldest first; what RL.WINDOW
+/// LOG must answer, computed by scanning them all.
+#[derive(Default)]
+struct LogModel {
+    at: Vec<u64>,
+}
+
+impl LogModel {
+    fn in_window(&self, now: u64, window: u64) -> Vec<u64> {
+        let cutoff = now.checked_sub(window);
+        let kept = self.at.iter().filter(|&&t| cutoff.is_none_or(|c| t > c));
+        kept.copied().collect()
+    }
+
+    /// The five-integer reply to `RL.WINDOW key limit window LOG QUANTITY q` at `now`, and
+    /// the key's new absolute expiry (ms) if the call writes.
+    fn call(&mut self, now: u64, limit: u64, window: u64, q: u64) -> ([i64; 5], Option<i64>) {
+        let ms = |ns: u64| ns.div_ceil(1_000_000) as i64;
+        let inside = self.in_window(now, window);
+        let n = inside.len() as u64;
+        let reset = |newest: Option<&u64>| newest.map_or(0, |t| t + window - now);
+        let remaining = |used: u64| limit.saturating_sub(used) as i64;
+        if q == 0 {
+            return (
+                [1, limit as i64, remaining(n), -1, ms(reset(inside.last()))],
+                None,
+            );
+        }
+        if n + q <= limit {
+            self.at
+                .retain(|&t| now.checked_sub(window).is_none_or(|c| t > c));
+            let newest = self.at.last().copied().unwrap_or(now).max(now);
+            self.at.extend(std::iter::repeat_n(now, q as usize));
+            let reply = [
+                1,
+                limit as i64,
+                remaining(n + q),
+                -1,
+                ms(newest + window - now),
+            ];
+            return (reply, Some(ms(newest + window)));
+        }
+        // Wait for the (n + q − limit)-th oldest request in the window to leave it.
+        let leaves = inside[(n + q - limit - 1) as usize] + window;
+        let reply = [
+            0,
+            limit as i64,
+            remaining(n),
+            ms(leaves - now).max(1),
+            ms(reset(inside.last())),
+        ];
+        (reply, None)
+    }
+
+    /// `RL.REFUND key q` at `now` on a key last written with `window` and `limit`.
+    fn refund(&mut self, now: u64, limit: u64, window: u64, q: u64) -> [i64; 3] {
+        let n = self.in_window(now, window).len() as u64;
+        let given = q.min(n);
+        if given == n {
+            self.at.clear();
+            return [given as i64, limit as i64, 0];
+        }
+        self.at
+            .retain(|&t| now.checked_sub(window).is_none_or(|c| t > c));
+        self.at.truncate(self.at.len() - given as usize);
+        let newest = self.at.last().unwrap();
+        let left = limit - self.at.len() as u64;
+        [
+            given as i64,
+            left as i64,
+            (newest + window - now).div_ceil(1_000_000) as i64,
+        ]
+    }
+}
+
+#[test]
+fn logs_around_the_index_boundary_match_a_brute_force_model() {
+    // The log indexes every 64th entry once it reaches 64 (the head standing in for entry
+    // 0); an RDB reload renumbers the entries from its head. Logs of 63, 64, 65 and 128
+    // requests at distinct instants, read through two alternating windows as time moves,
+    // under a lowered limit (a denial waiting deep in the log), after the oldest entries
+    // leave the window (the head off the marks), after a reload, refunded back below 64
+    // and to empty: every reply and every expiry is the brute-force model's.
+    let clock = Clock::new();
+    let s = Server::builder().clock(&clock).start();
+    let mut c = s.conn();
+    // Instants are whole microseconds: the module reads the clock at that resolution.
+    let ms = 1_000_000u64;
+    let (window, long) = ("1", 1000 * ms);
+    let (short_s, short) = ("0.0305", 30_500_000u64);
+    for n in [63u64, 64, 65, 128] {
+        let key = format!("log:{n}");
+        let base = (now_ns() / 1_000_000_000 + 10) * 1_000_000_000 + n * 10_000_000_000;
+        let mut model = LogModel::default();
+        let mut at = base;
+        let step = |c: &mut redis::Connection,
+                    model: &mut LogModel,
+                    at: u64,
+                    limit: u64,
+                    win: (&str, u64),
+                    qty: u64,
+                    what: &str| {
+            clock.freeze_at(at);
+            let (limit_s, qty_s) = (limit.to_string(), qty.to_string());
+            let got = rl(
+                c,
+                &[
+                    "RL.WINDOW",
+                    &key,
+                    &limit_s,
+                    win.0,
+                    "LOG",
+                    "QUANTITY",
+                    &qty_s,
+                ],
+            );
+            let (want, expiry) = model.call(at, limit, win.1, qty);
+            assert_eq!(got, want, "{key}: {what} at +{} ms", (at - base) / ms);
+            if let Some(expiry) = expiry {
+                assert_eq!(q::<i64>(c, &["PEXPIRETIME", &key]), expiry, "{key}: {what}");
+            }
+        };
+        for i in 0..n {
+            at = base + i * ms;
+            step(&mut c, &mut model, at, 200, (window, long), 1, "fill");
+        }
+        let full: i64 = q(&mut c, &["MEMORY", "USAGE", &key]);
+        // A limit lowered far below what the log holds: the denial waits deep in the log.
+        step(
+            &mut c,
+            &mut model,
+            at,
+            10,
+            (window, long),
+            1,
+            "lowered limit",
+        );
+        // Two windows read alternately while time moves (the cursors in play).
+        for j in 1..40 {
+            at += ms / 2 + j * 1000;
+            step(
+                &mut c,
+                &mut model,
+                at,
+                200,
+                (short_s, short),
+                0,
+                "short window",
+            );
+            step(
+                &mut c,
+                &mut model,
+                at,
+                200,
+                (window, long),
+                0,
+                "long window",
+            );
+        }
+        // The oldest 20 leave the window; the next request drops them (the head moves off
+        // the marks).
+        at = base + long + 19 * ms + 1000;
+        step(
+            &mut c,
+            &mut model,
+            at,
+            200,
+            (window, long),
+            2,
+            "after the oldest left",
+        );
+        step(
+            &mut c,
+            &mut model,
+            at,
+            10,
+            (window, long),
+            1,
+            "lowered limit again",
+        );
+        q::<()>(&mut c, &["DEBUG", "RELOAD"]);
+        at += 1000;
+        step(
+            &mut c,
+            &mut model,
+            at,
+            200,
+            (short_s, short),
+            0,
+            "short, reloaded",
+        );
+        step(
+            &mut c,
+            &mut model,
+            at,
+            200,
+            (window, long),
+            1,
+            "after the reload",
+        );
+        step(
+            &mut c,
+            &mut model,
+            at,
+            10,
+            (window, long),
+            1,
+            "lowered, reloaded",
+        );
+        // Refunds: back below the first mark, then everything (the key goes).
+        clock.freeze_at(at);
+        let left = model.in_window(at, long).len() as u64;
+        let give = left.saturating_sub(60).max(1);
+        let got: Vec<i64> = q(&mut c, &["RL.REFUND", &key, &give.to_string()]);
+        assert_eq!(
+            got,
+            model.refund(at, 200, long, give),
+            "{key}: refund {give}"
+        );
+        step(
+            &mut c,
+            &mut model,
+            at + 1000,
+            200,
+            (window, long),
+            1,
+            "after the refund",
+        );
+        let got: Vec<i64> = q(&mut c, &["RL.REFUND", &key, "1000"]);
+        assert_eq!(
+            got,
+            model.refund(at + 1000, 200, long, 1000),
+            "{key}: refund all"
+        );
+        assert_eq!(q::<i64>(&mut c, &["EXISTS", &key]), 0, "{key}: emptied");
+        // Memory: a few bytes per request on top of the value's fixed part.
+        assert!(
+            full < 400 + 16 * n as i64,
+            "{key}: MEMORY USAGE {full} for {n}"
+        );
+    }
 }

@@ -20,6 +20,10 @@ use super::stats;
 /// The used-memory ratio from which [`Call::is_out_of_memory`] asks the server's OOM flag.
 const NEAR_MAXMEMORY: f32 = 0.98;
 
+/// The `deny-oom` command that does nothing (`commands/oom_check.rs`), through which
+/// [`Call::is_out_of_memory`] asks the server's own out-of-memory verdict.
+const OOM_PROBE: &CStr = c"RL.OOMCHECK";
+
 /// Arg is one argument of the current command, valid for the command's duration.
 #[repr(transparent)]
 #[derive(Clone, Copy)]
@@ -119,16 +123,21 @@ impl<'a> Call<'a> {
         ffi::context_flags(self.ctx) & gate != 0
     }
 
-    /// Whether the server is out of memory: `maxmemory` is reached and eviction could not
-    /// make room. Limiting commands check it themselves (they are not flagged `deny-oom`) so
-    /// that denials and reports still answer while only writes are refused.
+    /// Whether the server is out of memory: it refuses `deny-oom` commands now, because
+    /// `maxmemory` is reached and its eviction pass could not make room. Limiting commands
+    /// check it themselves (they are not flagged `deny-oom`) so that denials and reports
+    /// still answer while only writes are refused.
     pub fn is_out_of_memory(&self) -> bool {
-        // The server's OOM flag means used memory (less replica and AOF buffers) exceeds
-        // `maxmemory`, i.e. a used-memory ratio above 1; the ratio is 0 without `maxmemory`.
-        // Reading the ratio costs a fraction of reading every context flag, so the flags
-        // (the server's own verdict) are asked only near the limit.
+        // Three steps, each asked only when the one before says yes. The used-memory ratio
+        // (less replica and AOF buffers; 0 without `maxmemory`) is the cheapest read. The
+        // context's OOM flag says used memory is above `maxmemory` now. Neither is the
+        // server's verdict: when its eviction pass runs out of its time budget, eviction
+        // goes on in the background and the server accepts `deny-oom` commands although used
+        // memory is still above `maxmemory`. That verdict is read through the `deny-oom`
+        // probe RL.OOMCHECK, which the server then refuses exactly as it would refuse SET.
         ffi::used_memory_ratio() >= NEAR_MAXMEMORY
             && ffi::context_flags(self.ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
+            && ffi::server_refuses_deny_oom(self.ctx, OOM_PROBE)
     }
 
     /// Propagates this command as received to the AOF and sub-replicas (a replica applying

@@ -110,6 +110,28 @@ pub fn used_memory_ratio() -> f32 {
     }
 }
 
+/// Whether the server refuses `deny-oom` commands for the running command: it calls the
+/// `deny-oom` command `probe` (which must do nothing) with `RedisModule_Call`'s `M` flag,
+/// which refuses it on the server's own out-of-memory verdict, taken as the running command
+/// started, after its eviction pass. True also when the call fails for any other reason.
+pub fn server_refuses_deny_oom(ctx: *mut raw::RedisModuleCtx, probe: &CStr) -> bool {
+    // SAFETY: `ctx` is the live context of the running command; the command name and the
+    // format are NUL-terminated statics, and the format names no argument, so the variadic
+    // call passes none. A returned reply is ours and freed exactly once, here.
+    unsafe {
+        let (Some(call), Some(free)) = (raw::RedisModule_Call, raw::RedisModule_FreeCallReply)
+        else {
+            return true;
+        };
+        let reply = call(ctx, probe.as_ptr(), c"M".as_ptr());
+        if reply.is_null() {
+            return true;
+        }
+        free(reply);
+        false
+    }
+}
+
 /// Returns the context flags (`REDISMODULE_CTX_FLAGS_*`), 0 if unavailable.
 pub fn context_flags(ctx: *mut raw::RedisModuleCtx) -> u32 {
     // SAFETY: `ctx` is the live context of the running command.

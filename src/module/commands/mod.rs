@@ -52,6 +52,7 @@ commands! {
     lease::Lease,
     release::Release,
     apply::Apply,
+    oom_check::OomCheck,
     #[cfg(debug_assertions)]
     panic::Panic,
 }
