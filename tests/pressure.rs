@@ -93,6 +93,9 @@ fn reading_one_log_through_two_windows_costs_no_more_than_through_one() {
     let clock = Clock::new();
     let s = Server::builder().clock(&clock).start();
     let mut c = s.conn();
+    if !clock.governs(&mut c) {
+        return;
+    }
     // Half the log 30 minutes old, half now: the last minute's cutoff lies inside the log,
     // the last hour's before it.
     clock.step_to(-1_800_000_000);

@@ -521,6 +521,9 @@ fn logs_around_the_index_boundary_match_a_brute_force_model() {
     let clock = Clock::new();
     let s = Server::builder().clock(&clock).start();
     let mut c = s.conn();
+    if !clock.governs(&mut c) {
+        return;
+    }
     // Instants are whole microseconds: the module reads the clock at that resolution.
     let ms = 1_000_000u64;
     let (window, long) = ("1", 1000 * ms);
