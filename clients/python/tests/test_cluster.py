@@ -11,17 +11,13 @@ import redis
 import redis.asyncio as aredis
 
 from redis_rl import GCRA, AsyncLimiter, Limiter, Mode, Window, tag
-from redis_rl._protocol import library_path
-
-from .conftest import FALLBACK_MISSING, RedisCluster
+from .conftest import RedisCluster
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module", params=["module", "fallback"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, RedisCluster]]:
-    if request.param == "fallback" and library_path() is None:
-        pytest.skip(FALLBACK_MISSING)
     c = RedisCluster(module=request.param == "module")
     yield str(request.param), c
     c.close()

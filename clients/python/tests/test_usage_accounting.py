@@ -1,5 +1,5 @@
 """Leases (acquire/release, background renewal), FORCE and per-limit COST, per SPEC.md
-"Usage accounting". Skipped while the server lacks RL.LEASE (module) or rl_lease (fallback)."""
+"Usage accounting", in both modes and both flavors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import redis
 
 from redis_rl import GCRA, Lease, RateLimitExceeded, Window
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.needs_usage_accounting]
+pytestmark = pytest.mark.asyncio
 
 
 async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> None:

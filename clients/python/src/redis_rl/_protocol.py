@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -140,20 +139,19 @@ def is_missing_function(exc: BaseException) -> bool:
 
 
 def library_path() -> Path | None:
-    """library_path finds the Lua library: packaged, $REDIS_RL_LUA, or a source checkout."""
-    env = os.environ.get("REDIS_RL_LUA")
-    if env:
-        return Path(env)
+    """library_path finds the Lua library: the packaged copy (`redis_rl/lua/redis_rl.lua`,
+    put there by the build from the repository's one copy), or, when the package runs from
+    its source directory (an editable install, `clients/python/src/redis_rl`), the
+    repository's `scripts/lua/redis_rl.lua` itself."""
     try:
         packaged = resources.files("redis_rl").joinpath("lua", "redis_rl.lua")
         if packaged.is_file():
             return Path(str(packaged))
     except (FileNotFoundError, ModuleNotFoundError):  # pragma: no cover
         pass
-    # An editable install or a checkout: the repository's one copy.
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "scripts" / "lua" / "redis_rl.lua"
+    here = Path(__file__).resolve().parent
+    if here.parent.name == "src" and here.parent.parent.name == "python":
+        candidate = here.parents[3] / "scripts" / "lua" / "redis_rl.lua"
         if candidate.is_file():
             return candidate
     return None
@@ -173,8 +171,8 @@ def library_code() -> str:
                 from ._policy import LimiterError
 
                 raise LimiterError(
-                    "the Lua fallback library (scripts/lua/redis_rl.lua) is not in this "
-                    "installation: mode='fallback' needs it (set REDIS_RL_LUA to its path)"
+                    "the Lua fallback library (redis_rl/lua/redis_rl.lua) is not in this "
+                    "installation: reinstall the package from the repository or its sdist"
                 )
             _code = path.read_text(encoding="utf-8")
         return _code
