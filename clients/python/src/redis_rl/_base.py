@@ -13,8 +13,8 @@ from typing import Any, Union
 from ._decision import Decision, Source, decision_from_reply
 from ._limits import GCRA, Algorithm, Lease, Limit, Window, check_token, positive
 from ._local import Credit, Credits, DenyCache, batchable, credit_deadlines
-from ._policy import Counters, FailurePolicy, Health
-from ._protocol import Arg, Mode, all_command, ints, source_of
+from ._policy import Counters, FailurePolicy, Health, LimiterError
+from ._protocol import Arg, LibraryPlan, Mode, all_command, ints, library_plan, source_of
 
 __all__ = ["Refund", "Release"]
 
@@ -111,6 +111,32 @@ class LimiterBase:
     def margin(self) -> float:
         """margin is the safety gap kept before a window boundary or GCRA refund deadline."""
         return 0.005 + 3 * self._rtt
+
+    # -- the fallback library -------------------------------------------------------------
+
+    def library_action(self, theirs: str | None, ours: str, where: str) -> LibraryPlan | None:
+        """library_action decides, from a server's `rl_version` (None: no library), whether
+        to LOAD or REPLACE the library there (None: leave it); logs or raises as needed."""
+        plan = library_plan(theirs, ours)
+        if plan is LibraryPlan.KEEP:
+            return None
+        if plan is LibraryPlan.NEWER:
+            self.logger.warning(
+                "redis-rl: the server%s runs redis_rl library %s, newer than ours (%s); kept",
+                where, theirs, ours,
+            )
+            return None
+        if not self.load_library:
+            if plan is LibraryPlan.LOAD:
+                raise LimiterError(
+                    f"the redis_rl Functions library is not loaded{where} and load_library=False"
+                )
+            self.logger.warning(
+                "redis-rl: the server%s runs redis_rl library %s, ours is %s "
+                "(load_library=False: not replaced)", where, theirs, ours,
+            )
+            return None
+        return plan
 
     # -- decisions ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -226,32 +227,76 @@ def command_exists(reply: Any) -> bool:
     return bool(reply)
 
 
-def library_matches(listing: Any, code: str) -> bool | None:
-    """library_matches reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`.
+def text(value: Any) -> str:
+    """text decodes a bulk-string reply."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
-    True: loaded with this code; False: loaded with other code; None: not loaded.
+
+_VERSION_LINE = re.compile(r"^local VERSION = '([^'\n]+)'$", re.M)
+
+#: The library's configuration lines (`local LOG_MAX_LIMIT = 100000`), by rl_config name.
+_CONFIG_LINES = {"log-max-limit": "LOG_MAX_LIMIT", "lease-max-limit": "LEASE_MAX_LIMIT"}
+
+
+def library_version(code: str) -> str:
+    """library_version is the version the library's code declares (`local VERSION = '1.0.0'`),
+    the one its `rl_version` function answers."""
+    m = _VERSION_LINE.search(code)
+    if m is None:
+        raise ValueError("the packaged Lua library declares no VERSION")
+    return m.group(1)
+
+
+def _version_key(version: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(p) for p in version.split("."))
+    except ValueError:
+        return None
+
+
+class LibraryPlan(str, enum.Enum):
+    """LibraryPlan is what to do with one server's redis_rl library."""
+
+    KEEP = "keep"  # the server runs our version
+    LOAD = "load"  # not loaded: load ours
+    REPLACE = "replace"  # an older (or unreadable) version: replace it with ours
+    NEWER = "newer"  # a newer version, loaded by a newer client: leave it
+
+
+def library_plan(server_version: str | None, ours: str) -> LibraryPlan:
+    """library_plan compares the server's `rl_version` (None: no library) with ours."""
+    if server_version is None:
+        return LibraryPlan.LOAD
+    if server_version == ours:
+        return LibraryPlan.KEEP
+    theirs, mine = _version_key(server_version), _version_key(ours)
+    if theirs is not None and mine is not None and theirs > mine:
+        return LibraryPlan.NEWER
+    return LibraryPlan.REPLACE
+
+
+def parse_config(reply: Any) -> dict[str, int]:
+    """parse_config reads `FCALL_RO rl_config 0`: a flat list of names and values."""
+    out: dict[str, int] = {}
+    items = list(reply) if isinstance(reply, (list, tuple)) else []
+    for name, value in zip(items[::2], items[1::2]):
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[text(name)] = value
+    return out
+
+
+def configured_code(code: str, config: dict[str, int]) -> str:
+    """configured_code is our library's code with the server's settings kept.
+
+    An operator sets the fallback's limits (rl.log-max-limit, rl.lease-max-limit) by editing
+    their lines and loading the text; replacing an older library keeps those values rather
+    than resetting them to the defaults.
     """
-    entries = listing if isinstance(listing, list) else [listing] if listing else []
-    found = False
-    for entry in entries:
-        if isinstance(entry, dict):
-            fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in entry.items()}
-        elif isinstance(entry, list):
-            fields = {
-                (entry[i].decode() if isinstance(entry[i], bytes) else entry[i]): entry[i + 1]
-                for i in range(0, len(entry) - 1, 2)
-            }
-        else:
+    for name, variable in _CONFIG_LINES.items():
+        value = config.get(name)
+        if value is None or value < 1:
             continue
-        name = fields.get("library_name")
-        if isinstance(name, bytes):
-            name = name.decode()
-        if name != LIBRARY_NAME:
-            continue
-        found = True
-        server_code = fields.get("library_code")
-        if isinstance(server_code, bytes):
-            server_code = server_code.decode()
-        if server_code != code:
-            return False
-    return True if found else None
+        code = re.sub(
+            rf"^local {variable} = \d+$", f"local {variable} = {value}", code, count=1, flags=re.M
+        )
+    return code

@@ -26,18 +26,22 @@ from ._local import Credit
 from ._policy import LimiterError, RateLimitExceeded, is_unavailable
 from ._protocol import (
     Arg,
-    PARSE_ERRORS,
+    LibraryPlan,
     Mode,
+    PARSE_ERRORS,
     check_command,
     command_exists,
+    configured_code,
     frame,
     ints,
     is_missing_function,
     is_unknown_command,
     library_code,
-    library_matches,
+    library_version,
+    parse_config,
     pool_state,
     source_of,
+    text,
 )
 
 __all__ = ["AsyncHeld", "AsyncLimiter"]
@@ -124,25 +128,47 @@ class AsyncLimiter(LimiterBase):
                     st.library_ready = True
         return mode
 
+    async def _nodes(self) -> list[Any]:
+        if not isinstance(self.redis, aredis.RedisCluster):
+            return [None]
+        nodes = list(self.redis.get_primaries())
+        if not nodes:  # the cluster client learns its nodes on first use
+            await self.redis.initialize()
+            nodes = list(self.redis.get_primaries())
+        return nodes
+
+    async def _on(self, node: Any, *args: Arg) -> Any:
+        if node is None:
+            return await self._exec(*args)
+        return await self._exec(*args, target_nodes=node)
+
     async def _ensure_library(self) -> None:
+        """_ensure_library: see `Limiter._ensure_library`."""
         code = library_code()
-        nodes: list[Any] = (
-            list(self.redis.get_primaries()) if isinstance(self.redis, aredis.RedisCluster) else [None]
-        )
-        for node in nodes:
-            kw: dict[str, Any] = {} if node is None else {"target_nodes": node}
-            listing = await self._exec("FUNCTION", "LIST", "LIBRARYNAME", "redis_rl", "WITHCODE", **kw)
-            state = library_matches(listing, code)
-            if state is True:
+        ours = library_version(code)
+        for node in await self._nodes():
+            try:
+                theirs: str | None = text(await self._on(node, "FCALL_RO", "rl_version", 0))
+            except redis.ResponseError as e:
+                if not is_missing_function(e):
+                    raise
+                theirs = None
+            where = "" if node is None else f" on {node.name}"
+            plan = self.library_action(theirs, ours, where)
+            if plan is None:
                 continue
-            if not self.load_library:
-                if state is None:
-                    raise LimiterError(
-                        "the redis_rl Functions library is not loaded and load_library=False"
+            load = code
+            if plan is LibraryPlan.REPLACE:
+                try:
+                    load = configured_code(
+                        code, parse_config(await self._on(node, "FCALL_RO", "rl_config", 0))
                     )
-                self.logger.warning("redis-rl: the server's redis_rl library differs from ours")
-                continue
-            await self._exec("FUNCTION", "LOAD", "REPLACE", code, **kw)
+                except redis.ResponseError:
+                    pass  # a library too old to report its settings: ours are the defaults
+            await self._on(node, "FUNCTION", "LOAD", "REPLACE", load)
+            self.logger.info(
+                "redis-rl: loaded redis_rl library %s%s (it had: %s)", ours, where, theirs or "none"
+            )
 
     async def _call(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode]:
         for attempt in (0, 1):

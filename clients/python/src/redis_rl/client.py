@@ -21,18 +21,22 @@ from ._local import Credit
 from ._policy import LimiterError, RateLimitExceeded, is_unavailable
 from ._protocol import (
     Arg,
-    PARSE_ERRORS,
+    LibraryPlan,
     Mode,
+    PARSE_ERRORS,
     check_command,
     command_exists,
+    configured_code,
     frame,
     ints,
     is_missing_function,
     is_unknown_command,
     library_code,
-    library_matches,
+    library_version,
+    parse_config,
     pool_state,
     source_of,
+    text,
 )
 
 __all__ = ["Held", "Limiter"]
@@ -134,20 +138,31 @@ class Limiter(LimiterBase):
         return self.redis.execute_command(*args, target_nodes=node)
 
     def _ensure_library(self) -> None:
+        """_ensure_library makes every master run our library version: loads it where it is
+        missing and replaces an older one (keeping the server's settings), per `rl_version`."""
         code = library_code()
+        ours = library_version(code)
         for node in self._nodes():
-            listing = self._on(node, "FUNCTION", "LIST", "LIBRARYNAME", "redis_rl", "WITHCODE")
-            state = library_matches(listing, code)
-            if state is True:
+            try:
+                theirs: str | None = text(self._on(node, "FCALL_RO", "rl_version", 0))
+            except redis.ResponseError as e:
+                if not is_missing_function(e):
+                    raise
+                theirs = None
+            where = "" if node is None else f" on {node.name}"
+            plan = self.library_action(theirs, ours, where)
+            if plan is None:
                 continue
-            if not self.load_library:
-                if state is None:
-                    raise LimiterError(
-                        "the redis_rl Functions library is not loaded and load_library=False"
-                    )
-                self.logger.warning("redis-rl: the server's redis_rl library differs from ours")
-                continue
-            self._on(node, "FUNCTION", "LOAD", "REPLACE", code)
+            load = code
+            if plan is LibraryPlan.REPLACE:
+                try:
+                    load = configured_code(code, parse_config(self._on(node, "FCALL_RO", "rl_config", 0)))
+                except redis.ResponseError:
+                    pass  # a library too old to report its settings: ours are the defaults
+            self._on(node, "FUNCTION", "LOAD", "REPLACE", load)
+            self.logger.info(
+                "redis-rl: loaded redis_rl library %s%s (it had: %s)", ours, where, theirs or "none"
+            )
 
     def _call(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode]:
         """_call runs one command in the resolved mode, re-detecting once when the module
