@@ -19,6 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
+
 from ._decision import Source
 from ._limits import GCRA, Lease, Limit, Window, non_negative
 
@@ -116,6 +118,26 @@ def all_command(
     if force:
         args.append("FORCE")
     return args
+
+
+def cluster_route(client: Any, command: Arg, keys: Sequence[str]) -> dict[str, Any]:
+    """cluster_route gives `execute_command`'s `target_nodes` for a call on a cluster client:
+    the master of the keys' slot, from the client's slot table.
+
+    redis-py finds the keys of a command with movable keys (FCALL, RL.ALL, and the module's
+    commands, whose key-specs are declared with keywords) by asking a server `COMMAND GETKEYS`
+    on every call: one more round trip per decision, to another node. The limiter knows its
+    keys, so it routes the call itself; MOVED and ASK are still followed by redis-py. Keys
+    in several slots raise redis-py's cross-slot error. An empty result (a slot the table
+    does not cover yet) leaves the routing to redis-py.
+    """
+    slots = {client.keyslot(k) for k in keys}
+    if len(slots) != 1:
+        raise RedisClusterException(f"{text(command)} - all keys must map to the same key slot")
+    try:
+        return {"target_nodes": client.get_node_from_key(keys[0])}
+    except SlotNotCoveredError:
+        return {}
 
 
 def ints(reply: Any) -> list[int]:

@@ -30,6 +30,7 @@ from ._protocol import (
     Mode,
     PARSE_ERRORS,
     check_command,
+    cluster_route,
     command_exists,
     configured_code,
     frame,
@@ -176,7 +177,13 @@ class AsyncLimiter(LimiterBase):
             self.counters.add("redis_calls")
             sent = time.monotonic()
             try:
-                reply = await self._exec(*frame(mode, op, keys, args))
+                command = frame(mode, op, keys, args)
+                route = (
+                    cluster_route(self.redis, command[0], keys)
+                    if isinstance(self.redis, aredis.RedisCluster)
+                    else {}
+                )
+                reply = await self._exec(*command, **route)
                 self.observe_rtt(sent)
                 return reply, mode
             except redis.ResponseError as e:

@@ -25,6 +25,7 @@ from ._protocol import (
     Mode,
     PARSE_ERRORS,
     check_command,
+    cluster_route,
     command_exists,
     configured_code,
     frame,
@@ -172,7 +173,13 @@ class Limiter(LimiterBase):
             self.counters.add("redis_calls")
             sent = time.monotonic()
             try:
-                reply = self.redis.execute_command(*frame(mode, op, keys, args))
+                command = frame(mode, op, keys, args)
+                route = (
+                    cluster_route(self.redis, command[0], keys)
+                    if isinstance(self.redis, redis.RedisCluster)
+                    else {}
+                )
+                reply = self.redis.execute_command(*command, **route)
                 self.observe_rtt(sent)
                 return reply, mode
             except redis.ResponseError as e:
