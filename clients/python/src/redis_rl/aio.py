@@ -19,7 +19,7 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.asyncio.retry import Retry
 
-from ._base import LimiterBase, LimitEntry, Refund, Release
+from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
 from ._decision import Decision, decision_from_reply
 from ._limits import Lease, Limit, check_token, non_negative, positive
 from ._local import Credit
@@ -342,12 +342,7 @@ class AsyncLimiter(LimiterBase):
         return _Acquire(self, self.full_key(key), lease, tok, slots)
 
     async def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
-        non_negative(slots, "QUANTITY")
-        args: list[Arg] = [*lease.args(), tok]
-        if slots != 1:
-            args += ["QUANTITY", slots]
-        if peek:
-            args.append("PEEK")
+        args = self.lease_args(lease, tok, slots, peek)
         if self.health.skip():
             return self.degraded(lease, full, None)
         got = await self._guarded("lease", [full], args)
@@ -355,6 +350,18 @@ class AsyncLimiter(LimiterBase):
             return self.degraded(lease, full, got)
         reply, mode = got
         return self.decided(decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode)))
+
+    async def _renew_call(self, full: str, lease: Lease, tok: bytes, slots: int) -> Decision | None:
+        """_renew_call: see `Limiter._renew_call`."""
+        args = self.lease_args(lease, tok, slots)
+        if self.health.skip():
+            return None
+        got = await self._guarded("lease", [full], args)
+        if isinstance(got, BaseException):
+            return None
+        self.health.success()
+        reply, mode = got
+        return decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode))
 
     async def release(self, key: str, token: str | bytes) -> Release:
         """release: see `Limiter.release`."""
@@ -429,10 +436,11 @@ class _Acquire:
 
     async def _take(self) -> AsyncHeld:
         limiter, key, lease, token, slots = self._args
+        sent = time.monotonic()
         d = await limiter._lease_call(key, lease, token, slots)
         if not d.allowed:
             raise RateLimitExceeded(d)
-        held = AsyncHeld(limiter, key, lease, token, slots, d)
+        held = AsyncHeld(limiter, key, lease, token, slots, d, sent)
         held._start()
         return held
 
@@ -453,21 +461,16 @@ class _Acquire:
             await self._held.release()
 
 
-class AsyncHeld:
-    """AsyncHeld is a lease taken by `AsyncLimiter.acquire`; see `Held`."""
+class AsyncHeld(HeldBase):
+    """AsyncHeld is a lease taken by `AsyncLimiter.acquire`: renewed by a background task
+    (every third of the lease), released on exit. See HeldBase for `decision` and `lost`."""
 
     def __init__(
-        self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision
+        self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision,
+        since: float | None = None,
     ) -> None:
+        super().__init__(limiter, key, lease, token, slots, decision, time.monotonic() if since is None else since)
         self.limiter = limiter
-        self.key = key
-        self.lease = lease
-        self.token = token
-        self.slots = slots
-        self.decision = decision
-        self.lost = False
-        self._released = False
-        self._last_renewed = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
     def _start(self) -> None:
@@ -475,22 +478,20 @@ class AsyncHeld:
             self._task = asyncio.get_running_loop().create_task(self._renew_loop())
 
     async def _renew_loop(self) -> None:
-        every = self.lease.lease_ns / 1e9 / 3
         while True:
-            await asyncio.sleep(every)
-            await self.renew()
+            await asyncio.sleep(self.renew_every)
+            try:
+                await self.renew()
+            except Exception as e:  # Redis refused the renewal (not an outage): stop
+                self.note_error(e)
+                return
 
-    async def renew(self) -> Decision:
-        """renew extends the lease to a full lease time from now."""
-        d = await self.limiter._lease_call(self.key, self.lease, self.token, self.slots)
-        if d.degraded:
-            if time.monotonic() - self._last_renewed > self.lease.lease_ns / 1e9:
-                self.lost = True
-        elif d.allowed:
-            self._last_renewed = time.monotonic()
-        else:
-            self.lost = True
-            self.limiter.logger.warning("redis-rl: lease on %r could not be renewed", self.key)
+    async def renew(self) -> Decision | None:
+        """renew extends the lease to a full lease time from now; returns Redis's decision,
+        or None when Redis did not answer."""
+        sent = time.monotonic()
+        d = await self.limiter._renew_call(self.key, self.lease, self.token, self.slots)
+        self.note_renewal(d, sent)
         return d
 
     async def release(self) -> Release | None:
