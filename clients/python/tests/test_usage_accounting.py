@@ -119,3 +119,27 @@ async def test_check_all_force(limiter: Any) -> None:
     d = await limiter.check_all(limits, cost=5, force=True)
     assert d.allowed and d.remaining == 0
     assert not (await limiter.check_all(limits)).allowed
+
+
+async def test_check_all_binding_limit_is_a_charged_one(limiter: Any) -> None:
+    # A COST 0 limit that happens to show the same limit and remaining as the charged one is
+    # only reported: the combined decision names the charged limit.
+    seen, charged = Window(10, 60, "FIXED", name="seen"), Window(10, 60, "FIXED", name="charged")
+    await limiter.check("{b}:seen", seen)  # 9 left
+    d = await limiter.check_all({"{b}:seen": (seen, 0), "{b}:charged": charged})
+    assert [x.remaining for x in d.per_key.values()] == [9, 9]
+    assert d.allowed and d.policy == charged and d.remaining == 9
+
+
+async def test_check_all_lease_spec_with_cost_and_force_errors(limiter: Any) -> None:
+    # A LEASE spec with COST n takes n slots; FORCE with a LEASE spec is refused and writes
+    # nothing anywhere.
+    limits = {"{c}:rate": GCRA(10, 1, 60), "{c}:slots": (Lease(3, 10), 2)}
+    d = await limiter.check_all(limits, tokens={"{c}:slots": "w"})
+    assert d.allowed
+    assert d.per_key[limiter.prefix + "{c}:slots"].remaining == 1
+    assert d.per_key[limiter.prefix + "{c}:rate"].remaining == 9
+    with pytest.raises(redis.ResponseError, match="FORCE cannot be used on a LEASE limit"):
+        await limiter.check_all(limits, tokens={"{c}:slots": "x"}, force=True)
+    assert (await limiter.check("{c}:rate", GCRA(10, 1, 60), cost=0)).remaining == 9
+    assert (await limiter.release("{c}:slots", "w")).released == 2

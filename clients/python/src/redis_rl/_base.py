@@ -387,7 +387,7 @@ class LimiterBase:
 
     @staticmethod
     def all_decision(
-        reply: Any, items: list[tuple[str, Limit, int | None, bytes | None]], mode: Mode
+        reply: Any, items: list[tuple[str, Limit, int | None, bytes | None]], mode: Mode, cost: int
     ) -> Decision:
         combined = ints(reply[0])
         src = source_of(mode)
@@ -395,11 +395,18 @@ class LimiterBase:
             key: decision_from_reply(ints(r), policy=lim, key=key, source=src)
             for (key, lim, _, _), r in zip(items, reply[1])
         }
+        # The binding limit (SPEC: the charged limit admitting the fewest further calls of
+        # this shape, ties to the smaller remaining) is the one whose limit and remaining
+        # the combined reply carries; among look-alikes, a charged limit (COST ≠ 0) first.
         binding: Limit | None = None
-        for d in per.values():
-            if d.limit == combined[1] and d.remaining == combined[2]:
-                binding = d.policy
-                break
+        best: tuple[int, int, int] | None = None
+        for (key, lim, own, _), d in zip(items, per.values()):
+            if (d.limit, d.remaining) != (combined[1], combined[2]):
+                continue
+            charge = cost if own is None else own
+            rank = (0 if charge > 0 else 1, d.remaining // charge if charge > 0 else 0, d.remaining)
+            if best is None or rank < best:
+                best, binding = rank, lim
         top = decision_from_reply(combined, policy=binding, key=None, source=src)
         return Decision(
             allowed=top.allowed,

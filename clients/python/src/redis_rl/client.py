@@ -316,7 +316,7 @@ class Limiter(LimiterBase):
         if isinstance(got, BaseException):
             return self.degraded_all(items, got)
         reply, mode = got
-        d = self.all_decision(reply, items, mode)
+        d = self.all_decision(reply, items, mode, cost)
         if plain:
             self.remember(ck, cost, d, sent)
         return self.decided(d)
