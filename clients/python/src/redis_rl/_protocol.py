@@ -22,7 +22,7 @@ from typing import Any, Union
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 from ._decision import Source
-from ._limits import GCRA, Lease, Limit, Window, non_negative
+from ._limits import GCRA, Lease, Limit, non_negative
 
 __all__ = ["Mode", "PoolState", "library_code", "pool_state"]
 

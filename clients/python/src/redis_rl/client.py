@@ -16,9 +16,9 @@ from redis.retry import Retry
 
 from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
 from ._decision import Decision, decision_from_reply
-from ._limits import Lease, Limit, check_token, non_negative, positive
+from ._limits import Lease, Limit, check_token, positive
 from ._local import Credit
-from ._policy import LimiterError, RateLimitExceeded, is_unavailable
+from ._policy import RateLimitExceeded, is_unavailable
 from ._protocol import (
     Arg,
     LibraryPlan,
