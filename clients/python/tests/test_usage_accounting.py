@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aredis
 
-from redis_rl import GCRA, Lease, RateLimitExceeded, Window
+from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, RateLimitExceeded, Window
 
-pytestmark = pytest.mark.asyncio
+from .conftest import RedisServer, SyncAsAsync
 
 
 async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> None:
@@ -143,3 +146,47 @@ async def test_check_all_lease_spec_with_cost_and_force_errors(limiter: Any) -> 
         await limiter.check_all(limits, tokens={"{c}:slots": "x"}, force=True)
     assert (await limiter.check("{c}:rate", GCRA(10, 1, 60), cost=0)).remaining == 9
     assert (await limiter.release("{c}:slots", "w")).released == 2
+
+
+def test_release_while_a_renewal_is_in_flight(server: RedisServer, flavor: str, prefix: str) -> None:
+    # Short leases (renewed every 10 ms) released at random moments, so releases land in the
+    # middle of renewal calls. The renewal must stop without being cut off mid-command
+    # (cancelling a redis-py command can swallow the cancellation and leak its connection:
+    # the renewal then ran forever and release() never returned). The churn runs on its own
+    # thread and event loop, so that a release that never returns fails this test instead
+    # of hanging it.
+    outcome: dict[str, Any] = {}
+
+    async def churn() -> None:
+        lim: Any
+        if flavor == "sync":
+            lim = SyncAsAsync(Limiter(server.client(), prefix=prefix))
+        else:
+            lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+        for i in range(40):
+            async with lim.acquire(f"churn{i % 3}", Lease(1, "0.03")) as held:
+                assert held.decision.allowed
+                await asyncio.sleep(random.random() * 0.05)
+        outcome["errors"] = lim.counters["errors"]
+        for i in range(3):  # every lease was given back
+            d = await lim.check_all({f"churn{i}": Lease(1, "0.03")}, tokens={f"churn{i}": "probe"}, peek=True)
+            outcome.setdefault("free", []).append(d.allowed)
+        await lim.aclose()
+        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+        if flavor == "sync":
+            inner.redis.close()
+        else:
+            await inner.redis.aclose()
+
+    def run() -> None:
+        try:
+            asyncio.run(churn())
+        except BaseException as e:  # reported below
+            outcome["raised"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "acquire/release churn did not finish in 30 s: a release hung"
+    assert "raised" not in outcome, outcome
+    assert outcome["errors"] == 0 and outcome["free"] == [True, True, True]

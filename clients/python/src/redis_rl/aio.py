@@ -472,14 +472,20 @@ class AsyncHeld(HeldBase):
         super().__init__(limiter, key, lease, token, slots, decision, time.monotonic() if since is None else since)
         self.limiter = limiter
         self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
 
     def _start(self) -> None:
         if not self.decision.degraded:
-            self._task = asyncio.get_running_loop().create_task(self._renew_loop())
+            self._stop = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._renew_loop(self._stop))
 
-    async def _renew_loop(self) -> None:
+    async def _renew_loop(self, stop: asyncio.Event) -> None:
         while True:
-            await asyncio.sleep(self.renew_every)
+            try:
+                await asyncio.wait_for(stop.wait(), self.renew_every)
+                return  # released
+            except asyncio.TimeoutError:
+                pass
             try:
                 await self.renew()
             except Exception as e:  # Redis refused the renewal (not an outage): stop
@@ -495,13 +501,20 @@ class AsyncHeld(HeldBase):
         return d
 
     async def release(self) -> Release | None:
-        """release frees the slots now (idempotent)."""
-        if self._task is not None and self._task is not asyncio.current_task():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        """release frees the slots now (idempotent).
+
+        The renewal task is told to stop, and given the time of one renewal call to finish
+        it; it is not cancelled in the middle of a call (a command cut off by a
+        cancellation can cost a connection, and some client code paths turn it into a
+        connection error), only cancelled if it does not stop within a second.
+        """
+        task = self._task
+        if self._stop is not None:
+            self._stop.set()
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            await asyncio.wait({task}, timeout=1.0)
+            if not task.done():
+                task.cancel()
         if self._released or self.decision.degraded:
             self._released = True
             return None
