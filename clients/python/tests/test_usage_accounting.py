@@ -35,9 +35,9 @@ async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> Non
 
 
 async def test_acquire_renews_in_the_background(limiter: Any) -> None:
-    lease = Lease(1, 0.3)
+    lease = Lease(1, "0.6")
     async with limiter.acquire("long", lease) as held:
-        await asyncio.sleep(1.0)  # three lease times: held only through renewals
+        await asyncio.sleep(1.5)  # two and a half lease times: held only through renewals
         with pytest.raises(RateLimitExceeded):
             async with limiter.acquire("long", lease):
                 pass
