@@ -55,7 +55,7 @@ bench: build ## Speed, memory and instructions per call against INCR, Lua and th
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
-	.venv-py/bin/python clients/python/bench/fastpath.py $${BENCH_QUICK:+--seconds 1}
+	.venv-py/bin/python clients/python/bench/fastpath.py $$([ -n "$${BENCH_QUICK:-}" ] && echo --seconds 1 || echo --readme)
 	RL_MODULE=$(MODULE) cargo bench -p redis-rl-client --bench fastpath -- $${BENCH_QUICK:+--seconds 1}
 	$(MAKE) bench-replay
 

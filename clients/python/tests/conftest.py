@@ -3,9 +3,8 @@ with and without the module, a three-master cluster, stopped by PID.
 
 Every behaviour test runs in both modes: "module" against a server with the module loaded
 (mode="auto" must pick the module) and "fallback" against a server without it (mode="auto"
-must pick the Lua library). The fallback runs are skipped, with the reason, while
-scripts/lua/redis_rl.lua is not in the tree. Tests marked `needs_usage_accounting` are
-skipped while the server lacks RL.LEASE (module) or rl_lease (fallback).
+must pick the Lua library, which the installed package carries). Nothing is skipped: a
+missing module, library or command fails the run.
 """
 
 from __future__ import annotations
@@ -28,18 +27,11 @@ import redis
 import redis.asyncio as aredis
 
 from redis_rl import AsyncLimiter, Limiter, Mode
-from redis_rl._protocol import library_path
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = Path(os.environ.get("RL_MODULE") or ROOT / "target" / "release" / "libredis_rl.so")
 SERVER = os.environ.get("REDIS_SERVER", "redis-server")
 START_DEADLINE = 20.0
-
-FALLBACK_MISSING = (
-    "fallback mode needs scripts/lua/redis_rl.lua (the Functions library), which is not in "
-    "this tree yet"
-)
-
 
 def free_port(cluster: bool = False) -> int:
     """free_port finds a free loopback port; for a cluster node, one ≤ 55535 whose bus port
@@ -204,23 +196,6 @@ class RedisCluster:
             n.close()
 
 
-def has_usage_accounting(server: RedisServer) -> bool:
-    c = server.client()
-    try:
-        try:
-            return bool(c.execute_command("COMMAND", "INFO", "RL.LEASE"))
-        except (TypeError, IndexError, AttributeError, KeyError):
-            return False  # redis-py's parser fails on the nil of a missing command
-    finally:
-        c.close()
-
-
-def library_has(server: RedisServer, function: str) -> bool:
-    """library_has: the packaged Lua library registers `function`."""
-    path = library_path()
-    return path is not None and function in path.read_text()
-
-
 # -- servers ------------------------------------------------------------------------------------
 
 
@@ -240,8 +215,6 @@ def plain_server() -> Iterator[RedisServer]:
 
 @pytest.fixture(params=["module", "fallback"])
 def mode(request: pytest.FixtureRequest) -> str:
-    if request.param == "fallback" and library_path() is None:
-        pytest.skip(FALLBACK_MISSING)
     return str(request.param)
 
 
@@ -249,11 +222,6 @@ def mode(request: pytest.FixtureRequest) -> str:
 def server(mode: str, request: pytest.FixtureRequest) -> RedisServer:
     """server is the module server in module mode, a server without the module in fallback."""
     s: RedisServer = request.getfixturevalue("module_server" if mode == "module" else "plain_server")
-    if request.node.get_closest_marker("needs_usage_accounting"):
-        if mode == "module" and not has_usage_accounting(s):
-            pytest.skip("needs RL.LEASE / FORCE / COST: COMMAND INFO RL.LEASE is empty on this module build")
-        if mode == "fallback" and not library_has(s, "rl_lease"):
-            pytest.skip("needs rl_lease in scripts/lua/redis_rl.lua")
     return s
 
 

@@ -13,7 +13,7 @@ import redis
 
 from redis_rl import GCRA, NEVER, Algorithm, Source, Window
 
-from .conftest import RedisServer, expected_mode
+from .conftest import expected_mode
 
 pytestmark = pytest.mark.asyncio
 

@@ -4,15 +4,18 @@ outage and one on recovery, counters, and recovery without help."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 
-from redis_rl import GCRA, AsyncLimiter, Limiter, LimiterUnavailable, Source, Window
+from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, LimiterUnavailable, Source, Window
 
 from .conftest import RedisServer, expected_mode
 
@@ -179,3 +182,55 @@ async def test_server_restarted_empty_is_detected_again(own_server: RedisServer,
     mode_now = lim.mode if isinstance(lim, Limiter) else await lim.resolved_mode()
     assert mode_now is expected_mode(mode)
     await close(lim)
+
+
+@pytest.mark.parametrize("policy", ["open", "closed", "raise"])
+async def test_a_held_lease_rides_out_an_outage(
+    own_server: RedisServer, flavor: str, policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Renewals are not decisions: during an outage they neither raise (whatever the policy)
+    # nor count as allowed/denied; a lease not renewed for a whole lease time is marked lost;
+    # renewals resume by themselves when Redis answers again, and leaving the block releases.
+    caplog.set_level(logging.WARNING, logger="redis_rl")
+    lim = make(flavor, own_server, on_error=policy)
+    lease = Lease(1, "0.6")
+    failures: list[BaseException] = []
+    old_hook = threading.excepthook
+    threading.excepthook = lambda args: failures.append(args.exc_value or RuntimeError("?"))
+    try:
+        cm = lim.acquire("job", lease)
+        held = await cm.__aenter__() if flavor == "async" else cm.__enter__()
+        assert held.decision.allowed and not held.decision.degraded
+        await asyncio.sleep(0.5)  # a renewal (every 0.2 s) keeps it
+        assert not held.lost
+        own_server.stop()
+        await asyncio.sleep(1.0)  # longer than the lease: renewals cannot reach Redis
+        assert held.lost
+        own_server.start()  # empty: the lease went with the old process
+        deadline = time.monotonic() + 5
+        while not await server_has_lease(own_server, "job"):
+            assert time.monotonic() < deadline, "renewals did not resume"
+            await asyncio.sleep(0.05)
+        if flavor == "async":
+            await cm.__aexit__(None, None, None)
+        else:
+            cm.__exit__(None, None, None)
+        assert not await server_has_lease(own_server, "job")  # released on exit
+        assert failures == []
+        snap = lim.counters.snapshot()
+        assert snap["allowed"] == 1 and snap["denied"] == 0 and snap["degraded"] == 0
+        assert snap["errors"] >= 1
+        assert any("may be lost" in r.getMessage() for r in caplog.records)
+    finally:
+        threading.excepthook = old_hook
+        await close(lim)
+
+
+async def server_has_lease(server: RedisServer, key: str) -> bool:
+    c = server.client()
+    try:
+        return bool(c.exists(key))
+    except redis.ConnectionError:
+        return False
+    finally:
+        c.close()

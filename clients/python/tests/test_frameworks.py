@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import httpx
-import pytest
 from django.conf import settings
 
 from redis_rl import GCRA, AsyncLimiter, Limiter, Window

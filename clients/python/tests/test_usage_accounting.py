@@ -1,20 +1,22 @@
 """Leases (acquire/release, background renewal), FORCE and per-limit COST, per the rules of
 docs/reference.md (docs/reference.md#r-lease-1, docs/reference.md#r-force-1,
-docs/reference.md#r-cost-1 and those after them). Skipped while the server lacks RL.LEASE
-(module) or rl_lease (fallback)."""
+docs/reference.md#r-cost-1 and those after them), in both modes and both flavors."""
 
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aredis
 
-from redis_rl import GCRA, Lease, RateLimitExceeded, Window
+from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, RateLimitExceeded, Window
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.needs_usage_accounting]
+from .conftest import RedisServer, SyncAsAsync
 
 
 async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> None:
@@ -34,9 +36,9 @@ async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> Non
 
 
 async def test_acquire_renews_in_the_background(limiter: Any) -> None:
-    lease = Lease(1, 0.3)
+    lease = Lease(1, "0.6")
     async with limiter.acquire("long", lease) as held:
-        await asyncio.sleep(1.0)  # three lease times: held only through renewals
+        await asyncio.sleep(1.5)  # two and a half lease times: held only through renewals
         with pytest.raises(RateLimitExceeded):
             async with limiter.acquire("long", lease):
                 pass
@@ -121,3 +123,71 @@ async def test_check_all_force(limiter: Any) -> None:
     d = await limiter.check_all(limits, cost=5, force=True)
     assert d.allowed and d.remaining == 0
     assert not (await limiter.check_all(limits)).allowed
+
+
+async def test_check_all_binding_limit_is_a_charged_one(limiter: Any) -> None:
+    # A COST 0 limit that happens to show the same limit and remaining as the charged one is
+    # only reported: the combined decision names the charged limit.
+    seen, charged = Window(10, 60, "FIXED", name="seen"), Window(10, 60, "FIXED", name="charged")
+    await limiter.check("{b}:seen", seen)  # 9 left
+    d = await limiter.check_all({"{b}:seen": (seen, 0), "{b}:charged": charged})
+    assert [x.remaining for x in d.per_key.values()] == [9, 9]
+    assert d.allowed and d.policy == charged and d.remaining == 9
+
+
+async def test_check_all_lease_spec_with_cost_and_force_errors(limiter: Any) -> None:
+    # A LEASE spec with COST n takes n slots; FORCE with a LEASE spec is refused and writes
+    # nothing anywhere.
+    limits = {"{c}:rate": GCRA(10, 1, 60), "{c}:slots": (Lease(3, 10), 2)}
+    d = await limiter.check_all(limits, tokens={"{c}:slots": "w"})
+    assert d.allowed
+    assert d.per_key[limiter.prefix + "{c}:slots"].remaining == 1
+    assert d.per_key[limiter.prefix + "{c}:rate"].remaining == 9
+    with pytest.raises(redis.ResponseError, match="FORCE cannot be used on a LEASE limit"):
+        await limiter.check_all(limits, tokens={"{c}:slots": "x"}, force=True)
+    assert (await limiter.check("{c}:rate", GCRA(10, 1, 60), cost=0)).remaining == 9
+    assert (await limiter.release("{c}:slots", "w")).released == 2
+
+
+def test_release_while_a_renewal_is_in_flight(server: RedisServer, flavor: str, prefix: str) -> None:
+    # Short leases (renewed every 10 ms) released at random moments, so releases land in the
+    # middle of renewal calls. The renewal must stop without being cut off mid-command
+    # (cancelling a redis-py command can swallow the cancellation and leak its connection:
+    # the renewal then ran forever and release() never returned). The churn runs on its own
+    # thread and event loop, so that a release that never returns fails this test instead
+    # of hanging it.
+    outcome: dict[str, Any] = {}
+
+    async def churn() -> None:
+        lim: Any
+        if flavor == "sync":
+            lim = SyncAsAsync(Limiter(server.client(), prefix=prefix))
+        else:
+            lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+        for i in range(40):
+            async with lim.acquire(f"churn{i % 3}", Lease(1, "0.03")) as held:
+                assert held.decision.allowed
+                await asyncio.sleep(random.random() * 0.05)
+        outcome["errors"] = lim.counters["errors"]
+        for i in range(3):  # every lease was given back
+            d = await lim.check_all({f"churn{i}": Lease(1, "0.03")}, tokens={f"churn{i}": "probe"}, peek=True)
+            outcome.setdefault("free", []).append(d.allowed)
+        await lim.aclose()
+        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+        if flavor == "sync":
+            inner.redis.close()
+        else:
+            await inner.redis.aclose()
+
+    def run() -> None:
+        try:
+            asyncio.run(churn())
+        except BaseException as e:  # reported below
+            outcome["raised"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "acquire/release churn did not finish in 30 s: a release hung"
+    assert "raised" not in outcome, outcome
+    assert outcome["errors"] == 0 and outcome["free"] == [True, True, True]

@@ -11,12 +11,12 @@ from types import MappingProxyType
 from typing import Any, Union
 
 from ._decision import Decision, Source, decision_from_reply
-from ._limits import GCRA, Algorithm, Lease, Limit, Window, check_token, positive
+from ._limits import GCRA, Algorithm, Lease, Limit, Window, check_token, non_negative, positive
 from ._local import Credit, Credits, DenyCache, batchable, credit_deadlines
-from ._policy import Counters, FailurePolicy, Health
-from ._protocol import Arg, Mode, all_command, ints, source_of
+from ._policy import Counters, FailurePolicy, Health, LimiterError
+from ._protocol import Arg, LibraryPlan, Mode, all_command, ints, library_plan, source_of
 
-__all__ = ["Refund", "Release"]
+__all__ = ["HeldBase", "Refund", "Release"]
 
 log = logging.getLogger("redis_rl")
 
@@ -42,6 +42,55 @@ class Release:
     remaining: int
     reset_after: timedelta
     degraded: bool = False
+
+
+class HeldBase:
+    """HeldBase is what a held lease (sync Held, AsyncHeld) knows about its renewals.
+
+    `decision` is the acquire's Decision. `lost` becomes True when the lease may no longer
+    be held in Redis: a renewal was denied (the limit was lowered below what is held), failed
+    with an error, or no renewal reached Redis for a whole lease time (Redis may have
+    dropped it and given the slot to another holder meanwhile). A degraded lease (failure
+    policy "open") holds nothing in Redis and is not renewed.
+    """
+
+    def __init__(
+        self, limiter: LimiterBase, key: str, lease: Lease, token: bytes, slots: int, decision: Decision,
+        since: float,
+    ) -> None:
+        self.key = key
+        self.lease = lease
+        self.token = token
+        self.slots = slots
+        self.decision = decision
+        self.lost = False
+        self._logger = limiter.logger
+        self._released = False
+        self._renewed_at = since  # when the last granted (re)take was sent
+
+    @property
+    def renew_every(self) -> float:
+        """renew_every is the renewal period in seconds: a third of the lease."""
+        return self.lease.lease_ns / 1e9 / 3
+
+    def note_renewal(self, d: Decision | None, sent: float) -> None:
+        """note_renewal records one renewal: its decision, or None when Redis did not answer."""
+        if d is None:
+            if time.monotonic() - self._renewed_at >= self.lease.lease_ns / 1e9 and not self.lost:
+                self.lost = True
+                self._logger.warning(
+                    "redis-rl: lease on %r not renewed for a whole lease time: it may be lost", self.key
+                )
+        elif d.allowed:
+            self._renewed_at = sent
+        elif not self.lost:
+            self.lost = True
+            self._logger.warning("redis-rl: lease on %r could not be renewed", self.key)
+
+    def note_error(self, exc: BaseException) -> None:
+        """note_error records a renewal that Redis refused with an error; renewals stop."""
+        self.lost = True
+        self._logger.warning("redis-rl: renewing the lease on %r failed: %s", self.key, exc)
 
 
 def _seconds(value: timedelta | float, name: str) -> float:
@@ -111,6 +160,44 @@ class LimiterBase:
     def margin(self) -> float:
         """margin is the safety gap kept before a window boundary or GCRA refund deadline."""
         return 0.005 + 3 * self._rtt
+
+    # -- the fallback library -------------------------------------------------------------
+
+    def library_action(self, theirs: str | None, ours: str, where: str) -> LibraryPlan | None:
+        """library_action decides, from a server's `rl_version` (None: no library), whether
+        to LOAD or REPLACE the library there (None: leave it); logs or raises as needed."""
+        plan = library_plan(theirs, ours)
+        if plan is LibraryPlan.KEEP:
+            return None
+        if plan is LibraryPlan.NEWER:
+            self.logger.warning(
+                "redis-rl: the server%s runs redis_rl library %s, newer than ours (%s); kept",
+                where, theirs, ours,
+            )
+            return None
+        if not self.load_library:
+            if plan is LibraryPlan.LOAD:
+                raise LimiterError(
+                    f"the redis_rl Functions library is not loaded{where} and load_library=False"
+                )
+            self.logger.warning(
+                "redis-rl: the server%s runs redis_rl library %s, ours is %s "
+                "(load_library=False: not replaced)", where, theirs, ours,
+            )
+            return None
+        return plan
+
+    # -- leases -------------------------------------------------------------------------------
+
+    @staticmethod
+    def lease_args(lease: Lease, token: bytes, slots: int, peek: bool = False) -> list[Arg]:
+        non_negative(slots, "QUANTITY")
+        args: list[Arg] = [*lease.args(), token]
+        if slots != 1:
+            args += ["QUANTITY", slots]
+        if peek:
+            args.append("PEEK")
+        return args
 
     # -- decisions ----------------------------------------------------------------------------
 
@@ -300,7 +387,7 @@ class LimiterBase:
 
     @staticmethod
     def all_decision(
-        reply: Any, items: list[tuple[str, Limit, int | None, bytes | None]], mode: Mode
+        reply: Any, items: list[tuple[str, Limit, int | None, bytes | None]], mode: Mode, cost: int
     ) -> Decision:
         combined = ints(reply[0])
         src = source_of(mode)
@@ -308,11 +395,18 @@ class LimiterBase:
             key: decision_from_reply(ints(r), policy=lim, key=key, source=src)
             for (key, lim, _, _), r in zip(items, reply[1])
         }
+        # The binding limit (SPEC: the charged limit admitting the fewest further calls of
+        # this shape, ties to the smaller remaining) is the one whose limit and remaining
+        # the combined reply carries; among look-alikes, a charged limit (COST ≠ 0) first.
         binding: Limit | None = None
-        for d in per.values():
-            if d.limit == combined[1] and d.remaining == combined[2]:
-                binding = d.policy
-                break
+        best: tuple[int, int, int] | None = None
+        for (key, lim, own, _), d in zip(items, per.values()):
+            if (d.limit, d.remaining) != (combined[1], combined[2]):
+                continue
+            charge = cost if own is None else own
+            rank = (0 if charge > 0 else 1, d.remaining // charge if charge > 0 else 0, d.remaining)
+            if best is None or rank < best:
+                best, binding = rank, lim
         top = decision_from_reply(combined, policy=binding, key=None, source=src)
         return Decision(
             allowed=top.allowed,

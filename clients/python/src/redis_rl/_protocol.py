@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
-import os
+import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -19,8 +19,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
+
 from ._decision import Source
-from ._limits import GCRA, Lease, Limit, Window, non_negative
+from ._limits import GCRA, Lease, Limit, non_negative
 
 __all__ = ["Mode", "PoolState", "library_code", "pool_state"]
 
@@ -118,6 +120,26 @@ def all_command(
     return args
 
 
+def cluster_route(client: Any, command: Arg, keys: Sequence[str]) -> dict[str, Any]:
+    """cluster_route gives `execute_command`'s `target_nodes` for a call on a cluster client:
+    the master of the keys' slot, from the client's slot table.
+
+    redis-py finds the keys of a command with movable keys (FCALL, RL.ALL, and the module's
+    commands, whose key-specs are declared with keywords) by asking a server `COMMAND GETKEYS`
+    on every call: one more round trip per decision, to another node. The limiter knows its
+    keys, so it routes the call itself; MOVED and ASK are still followed by redis-py. Keys
+    in several slots raise redis-py's cross-slot error. An empty result (a slot the table
+    does not cover yet) leaves the routing to redis-py.
+    """
+    slots = {client.keyslot(k) for k in keys}
+    if len(slots) != 1:
+        raise RedisClusterException(f"{text(command)} - all keys must map to the same key slot")
+    try:
+        return {"target_nodes": client.get_node_from_key(keys[0])}
+    except SlotNotCoveredError:
+        return {}
+
+
 def ints(reply: Any) -> list[int]:
     """ints reads a flat integer reply."""
     return [int(x) for x in reply]
@@ -140,20 +162,19 @@ def is_missing_function(exc: BaseException) -> bool:
 
 
 def library_path() -> Path | None:
-    """library_path finds the Lua library: packaged, $REDIS_RL_LUA, or a source checkout."""
-    env = os.environ.get("REDIS_RL_LUA")
-    if env:
-        return Path(env)
+    """library_path finds the Lua library: the packaged copy (`redis_rl/lua/redis_rl.lua`,
+    put there by the build from the repository's one copy), or, when the package runs from
+    its source directory (an editable install, `clients/python/src/redis_rl`), the
+    repository's `scripts/lua/redis_rl.lua` itself."""
     try:
         packaged = resources.files("redis_rl").joinpath("lua", "redis_rl.lua")
         if packaged.is_file():
             return Path(str(packaged))
     except (FileNotFoundError, ModuleNotFoundError):  # pragma: no cover
         pass
-    # An editable install or a checkout: the repository's one copy.
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "scripts" / "lua" / "redis_rl.lua"
+    here = Path(__file__).resolve().parent
+    if here.parent.name == "src" and here.parent.parent.name == "python":
+        candidate = here.parents[3] / "scripts" / "lua" / "redis_rl.lua"
         if candidate.is_file():
             return candidate
     return None
@@ -173,8 +194,8 @@ def library_code() -> str:
                 from ._policy import LimiterError
 
                 raise LimiterError(
-                    "the Lua fallback library (scripts/lua/redis_rl.lua) is not in this "
-                    "installation: mode='fallback' needs it (set REDIS_RL_LUA to its path)"
+                    "the Lua fallback library (redis_rl/lua/redis_rl.lua) is not in this "
+                    "installation: reinstall the package from the repository or its sdist"
                 )
             _code = path.read_text(encoding="utf-8")
         return _code
@@ -228,32 +249,76 @@ def command_exists(reply: Any) -> bool:
     return bool(reply)
 
 
-def library_matches(listing: Any, code: str) -> bool | None:
-    """library_matches reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`.
+def text(value: Any) -> str:
+    """text decodes a bulk-string reply."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
-    True: loaded with this code; False: loaded with other code; None: not loaded.
+
+_VERSION_LINE = re.compile(r"^local VERSION = '([^'\n]+)'$", re.M)
+
+#: The library's configuration lines (`local LOG_MAX_LIMIT = 100000`), by rl_config name.
+_CONFIG_LINES = {"log-max-limit": "LOG_MAX_LIMIT", "lease-max-limit": "LEASE_MAX_LIMIT"}
+
+
+def library_version(code: str) -> str:
+    """library_version is the version the library's code declares (`local VERSION = '1.0.0'`),
+    the one its `rl_version` function answers."""
+    m = _VERSION_LINE.search(code)
+    if m is None:
+        raise ValueError("the packaged Lua library declares no VERSION")
+    return m.group(1)
+
+
+def _version_key(version: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(p) for p in version.split("."))
+    except ValueError:
+        return None
+
+
+class LibraryPlan(str, enum.Enum):
+    """LibraryPlan is what to do with one server's redis_rl library."""
+
+    KEEP = "keep"  # the server runs our version
+    LOAD = "load"  # not loaded: load ours
+    REPLACE = "replace"  # an older (or unreadable) version: replace it with ours
+    NEWER = "newer"  # a newer version, loaded by a newer client: leave it
+
+
+def library_plan(server_version: str | None, ours: str) -> LibraryPlan:
+    """library_plan compares the server's `rl_version` (None: no library) with ours."""
+    if server_version is None:
+        return LibraryPlan.LOAD
+    if server_version == ours:
+        return LibraryPlan.KEEP
+    theirs, mine = _version_key(server_version), _version_key(ours)
+    if theirs is not None and mine is not None and theirs > mine:
+        return LibraryPlan.NEWER
+    return LibraryPlan.REPLACE
+
+
+def parse_config(reply: Any) -> dict[str, int]:
+    """parse_config reads `FCALL_RO rl_config 0`: a flat list of names and values."""
+    out: dict[str, int] = {}
+    items = list(reply) if isinstance(reply, (list, tuple)) else []
+    for name, value in zip(items[::2], items[1::2]):
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[text(name)] = value
+    return out
+
+
+def configured_code(code: str, config: dict[str, int]) -> str:
+    """configured_code is our library's code with the server's settings kept.
+
+    An operator sets the fallback's limits (rl.log-max-limit, rl.lease-max-limit) by editing
+    their lines and loading the text; replacing an older library keeps those values rather
+    than resetting them to the defaults.
     """
-    entries = listing if isinstance(listing, list) else [listing] if listing else []
-    found = False
-    for entry in entries:
-        if isinstance(entry, dict):
-            fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in entry.items()}
-        elif isinstance(entry, list):
-            fields = {
-                (entry[i].decode() if isinstance(entry[i], bytes) else entry[i]): entry[i + 1]
-                for i in range(0, len(entry) - 1, 2)
-            }
-        else:
+    for name, variable in _CONFIG_LINES.items():
+        value = config.get(name)
+        if value is None or value < 1:
             continue
-        name = fields.get("library_name")
-        if isinstance(name, bytes):
-            name = name.decode()
-        if name != LIBRARY_NAME:
-            continue
-        found = True
-        server_code = fields.get("library_code")
-        if isinstance(server_code, bytes):
-            server_code = server_code.decode()
-        if server_code != code:
-            return False
-    return True if found else None
+        code = re.sub(
+            rf"^local {variable} = \d+$", f"local {variable} = {value}", code, count=1, flags=re.M
+        )
+    return code

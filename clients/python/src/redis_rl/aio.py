@@ -19,25 +19,30 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.asyncio.retry import Retry
 
-from ._base import LimiterBase, LimitEntry, Refund, Release
+from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
 from ._decision import Decision, decision_from_reply
-from ._limits import Lease, Limit, check_token, non_negative, positive
+from ._limits import Lease, Limit, check_token, positive
 from ._local import Credit
-from ._policy import LimiterError, RateLimitExceeded, is_unavailable
+from ._policy import RateLimitExceeded, is_unavailable
 from ._protocol import (
     Arg,
-    PARSE_ERRORS,
+    LibraryPlan,
     Mode,
+    PARSE_ERRORS,
     check_command,
+    cluster_route,
     command_exists,
+    configured_code,
     frame,
     ints,
     is_missing_function,
     is_unknown_command,
     library_code,
-    library_matches,
+    library_version,
+    parse_config,
     pool_state,
     source_of,
+    text,
 )
 
 __all__ = ["AsyncHeld", "AsyncLimiter"]
@@ -124,25 +129,47 @@ class AsyncLimiter(LimiterBase):
                     st.library_ready = True
         return mode
 
+    async def _nodes(self) -> list[Any]:
+        if not isinstance(self.redis, aredis.RedisCluster):
+            return [None]
+        nodes = list(self.redis.get_primaries())
+        if not nodes:  # the cluster client learns its nodes on first use
+            await self.redis.initialize()
+            nodes = list(self.redis.get_primaries())
+        return nodes
+
+    async def _on(self, node: Any, *args: Arg) -> Any:
+        if node is None:
+            return await self._exec(*args)
+        return await self._exec(*args, target_nodes=node)
+
     async def _ensure_library(self) -> None:
+        """_ensure_library: see `Limiter._ensure_library`."""
         code = library_code()
-        nodes: list[Any] = (
-            list(self.redis.get_primaries()) if isinstance(self.redis, aredis.RedisCluster) else [None]
-        )
-        for node in nodes:
-            kw: dict[str, Any] = {} if node is None else {"target_nodes": node}
-            listing = await self._exec("FUNCTION", "LIST", "LIBRARYNAME", "redis_rl", "WITHCODE", **kw)
-            state = library_matches(listing, code)
-            if state is True:
+        ours = library_version(code)
+        for node in await self._nodes():
+            try:
+                theirs: str | None = text(await self._on(node, "FCALL_RO", "rl_version", 0))
+            except redis.ResponseError as e:
+                if not is_missing_function(e):
+                    raise
+                theirs = None
+            where = "" if node is None else f" on {node.name}"
+            plan = self.library_action(theirs, ours, where)
+            if plan is None:
                 continue
-            if not self.load_library:
-                if state is None:
-                    raise LimiterError(
-                        "the redis_rl Functions library is not loaded and load_library=False"
+            load = code
+            if plan is LibraryPlan.REPLACE:
+                try:
+                    load = configured_code(
+                        code, parse_config(await self._on(node, "FCALL_RO", "rl_config", 0))
                     )
-                self.logger.warning("redis-rl: the server's redis_rl library differs from ours")
-                continue
-            await self._exec("FUNCTION", "LOAD", "REPLACE", code, **kw)
+                except redis.ResponseError:
+                    pass  # a library too old to report its settings: ours are the defaults
+            await self._on(node, "FUNCTION", "LOAD", "REPLACE", load)
+            self.logger.info(
+                "redis-rl: loaded redis_rl library %s%s (it had: %s)", ours, where, theirs or "none"
+            )
 
     async def _call(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode]:
         for attempt in (0, 1):
@@ -150,7 +177,13 @@ class AsyncLimiter(LimiterBase):
             self.counters.add("redis_calls")
             sent = time.monotonic()
             try:
-                reply = await self._exec(*frame(mode, op, keys, args))
+                command = frame(mode, op, keys, args)
+                route = (
+                    cluster_route(self.redis, command[0], keys)
+                    if isinstance(self.redis, aredis.RedisCluster)
+                    else {}
+                )
+                reply = await self._exec(*command, **route)
                 self.observe_rtt(sent)
                 return reply, mode
             except redis.ResponseError as e:
@@ -275,7 +308,7 @@ class AsyncLimiter(LimiterBase):
         if isinstance(got, BaseException):
             return self.degraded_all(items, got)
         reply, mode = got
-        d = self.all_decision(reply, items, mode)
+        d = self.all_decision(reply, items, mode, cost)
         if plain:
             self.remember(ck, cost, d, sent)
         return self.decided(d)
@@ -309,12 +342,7 @@ class AsyncLimiter(LimiterBase):
         return _Acquire(self, self.full_key(key), lease, tok, slots)
 
     async def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
-        non_negative(slots, "QUANTITY")
-        args: list[Arg] = [*lease.args(), tok]
-        if slots != 1:
-            args += ["QUANTITY", slots]
-        if peek:
-            args.append("PEEK")
+        args = self.lease_args(lease, tok, slots, peek)
         if self.health.skip():
             return self.degraded(lease, full, None)
         got = await self._guarded("lease", [full], args)
@@ -322,6 +350,18 @@ class AsyncLimiter(LimiterBase):
             return self.degraded(lease, full, got)
         reply, mode = got
         return self.decided(decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode)))
+
+    async def _renew_call(self, full: str, lease: Lease, tok: bytes, slots: int) -> Decision | None:
+        """_renew_call: see `Limiter._renew_call`."""
+        args = self.lease_args(lease, tok, slots)
+        if self.health.skip():
+            return None
+        got = await self._guarded("lease", [full], args)
+        if isinstance(got, BaseException):
+            return None
+        self.health.success()
+        reply, mode = got
+        return decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode))
 
     async def release(self, key: str, token: str | bytes) -> Release:
         """release: see `Limiter.release`."""
@@ -396,10 +436,11 @@ class _Acquire:
 
     async def _take(self) -> AsyncHeld:
         limiter, key, lease, token, slots = self._args
+        sent = time.monotonic()
         d = await limiter._lease_call(key, lease, token, slots)
         if not d.allowed:
             raise RateLimitExceeded(d)
-        held = AsyncHeld(limiter, key, lease, token, slots, d)
+        held = AsyncHeld(limiter, key, lease, token, slots, d, sent)
         held._start()
         return held
 
@@ -420,54 +461,60 @@ class _Acquire:
             await self._held.release()
 
 
-class AsyncHeld:
-    """AsyncHeld is a lease taken by `AsyncLimiter.acquire`; see `Held`."""
+class AsyncHeld(HeldBase):
+    """AsyncHeld is a lease taken by `AsyncLimiter.acquire`: renewed by a background task
+    (every third of the lease), released on exit. See HeldBase for `decision` and `lost`."""
 
     def __init__(
-        self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision
+        self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision,
+        since: float | None = None,
     ) -> None:
+        super().__init__(limiter, key, lease, token, slots, decision, time.monotonic() if since is None else since)
         self.limiter = limiter
-        self.key = key
-        self.lease = lease
-        self.token = token
-        self.slots = slots
-        self.decision = decision
-        self.lost = False
-        self._released = False
-        self._last_renewed = time.monotonic()
         self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
 
     def _start(self) -> None:
         if not self.decision.degraded:
-            self._task = asyncio.get_running_loop().create_task(self._renew_loop())
+            self._stop = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._renew_loop(self._stop))
 
-    async def _renew_loop(self) -> None:
-        every = self.lease.lease_ns / 1e9 / 3
+    async def _renew_loop(self, stop: asyncio.Event) -> None:
         while True:
-            await asyncio.sleep(every)
-            await self.renew()
+            try:
+                await asyncio.wait_for(stop.wait(), self.renew_every)
+                return  # released
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await self.renew()
+            except Exception as e:  # Redis refused the renewal (not an outage): stop
+                self.note_error(e)
+                return
 
-    async def renew(self) -> Decision:
-        """renew extends the lease to a full lease time from now."""
-        d = await self.limiter._lease_call(self.key, self.lease, self.token, self.slots)
-        if d.degraded:
-            if time.monotonic() - self._last_renewed > self.lease.lease_ns / 1e9:
-                self.lost = True
-        elif d.allowed:
-            self._last_renewed = time.monotonic()
-        else:
-            self.lost = True
-            self.limiter.logger.warning("redis-rl: lease on %r could not be renewed", self.key)
+    async def renew(self) -> Decision | None:
+        """renew extends the lease to a full lease time from now; returns Redis's decision,
+        or None when Redis did not answer."""
+        sent = time.monotonic()
+        d = await self.limiter._renew_call(self.key, self.lease, self.token, self.slots)
+        self.note_renewal(d, sent)
         return d
 
     async def release(self) -> Release | None:
-        """release frees the slots now (idempotent)."""
-        if self._task is not None and self._task is not asyncio.current_task():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        """release frees the slots now (idempotent).
+
+        The renewal task is told to stop, and given the time of one renewal call to finish
+        it; it is not cancelled in the middle of a call (a command cut off by a
+        cancellation can cost a connection, and some client code paths turn it into a
+        connection error), only cancelled if it does not stop within a second.
+        """
+        task = self._task
+        if self._stop is not None:
+            self._stop.set()
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            await asyncio.wait({task}, timeout=1.0)
+            if not task.done():
+                task.cancel()
         if self._released or self.decision.degraded:
             self._released = True
             return None

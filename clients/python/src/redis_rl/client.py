@@ -14,25 +14,30 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._base import LimiterBase, LimitEntry, Refund, Release
+from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
 from ._decision import Decision, decision_from_reply
-from ._limits import Lease, Limit, check_token, non_negative, positive
+from ._limits import Lease, Limit, check_token, positive
 from ._local import Credit
-from ._policy import LimiterError, RateLimitExceeded, is_unavailable
+from ._policy import RateLimitExceeded, is_unavailable
 from ._protocol import (
     Arg,
-    PARSE_ERRORS,
+    LibraryPlan,
     Mode,
+    PARSE_ERRORS,
     check_command,
+    cluster_route,
     command_exists,
+    configured_code,
     frame,
     ints,
     is_missing_function,
     is_unknown_command,
     library_code,
-    library_matches,
+    library_version,
+    parse_config,
     pool_state,
     source_of,
+    text,
 )
 
 __all__ = ["Held", "Limiter"]
@@ -134,20 +139,31 @@ class Limiter(LimiterBase):
         return self.redis.execute_command(*args, target_nodes=node)
 
     def _ensure_library(self) -> None:
+        """_ensure_library makes every master run our library version: loads it where it is
+        missing and replaces an older one (keeping the server's settings), per `rl_version`."""
         code = library_code()
+        ours = library_version(code)
         for node in self._nodes():
-            listing = self._on(node, "FUNCTION", "LIST", "LIBRARYNAME", "redis_rl", "WITHCODE")
-            state = library_matches(listing, code)
-            if state is True:
+            try:
+                theirs: str | None = text(self._on(node, "FCALL_RO", "rl_version", 0))
+            except redis.ResponseError as e:
+                if not is_missing_function(e):
+                    raise
+                theirs = None
+            where = "" if node is None else f" on {node.name}"
+            plan = self.library_action(theirs, ours, where)
+            if plan is None:
                 continue
-            if not self.load_library:
-                if state is None:
-                    raise LimiterError(
-                        "the redis_rl Functions library is not loaded and load_library=False"
-                    )
-                self.logger.warning("redis-rl: the server's redis_rl library differs from ours")
-                continue
-            self._on(node, "FUNCTION", "LOAD", "REPLACE", code)
+            load = code
+            if plan is LibraryPlan.REPLACE:
+                try:
+                    load = configured_code(code, parse_config(self._on(node, "FCALL_RO", "rl_config", 0)))
+                except redis.ResponseError:
+                    pass  # a library too old to report its settings: ours are the defaults
+            self._on(node, "FUNCTION", "LOAD", "REPLACE", load)
+            self.logger.info(
+                "redis-rl: loaded redis_rl library %s%s (it had: %s)", ours, where, theirs or "none"
+            )
 
     def _call(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode]:
         """_call runs one command in the resolved mode, re-detecting once when the module
@@ -157,7 +173,13 @@ class Limiter(LimiterBase):
             self.counters.add("redis_calls")
             sent = time.monotonic()
             try:
-                reply = self.redis.execute_command(*frame(mode, op, keys, args))
+                command = frame(mode, op, keys, args)
+                route = (
+                    cluster_route(self.redis, command[0], keys)
+                    if isinstance(self.redis, redis.RedisCluster)
+                    else {}
+                )
+                reply = self.redis.execute_command(*command, **route)
                 self.observe_rtt(sent)
                 return reply, mode
             except redis.ResponseError as e:
@@ -294,7 +316,7 @@ class Limiter(LimiterBase):
         if isinstance(got, BaseException):
             return self.degraded_all(items, got)
         reply, mode = got
-        d = self.all_decision(reply, items, mode)
+        d = self.all_decision(reply, items, mode, cost)
         if plain:
             self.remember(ck, cost, d, sent)
         return self.decided(d)
@@ -331,18 +353,14 @@ class Limiter(LimiterBase):
         positive(slots, "QUANTITY")
         tok = check_token(token if token is not None else uuid.uuid4().hex)
         full = self.full_key(key)
+        sent = time.monotonic()
         d = self._lease_call(full, lease, tok, slots)
         if not d.allowed:
             raise RateLimitExceeded(d)
-        return Held(self, full, lease, tok, slots, d)
+        return Held(self, full, lease, tok, slots, d, sent)
 
     def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
-        non_negative(slots, "QUANTITY")
-        args: list[Arg] = [*lease.args(), tok]
-        if slots != 1:
-            args += ["QUANTITY", slots]
-        if peek:
-            args.append("PEEK")
+        args = self.lease_args(lease, tok, slots, peek)
         if self.health.skip():
             return self.degraded(lease, full, None)
         got = self._guarded("lease", [full], args)
@@ -350,6 +368,20 @@ class Limiter(LimiterBase):
             return self.degraded(lease, full, got)
         reply, mode = got
         return self.decided(decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode)))
+
+    def _renew_call(self, full: str, lease: Lease, tok: bytes, slots: int) -> Decision | None:
+        """_renew_call is one renewal of a held lease: Redis's decision, or None when Redis
+        did not answer. Not a decision for the application: no failure policy, no counters
+        but redis_calls and errors."""
+        args = self.lease_args(lease, tok, slots)
+        if self.health.skip():
+            return None
+        got = self._guarded("lease", [full], args)
+        if isinstance(got, BaseException):
+            return None
+        self.health.success()
+        reply, mode = got
+        return decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode))
 
     def release(self, key: str, token: str | bytes) -> Release:
         """release frees the lease `token` holds on `key` (RL.RELEASE); harmless twice."""
@@ -423,48 +455,36 @@ class Limiter(LimiterBase):
         self.close()
 
 
-class Held:
-    """Held is a lease taken by `Limiter.acquire`: renewed in the background, released on exit.
-
-    `decision` is the acquire's Decision. `lost` becomes True if a renewal was denied (the
-    limit was lowered below what is held) or Redis could not be reached for a whole lease
-    time. A degraded Held (failure policy "open") holds nothing in Redis.
-    """
+class Held(HeldBase):
+    """Held is a lease taken by `Limiter.acquire`: renewed in the background (a daemon thread,
+    every third of the lease), released on exit. See HeldBase for `decision` and `lost`."""
 
     def __init__(
-        self, limiter: Limiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision
+        self, limiter: Limiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision,
+        since: float | None = None,
     ) -> None:
+        super().__init__(limiter, key, lease, token, slots, decision, time.monotonic() if since is None else since)
         self.limiter = limiter
-        self.key = key
-        self.lease = lease
-        self.token = token
-        self.slots = slots
-        self.decision = decision
-        self.lost = False
-        self._released = False
         self._stop = threading.Event()
-        self._last_renewed = time.monotonic()
         self._thread: threading.Thread | None = None
         if not decision.degraded:
             self._thread = threading.Thread(target=self._renew_loop, name="redis-rl-lease", daemon=True)
             self._thread.start()
 
     def _renew_loop(self) -> None:
-        every = self.lease.lease_ns / 1e9 / 3
-        while not self._stop.wait(every):
-            self.renew()
+        while not self._stop.wait(self.renew_every):
+            try:
+                self.renew()
+            except Exception as e:  # Redis refused the renewal (not an outage): stop
+                self.note_error(e)
+                return
 
-    def renew(self) -> Decision:
-        """renew extends the lease to a full lease time from now (RL.LEASE with our token)."""
-        d = self.limiter._lease_call(self.key, self.lease, self.token, self.slots)
-        if d.degraded:
-            if time.monotonic() - self._last_renewed > self.lease.lease_ns / 1e9:
-                self.lost = True
-        elif d.allowed:
-            self._last_renewed = time.monotonic()
-        else:
-            self.lost = True
-            self.limiter.logger.warning("redis-rl: lease on %r could not be renewed", self.key)
+    def renew(self) -> Decision | None:
+        """renew extends the lease to a full lease time from now (RL.LEASE with our token);
+        returns Redis's decision, or None when Redis did not answer."""
+        sent = time.monotonic()
+        d = self.limiter._renew_call(self.key, self.lease, self.token, self.slots)
+        self.note_renewal(d, sent)
         return d
 
     def release(self) -> Release | None:
