@@ -93,7 +93,8 @@ struct Cli {
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
 
-    /// Write every request's decision as a JSON line (with the module's five-integer replies).
+    /// Write every request's decision as a JSON line (with the module's five-integer replies;
+    /// `-`: standard output, the summary then goes to standard error).
     #[arg(long, value_name = "FILE")]
     decisions: Option<PathBuf>,
 
@@ -125,7 +126,7 @@ struct Cli {
     no_refine: bool,
 
     /// Write every key that saw a denial, per limit, as JSON lines (key, counts, first and
-    /// last denial, peak).
+    /// last denial, peak; `-`: standard output, the summary then goes to standard error).
     #[arg(long, value_name = "FILE")]
     keys: Option<PathBuf>,
 
@@ -229,6 +230,9 @@ fn plan(cli: &Cli) -> Result<Plan, String> {
     if sources.iter().filter(|s| **s == Source::Stdin).count() > 1 {
         return Err("standard input given more than once".into());
     }
+    if cli.outputs_to_stdout() > 1 {
+        return Err("standard output named by more than one of --json, --keys, --decisions".into());
+    }
     if !(0.0..=100.0).contains(&cli.target) {
         return Err("--target is a percentage between 0 and 100".into());
     }
@@ -277,10 +281,31 @@ fn plan(cli: &Cli) -> Result<Plan, String> {
     })
 }
 
-fn create(path: &PathBuf) -> io::Result<BufWriter<File>> {
-    File::create(path)
-        .map(|f| BufWriter::with_capacity(1 << 16, f))
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+/// `-` names standard output in --json, --keys and --decisions.
+fn is_stdout(path: Option<&PathBuf>) -> bool {
+    path.is_some_and(|p| p.as_os_str() == "-")
+}
+
+impl Cli {
+    /// How many of the output options name standard output.
+    fn outputs_to_stdout(&self) -> usize {
+        [&self.json, &self.keys, &self.decisions]
+            .into_iter()
+            .filter(|p| is_stdout(p.as_ref()))
+            .count()
+    }
+}
+
+/// Opens an output: the file at `path`, or standard output for `-`.
+fn create(path: &PathBuf) -> io::Result<BufWriter<Box<dyn Write>>> {
+    let sink: Box<dyn Write> = if is_stdout(Some(path)) {
+        Box::new(io::stdout())
+    } else {
+        File::create(path)
+            .map(|f| Box::new(f) as Box<dyn Write>)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
+    };
+    Ok(BufWriter::with_capacity(1 << 16, sink))
 }
 
 /// The keys the timeline follows: the most denied across all limits.
@@ -496,22 +521,15 @@ fn execute(cli: &Cli, plan: Plan) -> Result<(), Box<dyn std::error::Error>> {
         pictures,
         seconds,
     );
-    let json_to_stdout = cli.json.as_ref().is_some_and(|p| p.as_os_str() == "-");
     if let Some(path) = &cli.json {
-        if json_to_stdout {
-            let mut out = io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, &rep)?;
-            writeln!(out)?;
-        } else {
-            let mut w = create(path)?;
-            serde_json::to_writer_pretty(&mut w, &rep)?;
-            writeln!(w)?;
-            w.flush()?;
-        }
+        let mut w = create(path)?;
+        serde_json::to_writer_pretty(&mut w, &rep)?;
+        writeln!(w)?;
+        w.flush()?;
     }
     if !cli.quiet {
         let text = report::text(&rep);
-        if json_to_stdout {
+        if cli.outputs_to_stdout() > 0 {
             eprint!("{text}");
         } else {
             print!("{text}");

@@ -263,6 +263,10 @@ fn bad_arguments_exit_2_and_name_the_argument() {
             "there are 1 limits",
         ),
         (vec!["-l", "GCRA 1 1 1", "--skew", "1e3"], "--skew"),
+        (
+            vec!["-l", "GCRA 1 1 1", "--json", "-", "--keys", "-"],
+            "standard output named by more than one",
+        ),
     ];
     for (args, want) in cases {
         let out = replay().args(&args).stdin(Stdio::null()).output().unwrap();
@@ -276,6 +280,35 @@ fn bad_arguments_exit_2_and_name_the_argument() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/file"));
+}
+
+#[test]
+fn keys_and_decisions_to_standard_output_print_json_lines_and_the_summary_to_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, generate(5_000, 4, "clf")).unwrap();
+    for option in ["--keys", "--decisions"] {
+        let out = ok(replay()
+            .current_dir(dir.path())
+            .arg(&log)
+            .args(["-l", "GCRA 2 1 60 per {ip}", option, "-"])
+            .output()
+            .unwrap());
+        // No file named "-" is written: the lines went to standard output.
+        assert!(!dir.path().join("-").exists(), "{option}");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(!stdout.is_empty(), "{option}: nothing on standard output");
+        for line in stdout.lines() {
+            let v: Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{option}: {e}: {line}"));
+            assert!(v.is_object(), "{option}: {line}");
+        }
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            stderr.contains("rl-replay: 5,000 lines"),
+            "{option}: summary on stderr: {stderr}"
+        );
+    }
 }
 
 /// The rotated logs and the JSON log that `--help`'s examples name, in `dir`:
