@@ -214,6 +214,24 @@ class LimiterBase:
         if self.deny_cache is not None and not d.allowed:
             self.deny_cache.store(ck, cost, d, sent)
 
+    def remember_all(
+        self,
+        ck: Hashable,
+        items: list[tuple[str, Limit, int | None, bytes | None]],
+        cost: int,
+        d: Decision,
+        sent: float,
+    ) -> None:
+        """remember_all caches a check_all denial, unless a full lease took part in it: a
+        lease's retry_after assumes no holder releases early, so it is no lower bound on when
+        Redis admits again (a released slot would stay denied locally for up to the lease)."""
+        for key, lim, _, _ in items:
+            if isinstance(lim, Lease):
+                sub = d.per_key.get(key)
+                if sub is None or not sub.allowed:
+                    return
+        self.remember(ck, cost, d, sent)
+
     def degraded(self, limit: Limit | None, key: str | None, cause: BaseException | None) -> Decision:
         d = self.health.answer(limit, key, cause)
         self.counters.count_decision(d)

@@ -318,7 +318,7 @@ class Limiter(LimiterBase):
         reply, mode = got
         d = self.all_decision(reply, items, mode, cost)
         if plain:
-            self.remember(ck, cost, d, sent)
+            self.remember_all(ck, items, cost, d, sent)
         return self.decided(d)
 
     def refund(self, key: str, n: int = 1) -> Refund:
