@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aredis
 
-from redis_rl import GCRA, NEVER, Algorithm, Source, Window
+from redis_rl import GCRA, NEVER, Algorithm, AsyncLimiter, Limiter, Source, Window
 
-from .conftest import expected_mode
+from .conftest import RedisServer, SyncAsAsync, expected_mode
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,6 +29,43 @@ async def test_auto_mode_picks_module_or_fallback(limiter: Any, mode: str) -> No
     assert await limiter.resolved_mode() is expected_mode(mode)
     d = await limiter.check("k", GCRA(1, 1, 1))
     assert d.source is (Source.MODULE if mode == "module" else Source.FALLBACK)
+
+
+async def test_auto_mode_works_for_a_user_denied_command_info(
+    server: RedisServer, r: redis.Redis, flavor: str, mode: str, prefix: str
+) -> None:
+    # A user restricted to what a limiter needs (no COMMAND) gets NOPERM on COMMAND INFO:
+    # mode="auto" must still find the module, or the fallback without it, and not fail
+    # every call.
+    name = f"limiter-{uuid.uuid4().hex[:8]}"
+    r.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "+@all", "-command")
+    lim: Any = None
+    try:
+        with redis.Redis(port=server.port, username=name, password="pw") as c:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                c.execute_command("COMMAND", "INFO", "RL.GCRA")
+        if flavor == "sync":
+            lim = SyncAsAsync(
+                Limiter(redis.Redis(port=server.port, username=name, password="pw"), prefix=prefix)
+            )
+        else:
+            lim = AsyncLimiter(
+                aredis.Redis(port=server.port, username=name, password="pw"), prefix=prefix
+            )
+        g = GCRA(1, 1, 1)
+        d = await lim.check("k", g)
+        assert d.allowed and d.source is (Source.MODULE if mode == "module" else Source.FALLBACK)
+        assert await lim.resolved_mode() is expected_mode(mode)
+        assert not (await lim.check("k", g)).allowed
+    finally:
+        r.execute_command("ACL", "DELUSER", name)
+        if lim is not None:
+            await lim.aclose()
+            inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+            if flavor == "sync":
+                inner.redis.close()
+            else:
+                await inner.redis.aclose()
 
 
 async def test_idle_key_admits_exactly_burst_then_denies(limiter: Any) -> None:

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
-from redis.exceptions import RedisClusterException, SlotNotCoveredError
+from redis.exceptions import NoPermissionError, RedisClusterException, SlotNotCoveredError
 
 from ._decision import Source
 from ._limits import GCRA, Lease, Limit, non_negative
@@ -153,6 +153,11 @@ def is_unknown_command(exc: BaseException) -> bool:
     """is_unknown_command: the module is not (or no longer) loaded on this server."""
     msg = str(exc).lower()
     return "unknown command" in msg and "rl." in msg
+
+
+def is_no_permission(exc: BaseException) -> bool:
+    """is_no_permission: the user's ACL refuses the command (NOPERM)."""
+    return isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM")
 
 
 def is_missing_function(exc: BaseException) -> bool:

@@ -31,6 +31,7 @@ from ._protocol import (
     frame,
     ints,
     is_missing_function,
+    is_no_permission,
     is_unknown_command,
     library_code,
     library_version,
@@ -119,6 +120,13 @@ class Limiter(LimiterBase):
                             found = command_exists(reply)
                         except PARSE_ERRORS:
                             found = False
+                        except redis.ResponseError as e:
+                            # A user whose ACL admits the limiter's commands but not COMMAND
+                            # gets NOPERM: try the module; an unknown command moves to the
+                            # fallback (see _call).
+                            if not is_no_permission(e):
+                                raise
+                            found = True
                         st.mode = Mode.MODULE if found else Mode.FALLBACK
             mode = st.mode
         if mode is Mode.FALLBACK and not st.library_ready:
@@ -184,7 +192,8 @@ class Limiter(LimiterBase):
                 return reply, mode
             except redis.ResponseError as e:
                 if attempt == 0 and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
-                    self._state.mode = None
+                    # The module is not (or no longer) there: the fallback answers.
+                    self._state.mode = Mode.FALLBACK
                     continue
                 if attempt == 0 and mode is Mode.FALLBACK and is_missing_function(e):
                     self._state.library_ready = False
