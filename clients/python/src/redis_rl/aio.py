@@ -19,9 +19,9 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.asyncio.retry import Retry
 
-from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
-from ._decision import Decision, decision_from_reply
-from ._limits import Lease, Limit, check_token, positive
+from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release, duration_seconds
+from ._decision import Decision, decision_from_reply, ms_to_timedelta
+from ._limits import MAX_SECONDS, Lease, Limit, check_token, positive
 from ._local import Credit
 from ._policy import RateLimitExceeded, is_unavailable
 from ._protocol import (
@@ -68,11 +68,7 @@ class AsyncLimiter(LimiterBase):
         self._detect_lock: asyncio.Lock | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._pending: list[Credit] = []
-        self.timeout = (
-            None
-            if timeout is None
-            else timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        )
+        self.timeout = None if timeout is None else duration_seconds(timeout, "timeout")
 
     @classmethod
     def from_url(
@@ -84,14 +80,14 @@ class AsyncLimiter(LimiterBase):
         **options: Any,
     ) -> AsyncLimiter:
         """from_url builds the asyncio client (timeouts set, no retries) and the limiter."""
-        t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        t = duration_seconds(timeout, "timeout")
         kwargs: dict[str, Any] = {"socket_timeout": t, "socket_connect_timeout": t}
         client: aredis.Redis | aredis.RedisCluster
         if cluster:
             client = aredis.RedisCluster.from_url(url, **kwargs)
         else:
             client = aredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
-        return cls(client, timeout=t * 2, **options)
+        return cls(client, timeout=min(t * 2, MAX_SECONDS), **options)
 
     # -- mode and the fallback library ----------------------------------------------------
 
@@ -335,7 +331,7 @@ class AsyncLimiter(LimiterBase):
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
-        return Refund(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Refund(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -383,7 +379,7 @@ class AsyncLimiter(LimiterBase):
             return Release(0, 0, timedelta(0), degraded=True)
         self.health.success()
         r = ints(got[0])
-        return Release(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Release(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- batch refunds ------------------------------------------------------------------------
 

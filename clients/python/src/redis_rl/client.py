@@ -14,8 +14,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
-from ._decision import Decision, decision_from_reply
+from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release, duration_seconds
+from ._decision import Decision, decision_from_reply, ms_to_timedelta
 from ._limits import Lease, Limit, check_token, positive
 from ._local import Credit
 from ._policy import RateLimitExceeded, is_unavailable
@@ -65,6 +65,8 @@ class Limiter(LimiterBase):
       probe_interval: during an outage, how often a call tries Redis again (default 1 s);
         the others are answered by the policy at once.
       closed_retry_after: the retry_after of a "closed" denial (default 1 s).
+        Duration settings (and `from_url`'s `timeout`) must be > 0 and at most
+        MAX_SECONDS (ten years), else ValueError.
       hook: called as hook(counter_name, n) on every counter increment.
     """
 
@@ -86,7 +88,7 @@ class Limiter(LimiterBase):
         **options: Any,
     ) -> Limiter:
         """from_url builds the redis client (timeouts set, no retries) and the limiter."""
-        t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        t = duration_seconds(timeout, "timeout")
         kwargs: dict[str, Any] = {
             "socket_timeout": t,
             "socket_connect_timeout": t,
@@ -343,7 +345,7 @@ class Limiter(LimiterBase):
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
-        return Refund(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Refund(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -403,7 +405,7 @@ class Limiter(LimiterBase):
             return Release(0, 0, timedelta(0), degraded=True)
         self.health.success()
         r = ints(got[0])
-        return Release(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Release(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- batch refunds ------------------------------------------------------------------------
 
