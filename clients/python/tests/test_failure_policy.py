@@ -266,3 +266,28 @@ async def test_the_first_probe_after_redis_returns_reaches_it(
         assert outage_logs(caplog) == (1, 1)
     finally:
         await close(lim)
+
+
+async def test_refund_and_release_inside_the_probe_interval_do_not_wait(
+    own_server: RedisServer, flavor: str
+) -> None:
+    # Like a check, a refund or a release made while Redis is known to be down is answered
+    # at once, not after a timeout each (a Held left mid-outage releases this way too).
+    lim = make(flavor, own_server, on_error="open", probe_interval=5.0)
+    g = GCRA(10, 1, 1)
+    try:
+        assert not (await call(lim, "check", "q", g)).degraded
+        own_server.pause()  # accepts connections, answers nothing
+        try:
+            d = await call(lim, "check", "q", g)  # the 0.3 s timeout: the outage starts
+            start = time.monotonic()
+            refund = await call(lim, "refund", "q", 1)
+            release = await call(lim, "release", "l", "token")
+            took = time.monotonic() - start
+        finally:
+            own_server.resume()
+        assert d.degraded
+        assert refund.degraded and release.degraded
+        assert took < 0.15, took
+    finally:
+        await close(lim)
