@@ -4,16 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aredis
 
-from redis_rl import GCRA, NEVER, Algorithm, Source, Window
+from redis_rl import GCRA, NEVER, Algorithm, AsyncLimiter, Limiter, Source, Window
+from redis_rl._limits import MAX_SECONDS
 
-from .conftest import expected_mode
+from .conftest import RedisServer, SyncAsAsync, expected_mode
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,6 +31,43 @@ async def test_auto_mode_picks_module_or_fallback(limiter: Any, mode: str) -> No
     assert await limiter.resolved_mode() is expected_mode(mode)
     d = await limiter.check("k", GCRA(1, 1, 1))
     assert d.source is (Source.MODULE if mode == "module" else Source.FALLBACK)
+
+
+async def test_auto_mode_works_for_a_user_denied_command_info(
+    server: RedisServer, r: redis.Redis, flavor: str, mode: str, prefix: str
+) -> None:
+    # A user restricted to what a limiter needs (no COMMAND) gets NOPERM on COMMAND INFO:
+    # mode="auto" must still find the module, or the fallback without it, and not fail
+    # every call.
+    name = f"limiter-{uuid.uuid4().hex[:8]}"
+    r.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "+@all", "-command")
+    lim: Any = None
+    try:
+        with redis.Redis(port=server.port, username=name, password="pw") as c:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                c.execute_command("COMMAND", "INFO", "RL.GCRA")
+        if flavor == "sync":
+            lim = SyncAsAsync(
+                Limiter(redis.Redis(port=server.port, username=name, password="pw"), prefix=prefix)
+            )
+        else:
+            lim = AsyncLimiter(
+                aredis.Redis(port=server.port, username=name, password="pw"), prefix=prefix
+            )
+        g = GCRA(1, 1, 1)
+        d = await lim.check("k", g)
+        assert d.allowed and d.source is (Source.MODULE if mode == "module" else Source.FALLBACK)
+        assert await lim.resolved_mode() is expected_mode(mode)
+        assert not (await lim.check("k", g)).allowed
+    finally:
+        r.execute_command("ACL", "DELUSER", name)
+        if lim is not None:
+            await lim.aclose()
+            inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+            if flavor == "sync":
+                inner.redis.close()
+            else:
+                await inner.redis.aclose()
 
 
 async def test_idle_key_admits_exactly_burst_then_denies(limiter: Any) -> None:
@@ -82,6 +123,65 @@ async def test_max_wait_is_a_reservation(limiter: Any) -> None:
     assert d.allowed and 900 <= ms(d.retry_after) <= 1000
     too_long = await limiter.check("m", g, max_wait=0.5)
     assert not too_long.allowed
+    # Any wait at all: beyond the module's 2^64 − 1 ms, still a reservation (sent as that
+    # most, not as a number the module refuses).
+    for forever in (1e300, math.inf, 2**64):
+        any_wait = await limiter.check("m", g, max_wait=forever)
+        assert any_wait.allowed and ms(any_wait.retry_after) > 0, any_wait
+    with pytest.raises(ValueError, match="max_wait"):
+        await limiter.check("m", g, max_wait=math.nan)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["timeout", "batch_hold", "probe_interval", "closed_retry_after"],
+)
+@pytest.mark.parametrize(
+    "value",
+    [timedelta.max, math.inf, MAX_SECONDS + 1, 1e300, 0, -1, math.nan],
+    ids=["timedelta.max", "inf", "ten-years-and-1s", "1e300", "zero", "negative", "nan"],
+)
+async def test_durations_beyond_ten_years_are_refused_when_built(
+    module_server: RedisServer, flavor: str, setting: str, value: Any
+) -> None:
+    # Longer client-side timers used to be taken and then overflow mid-run (a thread's
+    # wait, a socket timeout, timedelta(seconds=...)): refused when the limiter is built.
+    options: dict[str, Any] = {setting: value}
+    if setting == "batch_hold":
+        options["batch"] = 5
+    cls = Limiter if flavor == "sync" else AsyncLimiter
+    with pytest.raises(ValueError, match=f"^{setting} must be a positive duration of at most"):
+        cls.from_url(module_server.url, **options)
+    if setting == "timeout" and flavor == "async":
+        with pytest.raises(ValueError, match="^timeout must be"):
+            AsyncLimiter(aredis.Redis(port=module_server.port), timeout=value)
+
+
+async def test_the_longest_durations_work(server: RedisServer, flavor: str, prefix: str) -> None:
+    longest: dict[str, Any] = dict.fromkeys(
+        ["timeout", "batch_hold", "probe_interval", "closed_retry_after"], MAX_SECONDS
+    )
+    lim: Any
+    if flavor == "sync":
+        lim = SyncAsAsync(Limiter.from_url(server.url, batch=5, prefix=prefix, **longest))
+    else:
+        lim = AsyncLimiter.from_url(server.url, batch=5, prefix=prefix, **longest)
+    try:
+        g = GCRA(10, 1, 60)
+        assert (await lim.check("long", g)).allowed  # a batched check starts the refunds
+        assert (await lim.check("long", g)).allowed
+        await asyncio.sleep(0.05)
+        if isinstance(lim, SyncAsAsync):
+            assert lim.inner._sweeper is not None and lim.inner._sweeper.is_alive()
+        else:
+            assert lim._sweeper is not None and not lim._sweeper.done()
+    finally:
+        await lim.aclose()
+        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+        if flavor == "sync":
+            inner.redis.close()
+        else:
+            await inner.redis.aclose()
 
 
 async def test_check_all_is_atomic_and_reports_each_key(limiter: Any, r: redis.Redis) -> None:

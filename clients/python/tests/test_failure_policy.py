@@ -5,6 +5,7 @@ outage and one on recovery, counters, and recovery without help."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -234,3 +235,59 @@ async def server_has_lease(server: RedisServer, key: str) -> bool:
         return False
     finally:
         c.close()
+
+
+async def test_the_first_probe_after_redis_returns_reaches_it(
+    own_server: RedisServer, flavor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Recovery costs no extra probe interval: the first call allowed to probe once Redis is
+    # back (restarted on the same port) gets its answer from Redis, not one more degraded
+    # answer and another interval of them.
+    caplog.set_level(logging.WARNING, logger="redis_rl")
+    lim = make(flavor, own_server, on_error="open")  # probe_interval 0.1 s
+    g = GCRA(100, 100, 1)
+    try:
+        # Several connections in the pool (concurrent calls), all left stale by the stop.
+        if isinstance(lim, AsyncLimiter):
+            first = await asyncio.gather(*(lim.check("p", g) for _ in range(4)))
+        else:
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                first = list(pool.map(lambda _: lim.check("p", g), range(8)))
+        assert not any(d.degraded for d in first)
+        own_server.stop()
+        assert (await call(lim, "check", "p", g)).degraded  # the outage starts
+        await asyncio.sleep(0.15)  # past the probe interval
+        assert (await call(lim, "check", "p", g)).degraded, "a probe while down"
+        await asyncio.sleep(0.05)
+        own_server.start()  # answers PING when this returns
+        await asyncio.sleep(0.15)
+        d = await call(lim, "check", "p", g)
+        assert d.allowed and not d.degraded, d
+        assert outage_logs(caplog) == (1, 1)
+    finally:
+        await close(lim)
+
+
+async def test_refund_and_release_inside_the_probe_interval_do_not_wait(
+    own_server: RedisServer, flavor: str
+) -> None:
+    # Like a check, a refund or a release made while Redis is known to be down is answered
+    # at once, not after a timeout each (a Held left mid-outage releases this way too).
+    lim = make(flavor, own_server, on_error="open", probe_interval=5.0)
+    g = GCRA(10, 1, 1)
+    try:
+        assert not (await call(lim, "check", "q", g)).degraded
+        own_server.pause()  # accepts connections, answers nothing
+        try:
+            d = await call(lim, "check", "q", g)  # the 0.3 s timeout: the outage starts
+            start = time.monotonic()
+            refund = await call(lim, "refund", "q", 1)
+            release = await call(lim, "release", "l", "token")
+            took = time.monotonic() - start
+        finally:
+            own_server.resume()
+        assert d.degraded
+        assert refund.degraded and release.degraded
+        assert took < 0.15, took
+    finally:
+        await close(lim)

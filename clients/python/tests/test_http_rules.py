@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from redis_rl import GCRA, NEVER, Decision, Source, Window
+from redis_rl import GCRA, NEVER, Decision, Lease, Source, Window
 from redis_rl.http import (
     RequestInfo,
     Rule,
@@ -140,3 +140,15 @@ def test_never_gets_413_and_closed_degraded_gets_503() -> None:
 def test_names_are_validated() -> None:
     with pytest.raises(ValueError):
         GCRA(1, 1, 1, name='bad"\n')
+
+
+def test_a_lease_is_refused_when_the_rule_is_built() -> None:
+    # Checked by the middleware, a Lease failed every request with 500 (check() refuses a
+    # Lease, check_all wants a token).
+    with pytest.raises(TypeError, match="not a Lease"):
+        Rule("/export", Lease(2, 30), key=header("X-User"))
+    with pytest.raises(TypeError, match="not a Lease.*'jobs'"):
+        Rule("/export", {
+            "rate": (GCRA(5, 1, 1), header("X-User")),
+            "jobs": (Lease(2, 30), header("X-User")),
+        })

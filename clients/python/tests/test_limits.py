@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -10,7 +12,9 @@ import redis
 
 from redis_rl import GCRA, NEVER, InvalidLimit, Lease, Source, Window, tag
 from redis_rl._decision import decision_from_reply
-from redis_rl._limits import format_seconds
+from redis_rl._limits import U64_MAX, format_seconds
+from redis_rl._protocol import max_wait_ms
+from redis_rl._local import DenyCache
 
 from .conftest import RedisServer
 
@@ -107,6 +111,38 @@ def test_reply_to_decision() -> None:
     reserved = decision_from_reply([1, 1, 0, 950, 2000], policy=None, key="k", source=Source.MODULE,
                                    reservation=True)
     assert reserved.allowed and reserved.retry_after == timedelta(milliseconds=950)
+
+
+def test_huge_replies_saturate_instead_of_raising() -> None:
+    # timedelta stops at 999,999,999 days: a longer wait reads as timedelta.max, and its
+    # Retry-After (and the deny cache's local answer) saturate rather than raise.
+    u64 = 2**64 - 1
+    d = decision_from_reply([0, 1, 0, u64, u64], policy=None, key="k", source=Source.MODULE)
+    assert d.retry_after == timedelta.max and d.reset_after == timedelta.max
+    h = d.headers()
+    assert h["Retry-After"] == "86400000000000"
+    assert h["RateLimit"] == '"default";r=0;t=86400000000000'
+    reserved = decision_from_reply([1, 1, 0, u64, 0], policy=None, key="k", source=Source.MODULE,
+                                   reservation=True)
+    assert reserved.retry_after == timedelta.max
+    cache = DenyCache()
+    cache.store("k", 1, d, time.monotonic())
+    local = cache.lookup("k", 1, time.monotonic())
+    assert local is not None and not local.allowed
+    assert timedelta(days=999_999_998) < local.retry_after <= timedelta.max  # type: ignore[operator]
+    assert local.headers()["Retry-After"] in ("86400000000000", "86399999999999")
+
+
+def test_max_wait_saturates_at_the_most_the_module_takes() -> None:
+    assert max_wait_ms(timedelta(seconds=2, microseconds=1500)) == 2001
+    assert max_wait_ms(0.5) == 500
+    assert max_wait_ms(timedelta.max) == timedelta.max // timedelta(milliseconds=1)
+    assert max_wait_ms(U64_MAX // 1000) == U64_MAX // 1000 * 1000
+    for forever in (U64_MAX, 1e300, math.inf, 10**400):
+        assert max_wait_ms(forever) == U64_MAX
+    for bad in (-1, -0.001, timedelta(microseconds=-1), math.nan, -math.inf):
+        with pytest.raises(ValueError):
+            max_wait_ms(bad)
 
 
 def test_limits_are_hashable_values() -> None:

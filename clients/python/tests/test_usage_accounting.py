@@ -14,7 +14,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, RateLimitExceeded, Window
+from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, RateLimitExceeded, Source, Window
 
 from .conftest import RedisServer, SyncAsAsync
 
@@ -116,6 +116,25 @@ async def test_check_all_with_a_lease_spec(limiter: Any) -> None:
     assert (await limiter.check("{j}:rate", GCRA(10, 1, 1), cost=0)).remaining == 9
     released = await limiter.release("{j}:slots", "w1")
     assert released.released == 1
+
+
+async def test_a_released_slot_is_not_denied_locally(make_limiter: Any) -> None:
+    # A lease's retry_after assumes nobody releases early, so it is no bound on when Redis
+    # admits again: a denial by a full lease must not be repeated by the deny cache after the
+    # holder (here another process) released its slot.
+    a, b = make_limiter(), make_limiter()
+    rate, slots = GCRA(100, 100, 1), Lease(1, 30)
+    job = {"{j}:rate": rate, "{j}:slots": slots}
+    assert (await a.check_all(job, tokens={"{j}:slots": "a"})).allowed
+    denied = await b.check_all(job, tokens={"{j}:slots": "b"})
+    assert not denied.allowed
+    assert denied.retry_after > timedelta(seconds=20)
+    assert (await a.release("{j}:slots", "a")).released == 1
+    d = await b.check_all(job, tokens={"{j}:slots": "b"})
+    assert d.allowed, d
+    assert d.source is not Source.LOCAL
+    assert b.counters["denied_locally"] == 0
+    assert (await b.release("{j}:slots", "b")).released == 1
 
 
 async def test_check_all_force(limiter: Any) -> None:

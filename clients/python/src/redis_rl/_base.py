@@ -11,7 +11,17 @@ from types import MappingProxyType
 from typing import Any, Union
 
 from ._decision import Decision, Source, decision_from_reply
-from ._limits import GCRA, Algorithm, Lease, Limit, Window, check_token, non_negative, positive
+from ._limits import (
+    GCRA,
+    MAX_SECONDS,
+    Algorithm,
+    Lease,
+    Limit,
+    Window,
+    check_token,
+    non_negative,
+    positive,
+)
 from ._local import Credit, Credits, DenyCache, batchable, credit_deadlines
 from ._policy import Counters, FailurePolicy, Health, LimiterError
 from ._protocol import Arg, LibraryPlan, Mode, all_command, ints, library_plan, source_of
@@ -93,10 +103,14 @@ class HeldBase:
         self._logger.warning("redis-rl: renewing the lease on %r failed: %s", self.key, exc)
 
 
-def _seconds(value: timedelta | float, name: str) -> float:
+def duration_seconds(value: timedelta | float, name: str) -> float:
+    """duration_seconds reads a client-side duration setting (a timedelta or seconds) and
+    checks it is positive and at most MAX_SECONDS (ten years, the module's own bound on
+    durations): longer ones would overflow the platform's timers later (a thread's wait, a
+    socket timeout), mid-run, so they are refused with ValueError here."""
     s = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not s > 0:
-        raise ValueError(f"{name} must be a positive duration")
+    if not 0 < s <= MAX_SECONDS:
+        raise ValueError(f"{name} must be a positive duration of at most {MAX_SECONDS} s")
     return s
 
 
@@ -131,13 +145,13 @@ class LimiterBase:
         self.health = Health(
             self.policy,
             self.counters,
-            _seconds(probe_interval, "probe_interval"),
-            timedelta(seconds=_seconds(closed_retry_after, "closed_retry_after")),
+            duration_seconds(probe_interval, "probe_interval"),
+            timedelta(seconds=duration_seconds(closed_retry_after, "closed_retry_after")),
             self.logger,
         )
         self.deny_cache: DenyCache | None = DenyCache() if deny_cache else None
         self.batch = positive(batch, "batch") if batch is not None else None
-        self.batch_hold = _seconds(batch_hold, "batch_hold")
+        self.batch_hold = duration_seconds(batch_hold, "batch_hold")
         self.credits: Credits | None = Credits() if batch is not None and batch > 1 else None
         self._rtt = 0.001
         self._hints: dict[Hashable, tuple[int, float]] = {}
@@ -213,6 +227,24 @@ class LimiterBase:
     def remember(self, ck: Hashable, cost: int, d: Decision, sent: float) -> None:
         if self.deny_cache is not None and not d.allowed:
             self.deny_cache.store(ck, cost, d, sent)
+
+    def remember_all(
+        self,
+        ck: Hashable,
+        items: list[tuple[str, Limit, int | None, bytes | None]],
+        cost: int,
+        d: Decision,
+        sent: float,
+    ) -> None:
+        """remember_all caches a check_all denial, unless a full lease took part in it: a
+        lease's retry_after assumes no holder releases early, so it is no lower bound on when
+        Redis admits again (a released slot would stay denied locally for up to the lease)."""
+        for key, lim, _, _ in items:
+            if isinstance(lim, Lease):
+                sub = d.per_key.get(key)
+                if sub is None or not sub.allowed:
+                    return
+        self.remember(ck, cost, d, sent)
 
     def degraded(self, limit: Limit | None, key: str | None, cause: BaseException | None) -> Decision:
         d = self.health.answer(limit, key, cause)

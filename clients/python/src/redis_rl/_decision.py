@@ -45,6 +45,17 @@ _ZERO = timedelta(0)
 _EMPTY: Mapping[str, Decision] = MappingProxyType({})
 
 
+_MAX_MS = timedelta.max // timedelta(milliseconds=1)
+
+
+def ms_to_timedelta(ms: int) -> timedelta:
+    """ms_to_timedelta reads a reply's milliseconds (≥ 0) as a timedelta, saturating at
+    `timedelta.max` (about 2.7 million years) rather than raising OverflowError."""
+    if ms >= _MAX_MS:
+        return timedelta.max
+    return timedelta(milliseconds=ms)
+
+
 def ceil_seconds(d: timedelta) -> int:
     """ceil_seconds rounds a duration up to whole seconds (as Retry-After wants)."""
     us = (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
@@ -182,17 +193,17 @@ def decision_from_reply(
     retry_ms = int(reply[3])
     retry: RetryAfter
     if allowed:
-        retry = timedelta(milliseconds=retry_ms) if (reservation and retry_ms > 0) else _ZERO
+        retry = ms_to_timedelta(retry_ms) if (reservation and retry_ms > 0) else _ZERO
     elif retry_ms < 0:
         retry = NEVER
     else:
-        retry = timedelta(milliseconds=retry_ms)
+        retry = ms_to_timedelta(retry_ms)
     return Decision(
         allowed=allowed,
         limit=int(reply[1]),
         remaining=max(0, int(reply[2])),
         retry_after=retry,
-        reset_after=timedelta(milliseconds=max(0, int(reply[4]))),
+        reset_after=ms_to_timedelta(max(0, int(reply[4]))),
         source=source,
         policy=policy,
         key=key,

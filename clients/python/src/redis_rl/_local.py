@@ -29,6 +29,10 @@ from ._limits import GCRA, Algorithm, Limit, Window
 __all__ = ["Credit", "Credits", "DenyCache", "batchable", "credit_deadlines"]
 
 
+#: The longest timedelta, in microseconds (a local answer saturates there).
+_MAX_US = timedelta.max // timedelta(microseconds=1)
+
+
 @dataclass
 class _Denial:
     until: float
@@ -57,8 +61,8 @@ class DenyCache:
             if cost < entry.cost:
                 return None  # a smaller request may pass sooner: ask Redis
             d = entry.decision
-        retry_us = max(1000, -(-int((entry.until - now) * 1_000_000) // 1000) * 1000)
-        reset_us = max(0, int((entry.reset_until - now) * 1_000_000))
+        retry_us = min(_MAX_US, max(1000, -(-int((entry.until - now) * 1_000_000) // 1000) * 1000))
+        reset_us = min(_MAX_US, max(0, int((entry.reset_until - now) * 1_000_000)))
         return Decision(
             allowed=False,
             limit=d.limit,

@@ -230,7 +230,11 @@ class Health:
     ) -> Decision:
         """answer gives the policy's decision (or raises for RAISE)."""
         if self.policy is FailurePolicy.RAISE:
-            raise LimiterUnavailable(f"Redis unavailable: {cause}") from cause
+            raise LimiterUnavailable(
+                f"Redis unavailable: {cause}"
+                if cause is not None
+                else "Redis unavailable (not tried inside the outage's probe interval)"
+            ) from cause
         cap = policy_limit.capacity if policy_limit is not None else 0
         if self.policy is FailurePolicy.OPEN:
             return Decision(

@@ -19,10 +19,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
-from redis.exceptions import RedisClusterException, SlotNotCoveredError
+from redis.exceptions import NoPermissionError, RedisClusterException, SlotNotCoveredError
 
 from ._decision import Source
-from ._limits import GCRA, Lease, Limit, non_negative
+from ._limits import GCRA, U64_MAX, Lease, Limit, non_negative
 
 __all__ = ["Mode", "PoolState", "library_code", "pool_state"]
 
@@ -80,13 +80,28 @@ def check_command(
     if max_wait is not None:
         if not isinstance(limit, GCRA):
             raise TypeError("max_wait (MAXWAIT) is offered by GCRA limits only")
-        seconds = max_wait.total_seconds() if isinstance(max_wait, timedelta) else float(max_wait)
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError("max_wait must be a non-negative duration")
-        args += ["MAXWAIT", int(seconds * 1000)]
+        args += ["MAXWAIT", max_wait_ms(max_wait)]
     if force:
         args.append("FORCE")
     return op, args
+
+
+def max_wait_ms(max_wait: timedelta | float) -> int:
+    """max_wait_ms gives MAXWAIT's whole milliseconds (rounded down). The module takes up to
+    2^64 − 1 ms (beyond 2^64 ns it means any wait): a longer wait, `float("inf")` included,
+    is sent as that most, which means the same, not as a number the module refuses."""
+    if isinstance(max_wait, timedelta):
+        ms = max_wait // timedelta(milliseconds=1)
+    elif isinstance(max_wait, int):
+        ms = max_wait * 1000
+    else:
+        seconds = float(max_wait)
+        if math.isnan(seconds) or seconds < 0:
+            raise ValueError("max_wait must be a non-negative duration")
+        ms = U64_MAX if seconds * 1000 >= U64_MAX else int(seconds * 1000)
+    if ms < 0:
+        raise ValueError("max_wait must be a non-negative duration")
+    return min(ms, U64_MAX)
 
 
 def all_command(
@@ -153,6 +168,11 @@ def is_unknown_command(exc: BaseException) -> bool:
     """is_unknown_command: the module is not (or no longer) loaded on this server."""
     msg = str(exc).lower()
     return "unknown command" in msg and "rl." in msg
+
+
+def is_no_permission(exc: BaseException) -> bool:
+    """is_no_permission: the user's ACL refuses the command (NOPERM)."""
+    return isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM")
 
 
 def is_missing_function(exc: BaseException) -> bool:

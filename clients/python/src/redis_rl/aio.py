@@ -19,9 +19,9 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.asyncio.retry import Retry
 
-from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
-from ._decision import Decision, decision_from_reply
-from ._limits import Lease, Limit, check_token, positive
+from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release, duration_seconds
+from ._decision import Decision, decision_from_reply, ms_to_timedelta
+from ._limits import MAX_SECONDS, Lease, Limit, check_token, positive
 from ._local import Credit
 from ._policy import RateLimitExceeded, is_unavailable
 from ._protocol import (
@@ -36,6 +36,7 @@ from ._protocol import (
     frame,
     ints,
     is_missing_function,
+    is_no_permission,
     is_unknown_command,
     library_code,
     library_version,
@@ -67,11 +68,7 @@ class AsyncLimiter(LimiterBase):
         self._detect_lock: asyncio.Lock | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._pending: list[Credit] = []
-        self.timeout = (
-            None
-            if timeout is None
-            else timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        )
+        self.timeout = None if timeout is None else duration_seconds(timeout, "timeout")
 
     @classmethod
     def from_url(
@@ -83,14 +80,14 @@ class AsyncLimiter(LimiterBase):
         **options: Any,
     ) -> AsyncLimiter:
         """from_url builds the asyncio client (timeouts set, no retries) and the limiter."""
-        t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        t = duration_seconds(timeout, "timeout")
         kwargs: dict[str, Any] = {"socket_timeout": t, "socket_connect_timeout": t}
         client: aredis.Redis | aredis.RedisCluster
         if cluster:
             client = aredis.RedisCluster.from_url(url, **kwargs)
         else:
             client = aredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
-        return cls(client, timeout=t * 2, **options)
+        return cls(client, timeout=min(t * 2, MAX_SECONDS), **options)
 
     # -- mode and the fallback library ----------------------------------------------------
 
@@ -120,6 +117,13 @@ class AsyncLimiter(LimiterBase):
                             found = command_exists(reply)
                         except PARSE_ERRORS:
                             found = False
+                        except redis.ResponseError as e:
+                            # A user whose ACL admits the limiter's commands but not COMMAND
+                            # gets NOPERM: try the module; an unknown command moves to the
+                            # fallback (see _call).
+                            if not is_no_permission(e):
+                                raise
+                            found = True
                         st.mode = Mode.MODULE if found else Mode.FALLBACK
             mode = st.mode
         if mode is Mode.FALLBACK and not st.library_ready:
@@ -188,7 +192,8 @@ class AsyncLimiter(LimiterBase):
                 return reply, mode
             except redis.ResponseError as e:
                 if attempt == 0 and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
-                    self._state.mode = None
+                    # The module is not (or no longer) there: the fallback answers.
+                    self._state.mode = Mode.FALLBACK
                     continue
                 if attempt == 0 and mode is Mode.FALLBACK and is_missing_function(e):
                     self._state.library_ready = False
@@ -310,7 +315,7 @@ class AsyncLimiter(LimiterBase):
         reply, mode = got
         d = self.all_decision(reply, items, mode, cost)
         if plain:
-            self.remember(ck, cost, d, sent)
+            self.remember_all(ck, items, cost, d, sent)
         return self.decided(d)
 
     async def refund(self, key: str, n: int = 1) -> Refund:
@@ -319,14 +324,15 @@ class AsyncLimiter(LimiterBase):
         positive(n, "quantity")
         if self.deny_cache is not None:
             self.deny_cache.forget(full)
-        got = await self._guarded("refund", [full], [n])
-        if isinstance(got, BaseException):
+        # Inside an outage's probe interval it answers at once, like a check.
+        got = None if self.health.skip() else await self._guarded("refund", [full], [n])
+        if got is None or isinstance(got, BaseException):
             self.health.answer(None, full, got)
             return Refund(0, 0, timedelta(0), degraded=True)
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
-        return Refund(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Refund(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -368,13 +374,14 @@ class AsyncLimiter(LimiterBase):
         return await self._release(self.full_key(key), check_token(token))
 
     async def _release(self, full: str, tok: bytes) -> Release:
-        got = await self._guarded("release", [full], [tok])
-        if isinstance(got, BaseException):
+        # Inside an outage's probe interval it answers at once, like a check.
+        got = None if self.health.skip() else await self._guarded("release", [full], [tok])
+        if got is None or isinstance(got, BaseException):
             self.health.answer(None, full, got)
             return Release(0, 0, timedelta(0), degraded=True)
         self.health.success()
         r = ints(got[0])
-        return Release(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Release(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- batch refunds ------------------------------------------------------------------------
 

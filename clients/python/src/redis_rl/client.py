@@ -14,8 +14,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release
-from ._decision import Decision, decision_from_reply
+from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release, duration_seconds
+from ._decision import Decision, decision_from_reply, ms_to_timedelta
 from ._limits import Lease, Limit, check_token, positive
 from ._local import Credit
 from ._policy import RateLimitExceeded, is_unavailable
@@ -31,6 +31,7 @@ from ._protocol import (
     frame,
     ints,
     is_missing_function,
+    is_no_permission,
     is_unknown_command,
     library_code,
     library_version,
@@ -64,6 +65,8 @@ class Limiter(LimiterBase):
       probe_interval: during an outage, how often a call tries Redis again (default 1 s);
         the others are answered by the policy at once.
       closed_retry_after: the retry_after of a "closed" denial (default 1 s).
+        Duration settings (and `from_url`'s `timeout`) must be > 0 and at most
+        MAX_SECONDS (ten years), else ValueError.
       hook: called as hook(counter_name, n) on every counter increment.
     """
 
@@ -85,7 +88,7 @@ class Limiter(LimiterBase):
         **options: Any,
     ) -> Limiter:
         """from_url builds the redis client (timeouts set, no retries) and the limiter."""
-        t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        t = duration_seconds(timeout, "timeout")
         kwargs: dict[str, Any] = {
             "socket_timeout": t,
             "socket_connect_timeout": t,
@@ -119,6 +122,13 @@ class Limiter(LimiterBase):
                             found = command_exists(reply)
                         except PARSE_ERRORS:
                             found = False
+                        except redis.ResponseError as e:
+                            # A user whose ACL admits the limiter's commands but not COMMAND
+                            # gets NOPERM: try the module; an unknown command moves to the
+                            # fallback (see _call).
+                            if not is_no_permission(e):
+                                raise
+                            found = True
                         st.mode = Mode.MODULE if found else Mode.FALLBACK
             mode = st.mode
         if mode is Mode.FALLBACK and not st.library_ready:
@@ -184,7 +194,8 @@ class Limiter(LimiterBase):
                 return reply, mode
             except redis.ResponseError as e:
                 if attempt == 0 and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
-                    self._state.mode = None
+                    # The module is not (or no longer) there: the fallback answers.
+                    self._state.mode = Mode.FALLBACK
                     continue
                 if attempt == 0 and mode is Mode.FALLBACK and is_missing_function(e):
                     self._state.library_ready = False
@@ -318,7 +329,7 @@ class Limiter(LimiterBase):
         reply, mode = got
         d = self.all_decision(reply, items, mode, cost)
         if plain:
-            self.remember(ck, cost, d, sent)
+            self.remember_all(ck, items, cost, d, sent)
         return self.decided(d)
 
     def refund(self, key: str, n: int = 1) -> Refund:
@@ -327,14 +338,15 @@ class Limiter(LimiterBase):
         positive(n, "quantity")
         if self.deny_cache is not None:
             self.deny_cache.forget(full)
-        got = self._guarded("refund", [full], [n])
-        if isinstance(got, BaseException):
+        # Inside an outage's probe interval it answers at once, like a check.
+        got = None if self.health.skip() else self._guarded("refund", [full], [n])
+        if got is None or isinstance(got, BaseException):
             self.health.answer(None, full, got)  # raises for RAISE
             return Refund(0, 0, timedelta(0), degraded=True)
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
-        return Refund(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Refund(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -388,13 +400,14 @@ class Limiter(LimiterBase):
         return self._release(self.full_key(key), check_token(token))
 
     def _release(self, full: str, tok: bytes) -> Release:
-        got = self._guarded("release", [full], [tok])
-        if isinstance(got, BaseException):
+        # Inside an outage's probe interval it answers at once, like a check.
+        got = None if self.health.skip() else self._guarded("release", [full], [tok])
+        if got is None or isinstance(got, BaseException):
             self.health.answer(None, full, got)
             return Release(0, 0, timedelta(0), degraded=True)
         self.health.success()
         r = ints(got[0])
-        return Release(r[0], r[1], timedelta(milliseconds=r[2]))
+        return Release(r[0], r[1], ms_to_timedelta(r[2]))
 
     # -- batch refunds ------------------------------------------------------------------------
 

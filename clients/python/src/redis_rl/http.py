@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from ._decision import Decision
-from ._limits import Limit, non_negative
+from ._limits import Lease, Limit, non_negative
 
 if TYPE_CHECKING:
     from .aio import AsyncLimiter
@@ -202,6 +202,9 @@ class Rule:
     `name` names the policy in the RateLimit headers (default: the limit's name, or the
     path). Keys are `<prefix><name>:<value>`; several limits share the first value as hash
     tag (`{value}:<name>:<value2>`), so the call works on a Redis Cluster.
+
+    A rule's limits are rates (GCRA, Window): a Lease raises TypeError when the rule is
+    built (take a concurrency limit with `acquire` in the handler).
     """
 
     path: PathPattern
@@ -224,6 +227,14 @@ class Rule:
             self._named = [(n, self.limits, self.key)]
         if not self._named:
             raise ValueError("a Rule needs at least one limit")
+        for n, lim, _ in self._named:
+            # A rule limits request rates: checked per request, a Lease would fail every
+            # request it applies to (check() refuses it, check_all wants a token).
+            if isinstance(lim, Lease):
+                raise TypeError(
+                    f"a Rule takes a GCRA or a Window limit, not a Lease ({n!r}): take a "
+                    "concurrency limit with limiter.acquire() in the handler"
+                )
         if self.methods is not None:
             self.methods = [m.upper() for m in self.methods]
 
