@@ -38,7 +38,8 @@ _django_limiter: dict[str, Limiter] = {}
 
 
 def _view(request: Any) -> Any:
-    return JsonResponse({"ok": True})
+    d = getattr(request, "rate_limit", None)
+    return JsonResponse({"ok": True, "remaining": None if d is None else d.remaining})
 
 
 def _decorated(request: Any) -> Any:
@@ -62,12 +63,15 @@ def test_django_middleware_and_decorator(server: RedisServer, prefix: str) -> No
     got = [c.get("/api/x") for _ in range(3)]
     assert [g.status_code for g in got] == [200, 200, 429]
     assert got[0]["RateLimit-Policy"] == '"api";q=2;w=120'
+    # The view saw each admitted request's decision.
+    assert [json.loads(g.content)["remaining"] for g in got[:2]] == [1, 0]
     assert got[2]["Retry-After"] == "60"
     assert json.loads(got[2].content)["error"] == "rate_limited"
     assert "RateLimit" not in c.get("/health")
     settings.REDIS_RL = {"limiter": lim, "rules": []}
     one = [Client().get("/one") for _ in range(2)]
     assert [g.status_code for g in one] == [200, 429]
+    assert json.loads(one[0].content)["remaining"] == 0
     assert one[0]["RateLimit"].startswith('"one";r=0;t=')
     lim.close()
 
@@ -87,10 +91,13 @@ def test_flask_decorator_with_the_user_key(server: RedisServer, prefix: str) -> 
     @app.get("/r")
     @rate_limit(lim, Window(2, 60, "FIXED", name="per-user"), key=user())
     def r() -> Any:
-        return {"ok": True}
+        d = flask.g.get("rate_limit")
+        return {"ok": True, "remaining": None if d is None else d.remaining}
 
     c = app.test_client()
-    assert [c.get("/r", headers={"X-User": "u1"}).status_code for _ in range(3)] == [200, 200, 429]
+    u1 = [c.get("/r", headers={"X-User": "u1"}) for _ in range(3)]
+    assert [g.status_code for g in u1] == [200, 200, 429]
+    assert [g.get_json()["remaining"] for g in u1[:2]] == [1, 0]
     assert c.get("/r", headers={"X-User": "u2"}).status_code == 200
     # An anonymous request has no user key: this limit does not apply to it.
     assert all(c.get("/r").status_code == 200 for _ in range(3))
@@ -110,7 +117,7 @@ async def test_starlette_decorator_and_fastapi_dependency(server: RedisServer, p
 
     @rate_limit(lim, GCRA(1, 1, 60, name="login"), key=client_ip())
     async def login(request: Request) -> Response:
-        return JSONResponse({"ok": True})
+        return JSONResponse({"ok": True, "remaining": request.state.rate_limit.remaining})
 
     star = Starlette(routes=[Route("/login", login)])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=star), base_url="http://t") as c:
@@ -118,6 +125,7 @@ async def test_starlette_decorator_and_fastapi_dependency(server: RedisServer, p
         assert (first.status_code, second.status_code) == (200, 429)
         assert first.headers["RateLimit"].startswith('"login";r=0')
         assert second.json()["policy"] == "login"
+        assert first.json() == {"ok": True, "remaining": 0}
 
     api = FastAPI()
     dep = RateLimit(lim, GCRA(2, 1, 60, name="items"), key=header("X-API-Key", "anon"))
@@ -167,3 +175,41 @@ async def test_middleware_closed_policy_answers_503_when_redis_is_unreachable() 
     await open_lim.redis.aclose()
 
 
+
+
+async def test_the_middlewares_hand_the_decision_to_the_app(server: RedisServer, prefix: str) -> None:
+    import flask
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from redis_rl.asgi import RateLimitMiddleware as AsgiMiddleware
+    from redis_rl.wsgi import DECISION_ENVIRON_KEY
+    from redis_rl.wsgi import RateLimitMiddleware as WsgiMiddleware
+
+    async def home(request: Request) -> JSONResponse:
+        d = getattr(request.state, "rate_limit", None)
+        return JSONResponse({"remaining": None if d is None else d.remaining})
+
+    alim = AsyncLimiter(__import__("redis.asyncio", fromlist=["Redis"]).Redis(port=server.port), prefix=prefix)
+    rules = [Rule("/api", GCRA(3, 1, 60, name="a"), key=client_ip())]
+    asgi = AsgiMiddleware(Starlette(routes=[Route("/api", home), Route("/free", home)]), alim, rules)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+        assert [(await c.get("/api")).json()["remaining"] for _ in range(3)] == [2, 1, 0]
+        assert (await c.get("/free")).json() == {"remaining": None}  # no rule applied
+    await alim.aclose()
+    await alim.redis.aclose()
+
+    lim = Limiter(server.client(), prefix=prefix + "w")
+    app = flask.Flask("w")
+
+    @app.get("/api")
+    def api() -> Any:
+        d = flask.request.environ.get(DECISION_ENVIRON_KEY)
+        return {"remaining": None if d is None else d.remaining}
+
+    app.wsgi_app = WsgiMiddleware(app.wsgi_app, lim, rules)  # type: ignore[method-assign]
+    c = app.test_client()
+    assert [c.get("/api").get_json()["remaining"] for _ in range(3)] == [2, 1, 0]
+    lim.close()

@@ -56,6 +56,15 @@ def test_client_ip_normalises_ports_and_ipv6() -> None:
     assert client_ip()(req("2001:db8:0:0::1")) == "2001:db8::1"
 
 
+def test_client_ip_keys_an_ipv4_client_on_a_dual_stack_socket_by_its_ipv4_address() -> None:
+    assert client_ip()(req("::ffff:192.0.2.7")) == "192.0.2.7"
+    assert client_ip()(req("::FFFF:c000:0207")) == "192.0.2.7"
+    # A trusted proxy seen through a dual-stack socket is still trusted, and a mapped hop in
+    # the header is the IPv4 client.
+    key = client_ip(["10.0.0.0/8"])
+    assert key(req("::ffff:10.0.0.5", x_forwarded_for="[::ffff:198.51.100.7]:80")) == "198.51.100.7"
+
+
 def test_other_key_functions() -> None:
     assert header("X-API-Key")(req(x_api_key="k1")) == "k1"
     assert header("X-API-Key")(req()) is None
@@ -135,6 +144,8 @@ def test_never_gets_413_and_closed_degraded_gets_503() -> None:
     d = decision(allowed=False, remaining=0, retry_after=timedelta(seconds=1), degraded=True, source=Source.LOCAL)
     v = respond(d, {"api:k": "api"})
     assert v.status == 503 and v.headers["Retry-After"] == "1" and "RateLimit" not in v.headers
+    # retry_after is an integer of seconds, as in the 429 body.
+    assert json.loads(v.body)["retry_after"] == 1
 
 
 def test_names_are_validated() -> None:

@@ -7,6 +7,10 @@
 Admitted requests pass with the RateLimit fields added to the response; denied ones get 429
 with Retry-After, the fields and a JSON body; a request that can never pass gets 413; a
 "closed" failure-policy denial gets 503 with Retry-After. No dependency beyond the ASGI spec.
+
+The app sees the decision of an admitted request in `scope["state"]["rate_limit"]`, which
+Starlette and FastAPI read as `request.state.rate_limit` (a `Decision`; absent when no rule
+or key applied).
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class RateLimitMiddleware:
         if v.status is not None:
             await send_verdict(send, v)
             return
+        scope.setdefault("state", {})["rate_limit"] = d
         extra = [(k.lower().encode("latin-1"), val.encode("latin-1")) for k, val in v.headers.items()]
 
         async def send_with_headers(message: Message) -> None:

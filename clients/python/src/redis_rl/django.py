@@ -8,6 +8,8 @@ AuthenticationMiddleware, so `request.user` is known) and set in settings:
 
     REDIS_RL = {"limiter": Limiter.from_url(...), "rules": [Rule(...)], "exempt": ["/health"]}
 
+The view sees its admitted request's decision as `request.rate_limit` (a `Decision`).
+
 Django can also be limited through WSGI: wrap `get_wsgi_application()` with
 `redis_rl.wsgi.RateLimitMiddleware`.
 """
@@ -48,9 +50,13 @@ def _answer(v: Verdict) -> Any:
 
 
 def _run(limiter: Limiter, p: Plan, request: Any, view: Callable[[], Any], x_headers: bool) -> Any:
-    v = respond(decide(limiter, p), p.names, x_headers=x_headers, prefix=limiter.prefix)
+    d = decide(limiter, p)
+    v = respond(d, p.names, x_headers=x_headers, prefix=limiter.prefix)
     if v.status is not None:
         return _answer(v)
+    # The view sees the admitted request's decision (the innermost limit's, when both the
+    # middleware and a decorator apply).
+    request.rate_limit = d
     resp = view()
     for k, val in v.headers.items():
         resp[k] = val

@@ -5,7 +5,8 @@
     @rate_limit(limiter, GCRA(5, 1, 60), key=user())
     def reports(): ...
 
-The authenticated user is `flask.g.user_id` if the app sets it, else REMOTE_USER.
+The authenticated user is `flask.g.user_id` if the app sets it, else REMOTE_USER. The view
+sees its admitted request's decision as `flask.g.rate_limit`.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ def rate_limit(
                                    req.url_rule.rule, info.content_length)
             p = plan_rule(rule, info)
             if p is not None:
-                v = respond(decide(limiter, p), p.names, x_headers=x_headers, prefix=limiter.prefix)
+                d = decide(limiter, p)
+                v = respond(d, p.names, x_headers=x_headers, prefix=limiter.prefix)
                 if v.status is not None:
                     return flask.Response(v.body, v.status, headers=v.headers)
+                flask.g.rate_limit = d
                 headers = v.headers
 
                 @flask.after_this_request

@@ -90,9 +90,14 @@ def _parse_addr(text: str) -> str | None:
     elif t.count(":") == 1:  # v4:port
         t = t.split(":", 1)[0]
     try:
-        return ipaddress.ip_address(t).compressed
+        ip = ipaddress.ip_address(t)
     except ValueError:
         return None
+    # A dual-stack socket reports an IPv4 client as ::ffff:a.b.c.d: key it by its IPv4
+    # address, so one client has one key whichever socket it came through.
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return ip.compressed
 
 
 def _forwarded_for(value: str) -> list[str]:
@@ -353,7 +358,7 @@ def respond(
         status, body = degraded_status, {
             "error": "limiter_unavailable",
             "message": "the rate limiter is unavailable; retry shortly",
-            "retry_after": headers.get("Retry-After"),
+            "retry_after": int(headers.get("Retry-After", "1")),
         }
     else:
         status, body = 429, {

@@ -12,6 +12,9 @@ Starlette (or FastAPI endpoints that take `request`), as a decorator:
 
     @rate_limit(limiter, Window(5, 60, "LOG"), key=client_ip())
     async def login(request): ...
+
+The dependency returns the admitted request's `Decision` (FastAPI: `d = Depends(api_limit)`);
+the decorator puts it in `request.state.rate_limit`.
 """
 
 from __future__ import annotations
@@ -83,9 +86,11 @@ class RateLimit:
 
         @functools.wraps(endpoint)
         async def wrapper(request: Request, *args: Any, **kwargs: Any) -> Response:
-            _, v = await self.verdict(request)
+            d, v = await self.verdict(request)
             if v.status is not None:
                 return Response(v.body, v.status, headers=v.headers, media_type="application/json")
+            if d is not None:
+                request.state.rate_limit = d
             resp = await endpoint(request, *args, **kwargs)
             for k, val in v.headers.items():
                 resp.headers[k] = val

@@ -6,6 +6,9 @@
 Same answers as the ASGI middleware: RateLimit fields on admitted responses, 429 with
 Retry-After and a JSON body, 413 for a request that can never pass, 503 for a "closed"
 failure-policy denial.
+
+The app sees the decision of an admitted request in `environ["redis_rl.decision"]`
+(`DECISION_ENVIRON_KEY`; Flask: `request.environ[...]`), absent when no rule or key applied.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from .http import (
     status_text,
 )
 
-__all__ = ["RateLimitMiddleware", "request_info"]
+__all__ = ["DECISION_ENVIRON_KEY", "RateLimitMiddleware", "request_info"]
+
+DECISION_ENVIRON_KEY = "redis_rl.decision"
+"""The WSGI environ key under which an admitted request's `Decision` reaches the app."""
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
@@ -103,6 +109,7 @@ class RateLimitMiddleware:
         )
         if v.status is not None:
             return verdict_response(v, start_response)
+        environ[DECISION_ENVIRON_KEY] = d
         extra = list(v.headers.items())
 
         def start_with_headers(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
