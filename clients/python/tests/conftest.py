@@ -311,13 +311,18 @@ async def make_limiter(
 
     yield make
     for lim in made:
-        await lim.aclose()
-        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
-        client = inner.redis
-        if isinstance(client, aredis.Redis):
-            await client.aclose()
-        else:
-            client.close()
+        await close_limiter(lim)
+
+
+async def close_limiter(lim: Any) -> None:
+    """close_limiter closes a test's limiter (sync wrapped or async) and its Redis client."""
+    await lim.aclose()
+    inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+    client = inner.redis
+    if isinstance(client, aredis.Redis):
+        await client.aclose()
+    else:
+        client.close()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from redis_rl import GCRA, NEVER, Algorithm, AsyncLimiter, Limiter, Source, Window
 from redis_rl._limits import MAX_SECONDS
 
-from .conftest import RedisServer, SyncAsAsync, expected_mode
+from .conftest import RedisServer, SyncAsAsync, close_limiter, expected_mode
 
 pytestmark = pytest.mark.asyncio
 
@@ -62,12 +62,7 @@ async def test_auto_mode_works_for_a_user_denied_command_info(
     finally:
         r.execute_command("ACL", "DELUSER", name)
         if lim is not None:
-            await lim.aclose()
-            inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
-            if flavor == "sync":
-                inner.redis.close()
-            else:
-                await inner.redis.aclose()
+            await close_limiter(lim)
 
 
 async def test_idle_key_admits_exactly_burst_then_denies(limiter: Any) -> None:
@@ -176,12 +171,7 @@ async def test_the_longest_durations_work(server: RedisServer, flavor: str, pref
         else:
             assert lim._sweeper is not None and not lim._sweeper.done()
     finally:
-        await lim.aclose()
-        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
-        if flavor == "sync":
-            inner.redis.close()
-        else:
-            await inner.redis.aclose()
+        await close_limiter(lim)
 
 
 async def test_check_all_is_atomic_and_reports_each_key(limiter: Any, r: redis.Redis) -> None:

@@ -16,7 +16,7 @@ import redis.asyncio as aredis
 
 from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, RateLimitExceeded, Source, Window
 
-from .conftest import RedisServer, SyncAsAsync
+from .conftest import RedisServer, SyncAsAsync, close_limiter
 
 
 async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> None:
@@ -191,12 +191,7 @@ def test_release_while_a_renewal_is_in_flight(server: RedisServer, flavor: str, 
         for i in range(3):  # every lease was given back
             d = await lim.check_all({f"churn{i}": Lease(1, "0.03")}, tokens={f"churn{i}": "probe"}, peek=True)
             outcome.setdefault("free", []).append(d.allowed)
-        await lim.aclose()
-        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
-        if flavor == "sync":
-            inner.redis.close()
-        else:
-            await inner.redis.aclose()
+        await close_limiter(lim)
 
     def run() -> None:
         try:
