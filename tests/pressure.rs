@@ -264,6 +264,41 @@ fn out_of_memory_the_limiter_refuses_writes_and_still_denies() {
 }
 
 #[test]
+fn out_of_memory_follows_maxmemory_however_it_is_set() {
+    // The module skips its memory check while `maxmemory` is 0, following the setting
+    // through the server's config-change event; these are the ways the setting can change.
+    let oom = "OOM command not allowed when used memory > 'maxmemory'.";
+    // Set when the server starts: the module reads it as it loads.
+    let s = Server::builder()
+        .arg("maxmemory", "1")
+        .arg("maxmemory-policy", "noeviction")
+        .start();
+    let mut c = s.conn();
+    assert_eq!(err_s(&mut c, &["RL.GCRA", "a", "5", "1", "60"]), oom);
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(rl(&mut c, &["RL.GCRA", "a", "5", "1", "60"])[0], 1);
+    // Set again among other parameters of one CONFIG SET.
+    q::<()>(&mut c, &["CONFIG", "SET", "hz", "11", "maxmemory", "1"]);
+    assert_eq!(err_s(&mut c, &["RL.GCRA", "b", "5", "1", "60"]), oom);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "b"]), 0);
+    drop(c);
+    drop(s);
+
+    // CONFIG renamed: the module cannot read the setting, so it checks every write.
+    let s = Server::builder()
+        .arg("maxmemory", "1")
+        .arg("maxmemory-policy", "noeviction")
+        .words(&["--rename-command", "CONFIG", "RL-TEST-CONFIG"])
+        .start();
+    let mut c = s.conn();
+    assert_eq!(err_s(&mut c, &["RL.GCRA", "a", "5", "1", "60"]), oom);
+    q::<()>(&mut c, &["RL-TEST-CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(rl(&mut c, &["RL.GCRA", "a", "5", "1", "60"])[0], 1);
+    q::<()>(&mut c, &["RL-TEST-CONFIG", "SET", "maxmemory", "1"]);
+    assert_eq!(err_s(&mut c, &["RL.GCRA", "b", "5", "1", "60"]), oom);
+}
+
+#[test]
 fn regression_a_write_the_server_would_accept_while_evicting_is_not_refused() {
     // Found by attack testing: under an eviction policy, when the server's eviction pass ran
     // out of its time budget (it goes on in the background and the server still accepts

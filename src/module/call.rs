@@ -15,6 +15,7 @@ use super::command::{Command, Counted, Keys};
 use super::ffi;
 use super::guard;
 use super::keys::LimiterKey;
+use super::maxmemory;
 use super::stats;
 
 /// The used-memory ratio from which [`Call::is_out_of_memory`] asks the server's OOM flag.
@@ -128,14 +129,16 @@ impl<'a> Call<'a> {
     /// check it themselves (they are not flagged `deny-oom`) so that denials and reports
     /// still answer while only writes are refused.
     pub fn is_out_of_memory(&self) -> bool {
-        // Three steps, each asked only when the one before says yes. The used-memory ratio
-        // (less replica and AOF buffers; 0 without `maxmemory`) is the cheapest read. The
+        // Four steps, each asked only when the one before says yes. Without `maxmemory` the
+        // server never refuses a write for memory (`maxmemory` follows that setting). The
+        // used-memory ratio (less replica and AOF buffers) is the cheapest read. The
         // context's OOM flag says used memory is above `maxmemory` now. Neither is the
         // server's verdict: when its eviction pass runs out of its time budget, eviction
         // goes on in the background and the server accepts `deny-oom` commands although used
         // memory is still above `maxmemory`. That verdict is read through the `deny-oom`
         // probe RL.OOMCHECK, which the server then refuses exactly as it would refuse SET.
-        ffi::used_memory_ratio() >= NEAR_MAXMEMORY
+        maxmemory::is_limited()
+            && ffi::used_memory_ratio() >= NEAR_MAXMEMORY
             && ffi::context_flags(self.ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
             && ffi::server_refuses_deny_oom(self.ctx, OOM_PROBE)
     }

@@ -132,6 +132,47 @@ pub fn server_refuses_deny_oom(ctx: *mut raw::RedisModuleCtx, probe: &CStr) -> b
     }
 }
 
+/// The value of the server configuration parameter `name` (`CONFIG GET name`), or None when
+/// it cannot be read (the command renamed away, an unknown name, an unexpected reply).
+pub fn config_get(ctx: *mut raw::RedisModuleCtx, name: &CStr) -> Option<Vec<u8>> {
+    // SAFETY: `ctx` is a live context (load or event callback); the command name, format and
+    // argument are NUL-terminated, and the format "cc" names exactly the two C strings
+    // passed. The reply is ours and freed exactly once, here; its elements and their bytes
+    // are read before that and copied out.
+    unsafe {
+        let call = raw::RedisModule_Call?;
+        let free = raw::RedisModule_FreeCallReply?;
+        let reply = call(
+            ctx,
+            c"CONFIG".as_ptr(),
+            c"cc".as_ptr(),
+            c"GET".as_ptr(),
+            name.as_ptr(),
+        );
+        if reply.is_null() {
+            return None;
+        }
+        let value = (|| {
+            let length = raw::RedisModule_CallReplyLength?(reply);
+            if length != 2 {
+                return None;
+            }
+            let element = raw::RedisModule_CallReplyArrayElement?(reply, 1);
+            if element.is_null() {
+                return None;
+            }
+            let mut len = 0usize;
+            let ptr = raw::RedisModule_CallReplyStringPtr?(element, &mut len);
+            if ptr.is_null() {
+                return None;
+            }
+            Some(std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec())
+        })();
+        free(reply);
+        value
+    }
+}
+
 /// Returns the context flags (`REDISMODULE_CTX_FLAGS_*`), 0 if unavailable.
 pub fn context_flags(ctx: *mut raw::RedisModuleCtx) -> u32 {
     // SAFETY: `ctx` is the live context of the running command.

@@ -26,9 +26,9 @@
 //!   the crate's generic error, and effect replication with two arguments ([`keys`]).
 //!
 //! `unsafe` is confined to the files that touch the raw API (`call`, `keys`, `value`,
-//! `data_type`, `command`, `docs`, `ffi`, `clock`, `config`, `stats` and this one), each
-//! block with a `// SAFETY:` comment; the command handlers under `commands/` are compiled
-//! with `#![forbid(unsafe_code)]`.
+//! `data_type`, `command`, `docs`, `ffi`, `clock`, `config`, `maxmemory`, `stats` and this
+//! one), each block with a `// SAFETY:` comment; the command handlers under `commands/` are
+//! compiled with `#![forbid(unsafe_code)]`.
 
 mod call;
 mod clock;
@@ -42,6 +42,7 @@ mod ffi;
 mod guard;
 mod keys;
 mod limits;
+mod maxmemory;
 mod params_table;
 mod stats;
 mod value;
@@ -178,6 +179,7 @@ fn on_load(ctx: *mut raw::RedisModuleCtx, args: &[&[u8]]) -> Result<(), String> 
     data_type::register(ctx)?;
     config::register(ctx)?;
     stats::register(ctx)?;
+    maxmemory::track(ctx);
     let ratelimit_category = docs::add_acl_category(ctx);
     commands::register_all(ctx, ratelimit_category)
 }
