@@ -360,6 +360,7 @@ pub struct Compact {
 }
 
 impl Compact {
+    #[inline(always)]
     fn new(event: Event, tag: u8) -> Self {
         let mut bytes = [0; 64];
         bytes[..4].copy_from_slice(&[ENCODING_VERSION, TAG_IDLE_EXPIRY, event.code(), tag]);
@@ -369,6 +370,7 @@ impl Compact {
     // The layouts above take at most 4 + 3 × 8 + 3 × 10 = 58 bytes, so neither put runs
     // out of room; if one ever did, `as_slice` would not match the layout and the reader
     // would refuse it, so nothing wrong could be applied.
+    #[inline(always)]
     fn u64(&mut self, value: u64) {
         if let Some(slot) = self.bytes.get_mut(self.len..self.len + 8) {
             slot.copy_from_slice(&value.to_le_bytes());
@@ -392,6 +394,7 @@ impl Compact {
     }
 
     /// The blob.
+    #[inline(always)]
     pub fn as_slice(&self) -> &[u8] {
         self.bytes.get(..self.len).unwrap_or_default()
     }
@@ -401,6 +404,7 @@ impl Compact {
 /// `expire_at_ms` is the one a reader derives from it (always, for the writes the limiting
 /// commands make); None for other writes (LOG refunds, leases), which use
 /// [`encode_announcement_into`].
+#[inline(always)]
 pub fn compact_announcement(event: Event, write: &Write, expire_at_ms: i64) -> Option<Compact> {
     let derived = match write {
         Write::Gcra(g) => StateRef::Gcra(*g).idle_at(),
@@ -610,6 +614,7 @@ pub fn validate_sliding(s: &SlidingState) -> Result<(), DecodeError> {
 /// Checks that a write's state is one the decoder accepts (so RDB files, replicas and the AOF
 /// can load it), without encoding it. LOG and LEASE writes change a stored collection whose
 /// invariants the algorithms keep (property-tested); they are accepted here.
+#[inline(always)]
 pub fn check_write(write: &Write) -> Result<(), DecodeError> {
     match write {
         Write::Gcra(g) => validate_gcra(g),

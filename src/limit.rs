@@ -146,6 +146,7 @@ impl Limit {
     ///
     /// Errors: [`LimitError::WrongAlgorithm`] when the key holds another algorithm;
     /// [`LimitError::Overflow`] when the arithmetic would leave 64-bit nanoseconds.
+    #[inline(always)]
     pub fn decide(
         &self,
         stored: Option<StateRef<'_>>,

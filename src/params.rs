@@ -92,6 +92,7 @@ impl GcraParams {
     /// [`ParamError::NotSeconds`] for a `period` outside `1 ns..=MAX_PERIOD`,
     /// [`ParamError::RateTooHigh`] when `T` rounds to 0, [`ParamError::BurstTooLarge`] when
     /// `burst · T` overflows.
+    #[inline(always)]
     pub fn new(burst: u64, rate: u64, period: Span) -> Result<Self, ParamError> {
         if burst == 0 {
             return Err(ParamError::NotPositiveInteger("burst"));
@@ -115,6 +116,7 @@ impl GcraParams {
     /// Parses the argument words `burst rate period` of RL.GCRA and of `GCRA` specs.
     ///
     /// Errors: the [`ParamError`] naming the first bad argument, in argument order.
+    #[inline(always)]
     pub fn parse(burst: &[u8], rate: &[u8], period: &[u8]) -> Result<Self, ParamError> {
         let burst = positive(burst, "burst")?;
         let rate = positive(rate, "rate")?;
@@ -124,6 +126,7 @@ impl GcraParams {
 
     /// Builds the parameters from `burst` and an emission interval already in nanoseconds
     /// (as stored in a key), with the same checks as [`GcraParams::new`].
+    #[inline(always)]
     pub fn from_interval(burst: u64, emission_interval: Span) -> Result<Self, ParamError> {
         if burst == 0 {
             return Err(ParamError::NotPositiveInteger("burst"));
@@ -215,6 +218,7 @@ impl WindowParams {
     /// Parses the argument words `limit window` of RL.WINDOW and of `WINDOW` specs.
     ///
     /// Errors: the [`ParamError`] naming the first bad argument, in argument order.
+    #[inline(always)]
     pub fn parse(limit: &[u8], window: &[u8]) -> Result<Self, ParamError> {
         let limit = positive(limit, "limit")?;
         let window = seconds(window, "window")?;

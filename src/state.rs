@@ -163,6 +163,7 @@ impl StateRef<'_> {
     /// zero (else of its window), when LOG's newest request leaves its window, when the last
     /// lease ends. None for an empty LOG or LEASE. It does not depend on the time it is asked:
     /// a key's expiry is this instant.
+    #[inline(always)]
     pub fn idle_at(self) -> Option<Instant> {
         match self {
             Self::Gcra(g) => Some(g.tat),

@@ -59,6 +59,7 @@ impl GcraRequest {
 /// drains at the new rate: raising the rate or the burst takes effect at once and never locks
 /// a key out, and waiting `retry_after` is honest. The stored burst plays no part: a lower
 /// burst makes the key wait until its capacity in use drains below it.
+#[inline(always)]
 pub fn effective_tat(params: &GcraParams, stored: Option<&GcraState>, now: Instant) -> Instant {
     let Some(state) = stored else { return now };
     if state.tat <= now {
@@ -76,6 +77,7 @@ pub fn effective_tat(params: &GcraParams, stored: Option<&GcraState>, now: Insta
 }
 
 /// Requests of quantity 1 still admitted at `now` by a key whose TAT is `tat`.
+#[inline(always)]
 fn remaining(params: &GcraParams, tat: Instant, now: Instant) -> u64 {
     let in_use = tat.saturating_since(now);
     params.tolerance.saturating_sub(in_use).as_ns() / params.emission_interval.as_ns()
@@ -93,6 +95,7 @@ fn remaining(params: &GcraParams, tat: Instant, now: Instant) -> u64 {
 /// Errors: [`Overflow`] only when an admitted request's `new_tat` would not fit in 64-bit
 /// nanoseconds (a burst whose tolerance reaches past the year 2554); reports and denials
 /// saturate instead.
+#[inline(always)]
 pub fn decide(
     params: &GcraParams,
     stored: Option<&GcraState>,
@@ -100,12 +103,6 @@ pub fn decide(
     request: GcraRequest,
 ) -> Result<Outcome<GcraState>, Overflow> {
     let tat = effective_tat(params, stored, now);
-    let report = |verdict: Verdict, tat_after: Instant| Decision {
-        verdict,
-        limit: params.burst,
-        remaining: remaining(params, tat_after, now),
-        reset_after: tat_after.saturating_since(now),
-    };
     let n = request.quantity;
     let admitted = match request.max_wait {
         Some(_) => Verdict::Reserved { delay: Span::ZERO },
@@ -113,13 +110,13 @@ pub fn decide(
     };
     if n == 0 {
         return Ok(Outcome {
-            decision: report(admitted, tat),
+            decision: report(params, admitted, tat, now),
             write: None,
         });
     }
     if n > params.burst {
         return Ok(Outcome {
-            decision: report(Verdict::Never, tat),
+            decision: report(params, Verdict::Never, tat, now),
             write: None,
         });
     }
@@ -128,36 +125,59 @@ pub fn decide(
         u128::from(tat.as_ns()) + u128::from(n) * u128::from(params.emission_interval.as_ns());
     let ahead_ns = new_tat - u128::from(now.as_ns());
     let tolerance_ns = u128::from(params.tolerance.as_ns());
-    let store = |verdict: Verdict| -> Result<Outcome<GcraState>, Overflow> {
-        let tat = Instant::from_ns(u64::try_from(new_tat).map_err(|_| Overflow)?);
-        // A reservation is written as if it arrived when allowed: at now + delay.
-        let arrives = match verdict {
-            Verdict::Reserved { delay } => now.saturating_add(delay).min(tat),
-            _ => now,
-        };
-        let write = GcraState {
-            tat,
-            emission_interval: params.emission_interval,
-            burst: params.burst,
-            updated_at: arrives,
-        };
-        Ok(Outcome {
-            decision: report(verdict, tat),
-            write: Some(write),
-        })
-    };
     if ahead_ns <= tolerance_ns {
-        return store(admitted);
+        return admit(params, new_tat, now, admitted);
     }
     // Admitted at the first instant t with new_tat − t ≤ τ. That instant is not after `tat`
     // (because n·T ≤ τ), so max(stored_tat, t) is still `tat` and new_tat is unchanged.
     let wait = Span::from_ns(u64::try_from(ahead_ns - tolerance_ns).unwrap_or(u64::MAX));
     match request.max_wait {
-        Some(max_wait) if wait <= max_wait => store(Verdict::Reserved { delay: wait }),
+        Some(max_wait) if wait <= max_wait => {
+            admit(params, new_tat, now, Verdict::Reserved { delay: wait })
+        }
         _ => Ok(Outcome {
-            decision: report(Verdict::Denied { retry_after: wait }, tat),
+            decision: report(params, Verdict::Denied { retry_after: wait }, tat, now),
             write: None,
         }),
+    }
+}
+
+/// The outcome of an admitted request (`verdict` allowed or reserved) whose TAT becomes
+/// `new_tat`: the state to write and its report.
+///
+/// Errors: [`Overflow`] when `new_tat` does not fit in 64-bit nanoseconds.
+#[inline(always)]
+fn admit(
+    params: &GcraParams,
+    new_tat: u128,
+    now: Instant,
+    verdict: Verdict,
+) -> Result<Outcome<GcraState>, Overflow> {
+    let tat = Instant::from_ns(u64::try_from(new_tat).map_err(|_| Overflow)?);
+    // A reservation is written as if it arrived when allowed: at now + delay.
+    let arrives = match verdict {
+        Verdict::Reserved { delay } => now.saturating_add(delay).min(tat),
+        _ => now,
+    };
+    Ok(Outcome {
+        decision: report(params, verdict, tat, now),
+        write: Some(GcraState {
+            tat,
+            emission_interval: params.emission_interval,
+            burst: params.burst,
+            updated_at: arrives,
+        }),
+    })
+}
+
+/// The decision `verdict` for a key whose TAT is `tat_after` at `now`.
+#[inline(always)]
+fn report(params: &GcraParams, verdict: Verdict, tat_after: Instant, now: Instant) -> Decision {
+    Decision {
+        verdict,
+        limit: params.burst,
+        remaining: remaining(params, tat_after, now),
+        reset_after: tat_after.saturating_since(now),
     }
 }
 

@@ -9,6 +9,7 @@ use crate::time::{Instant, NANOS_PER_MICRO};
 /// the server exports it, else `clock_gettime(CLOCK_REALTIME)` truncated to microseconds
 /// (Redis 7.0 gives modules only millisecond wall-clock time). Call it once per command. A
 /// clock before the epoch reads as the epoch.
+#[inline(always)]
 pub fn now() -> Instant {
     // SAFETY: the API table is filled at load and never changed; the function takes no
     // arguments and only reads the server's cached time.

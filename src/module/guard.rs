@@ -18,6 +18,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 }
 
 /// Runs a command body; a caught panic is logged and becomes [`CommandError::Panic`].
+#[inline(always)]
 pub fn command<T>(
     name: &'static str,
     body: impl FnOnce() -> Result<T, CommandError>,

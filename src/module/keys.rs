@@ -1,6 +1,7 @@
 //! Opening a limiter key, loading its state (WRONGTYPE here), storing a write with an
 //! absolute expiry, and telling the server about it (replication, WATCH, keyspace event).
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
 
 use redis_module::raw;
@@ -26,6 +27,10 @@ pub struct LimiterKey<'a> {
     ctx: *mut raw::RedisModuleCtx,
     name: Arg<'a>,
     key: *mut raw::RedisModuleKey,
+    /// The value pointer [`LimiterKey::raw_value`] last read (None: not read since the key
+    /// was opened or its value last replaced), so that a load and the store that follows
+    /// ask the server once.
+    seen: Cell<Option<*mut c_void>>,
 }
 
 impl<'a> LimiterKey<'a> {
@@ -44,7 +49,12 @@ impl<'a> LimiterKey<'a> {
                 None => std::ptr::null_mut(),
             }
         };
-        Self { ctx, name, key }
+        Self {
+            ctx,
+            name,
+            key,
+            seen: Cell::new(None),
+        }
     }
 
     /// The key's name for messages: lossy UTF-8, at most 64 characters.
@@ -55,7 +65,19 @@ impl<'a> LimiterKey<'a> {
     /// Returns the key's raw value pointer (null for a missing key).
     ///
     /// Errors: [`CommandError::WrongType`] when the key holds another Redis type.
+    #[inline(always)]
     fn raw_value(&self) -> Result<*mut c_void, CommandError> {
+        if let Some(raw) = self.seen.get() {
+            return Ok(raw);
+        }
+        let raw = self.read_raw_value()?;
+        self.seen.set(Some(raw));
+        Ok(raw)
+    }
+
+    /// [`LimiterKey::raw_value`], asking the server.
+    #[inline(always)]
+    fn read_raw_value(&self) -> Result<*mut c_void, CommandError> {
         if self.key.is_null() {
             return Ok(std::ptr::null_mut());
         }
@@ -77,6 +99,7 @@ impl<'a> LimiterKey<'a> {
     /// Returns the key's limiter state, `None` for a missing key.
     ///
     /// Errors: [`CommandError::WrongType`] when the key holds another Redis type.
+    #[inline(always)]
     pub fn load(&self) -> Result<Option<StateRef<'_>>, CommandError> {
         let raw = self.raw_value()?;
         // SAFETY: a value of our type was made by `value`; the key stays open and unwritten
@@ -87,6 +110,7 @@ impl<'a> LimiterKey<'a> {
     /// Makes `raw` (a value made by `value`) the key's value, replacing whatever it held; the
     /// TTL is dropped, so set it again with [`LimiterKey::set_expire_at`].
     fn set_raw(&mut self, raw: *mut c_void) {
+        self.seen.set(None);
         // SAFETY: `key` is open for writing (only writes call this) and `raw` is a fresh
         // value of our type, whose ownership passes to Redis (or is freed here).
         unsafe {
@@ -100,6 +124,7 @@ impl<'a> LimiterKey<'a> {
     }
 
     /// Stores `write`: in place when the key's value can hold it, else as a new value.
+    #[inline(always)]
     pub fn store(&mut self, write: &Write) {
         if let Ok(raw) = self.raw_value() {
             // SAFETY: a non-null value of our type was made by `value`; nothing borrows it
@@ -141,6 +166,7 @@ impl<'a> LimiterKey<'a> {
 
     /// Deletes the key.
     pub fn delete(&mut self) {
+        self.seen.set(None);
         // SAFETY: `key` is open for writing.
         unsafe {
             if let Some(delete) = raw::RedisModule_DeleteKey {
@@ -152,6 +178,7 @@ impl<'a> LimiterKey<'a> {
     /// After a write: propagates `write` with the expiry `expire_at_ms` and the event
     /// (`RL.APPLY key <blob>`) to replicas and the AOF, signals the modification (WATCH) and
     /// emits the keyspace event `event`.
+    #[inline(always)]
     pub fn announce(&self, write: &Write, expire_at_ms: i64, event: Event) {
         match codec::compact_announcement(event, write, expire_at_ms) {
             Some(compact) => self.replicate(compact.as_slice()),
@@ -175,6 +202,7 @@ impl<'a> LimiterKey<'a> {
     }
 
     /// Propagates `RL.APPLY key <blob>` to replicas and the AOF.
+    #[inline(always)]
     fn replicate(&self, bytes: &[u8]) {
         // Two arguments only (the key and one blob holding event, expiry and effect): every
         // extra argument costs the server an allocation per write.
@@ -195,6 +223,7 @@ impl<'a> LimiterKey<'a> {
     }
 
     /// Signals the modification (WATCH) and emits the keyspace event `event`.
+    #[inline(always)]
     pub fn signal(&self, event: Event) {
         // SAFETY: `ctx` is the live context of the running command; `event` is
         // NUL-terminated and the key name is one of its arguments.

@@ -132,6 +132,7 @@ pub fn decide<'a>(
 
 /// [`decide`] for one key (RL.GCRA, RL.WINDOW, CL.THROTTLE, RL.LEASE, a one-spec RL.ALL):
 /// the same steps, without the per-key collections. Returns the key's decision.
+#[inline(always)]
 pub fn decide_one(
     call: &Call<'_>,
     check: &Check<'_>,
@@ -168,6 +169,7 @@ fn access(may_write: bool) -> Access {
 }
 
 /// Loads `key` and decides `check` on it at `now`. Writes nothing.
+#[inline(always)]
 fn decide_on(
     key: &LimiterKey<'_>,
     check: &Check<'_>,
@@ -219,6 +221,7 @@ fn decide_key(
 
 /// Makes a decided write: stores it (in place where possible), sets the absolute expiry,
 /// replicates the effect and emits the keyspace event `event`.
+#[inline(always)]
 pub fn commit(key: &mut LimiterKey<'_>, write: &Write, expire_at_ms: i64, event: Event) {
     key.store(write);
     key.set_expire_at(expire_at_ms);
@@ -228,6 +231,7 @@ pub fn commit(key: &mut LimiterKey<'_>, write: &Write, expire_at_ms: i64, event:
 /// Refuses a write whose state would not load back (RDB, replica, AOF): a safety net under
 /// the algorithms' own invariants, so that no bug can make a file unloadable. It checks the
 /// state against the decoder's own rules (`codec::check_write`) without encoding it.
+#[inline(always)]
 pub fn check_storable(write: &Write) -> Result<(), CommandError> {
     codec::check_write(write).map_err(|e| {
         CommandError::Internal(format!(

@@ -13,7 +13,6 @@
 //! write happens there); values are read by the main thread and by the fork child that writes
 //! an RDB (a copy of memory), and freed by the lazy-free thread, which reads no id.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Number of ids.
@@ -31,10 +30,9 @@ static LEN: AtomicUsize = AtomicUsize::new(0);
 /// Compact values alive (they hold ids).
 static LIVE: AtomicI64 = AtomicI64::new(0);
 
-thread_local! {
-    /// The last pair looked up, and its id: nearly every lookup hits it.
-    static LAST: Cell<(u64, u64, u16)> = const { Cell::new((0, 0, 0)) };
-}
+/// `id + 1` of the last pair looked up (0: none): nearly every lookup hits it. Checked
+/// against the table itself, whose assigned pairs never change until [`clear`].
+static LAST: AtomicU32 = AtomicU32::new(0);
 
 /// Returns the `(emission_interval_ns, burst)` of `id`, if assigned.
 pub fn get(id: u16) -> Option<(u64, u64)> {
@@ -57,9 +55,11 @@ fn slot_of(emission_interval_ns: u64, burst: u64) -> usize {
 /// Returns the id of the pair, assigning one if needed; `None` when the table is full.
 /// Main thread only.
 pub fn id_for(emission_interval_ns: u64, burst: u64) -> Option<u16> {
-    let (t, b, id) = LAST.with(Cell::get);
-    if t == emission_interval_ns && b == burst && t != 0 {
-        return Some(id);
+    if let Some(last) = LAST.load(Ordering::Relaxed).checked_sub(1) {
+        let id = u16::try_from(last).ok()?;
+        if get(id) == Some((emission_interval_ns, burst)) {
+            return Some(id);
+        }
     }
     if LIVE.load(Ordering::Acquire) <= 0 && LEN.load(Ordering::Relaxed) > 0 {
         clear();
@@ -85,7 +85,7 @@ pub fn id_for(emission_interval_ns: u64, burst: u64) -> Option<u16> {
         }
         slot = (slot + 1) % SLOTS;
     };
-    LAST.with(|c| c.set((emission_interval_ns, burst, id)));
+    LAST.store(u32::from(id) + 1, Ordering::Relaxed);
     Some(id)
 }
 
@@ -107,7 +107,7 @@ fn clear() {
         }
     }
     LEN.store(0, Ordering::Release);
-    LAST.with(|c| c.set((0, 0, 0)));
+    LAST.store(0, Ordering::Relaxed);
 }
 
 /// A compact value was made (it holds an id).

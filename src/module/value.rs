@@ -55,6 +55,7 @@ pub struct CompactGcra {
 }
 
 impl CompactGcra {
+    #[inline(always)]
     fn pack(g: &GcraState) -> Option<Self> {
         let in_use = g.tat.checked_since(g.updated_at)?.as_ns();
         if in_use > IN_USE_MASK {
@@ -67,6 +68,7 @@ impl CompactGcra {
         })
     }
 
+    #[inline(always)]
     fn unpack(&self) -> Option<GcraState> {
         let id = (self.packed >> IN_USE_BITS) as u16;
         let (emission_interval_ns, burst) = params_table::get(id)?;
@@ -99,6 +101,7 @@ fn algorithm_of(tag: usize) -> Option<Algorithm> {
     }
 }
 
+#[inline(always)]
 fn tagged<T>(b: Box<T>, tag: usize) -> *mut c_void {
     if let Some(algorithm) = algorithm_of(tag) {
         stats::key_created(algorithm);
@@ -115,6 +118,7 @@ fn tagged<T>(b: Box<T>, tag: usize) -> *mut c_void {
 ///
 /// # Safety
 /// See the module documentation.
+#[inline(always)]
 pub unsafe fn view<'a>(raw: *mut c_void) -> Option<StateRef<'a>> {
     if raw.is_null() {
         return None;
@@ -135,6 +139,7 @@ pub unsafe fn view<'a>(raw: *mut c_void) -> Option<StateRef<'a>> {
 }
 
 /// Allocates the value for a GCRA state: compact when it fits, else wide.
+#[inline(always)]
 fn gcra_value(g: &GcraState) -> *mut c_void {
     match CompactGcra::pack(g) {
         Some(c) => tagged(Box::new(c), TAG_GCRA_COMPACT),
@@ -148,6 +153,7 @@ fn gcra_value(g: &GcraState) -> *mut c_void {
 ///
 /// # Safety
 /// See the module documentation; `raw` must not be null.
+#[inline(always)]
 pub unsafe fn write_in_place(raw: *mut c_void, write: &Write) -> bool {
     // SAFETY: per the contract, the untagged pointer addresses a live allocation of the
     // tag's type that nothing else accesses during this call.
@@ -191,6 +197,7 @@ pub unsafe fn write_in_place(raw: *mut c_void, write: &Write) -> bool {
 
 /// Allocates a value holding what `write` makes of a missing key (a LOG refund of a missing
 /// key makes nothing: null).
+#[inline(always)]
 pub fn new_value(write: &Write) -> *mut c_void {
     match write {
         Write::Gcra(g) => gcra_value(g),

@@ -42,6 +42,7 @@ struct GcraCall<'a> {
     mode: Mode,
 }
 
+#[inline(always)]
 fn parse<'a>(args: &'a [Arg<'a>]) -> Result<GcraCall<'a>, CommandError> {
     let [_, key, burst, rate, period, rest @ ..] = args else {
         return Err(CommandError::Arity("rl.gcra"));
@@ -92,6 +93,7 @@ impl Command for Gcra {
         counters: Some(&COUNTERS),
     };
 
+    #[inline(always)]
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
         let check = Check {

@@ -163,6 +163,7 @@ pub fn as_reply_int(v: u64) -> i64 {
 
 /// Decides a one-key call at the server's current time and replies the five integers
 /// ([`five`]): the whole of RL.GCRA, RL.WINDOW and RL.LEASE after parsing.
+#[inline(always)]
 pub fn decide_and_reply(
     call: &Call<'_>,
     check: &Check<'_>,
@@ -175,6 +176,7 @@ pub fn decide_and_reply(
 }
 
 /// The five-integer reply: allowed, limit, remaining, retry_after_ms, reset_after_ms.
+#[inline(always)]
 pub fn five(decision: &Decision) -> [i64; 5] {
     let retry_after_ms = match decision.verdict {
         Verdict::Allowed | Verdict::Never => -1,

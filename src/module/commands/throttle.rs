@@ -54,6 +54,7 @@ impl Command for Throttle {
         counters: Some(&COUNTERS),
     };
 
+    #[inline(always)]
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let (key, max_burst, count, period, quantity) = match call.args() {
             [_, k, b, c, p] => (*k, *b, *c, *p, None),

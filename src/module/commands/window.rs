@@ -47,6 +47,7 @@ struct WindowCall<'a> {
     options: RequestOptions,
 }
 
+#[inline(always)]
 fn parse<'a>(args: &'a [Arg<'a>]) -> Result<WindowCall<'a>, CommandError> {
     let [_, key, limit, window, rest @ ..] = args else {
         return Err(CommandError::Arity("rl.window"));
@@ -92,6 +93,7 @@ impl Command for Window {
         counters: Some(&COUNTERS),
     };
 
+    #[inline(always)]
     fn run(call: &Call<'_>) -> Result<Counted, CommandError> {
         let c = parse(call.args())?;
         let check = Check {
