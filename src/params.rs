@@ -51,6 +51,7 @@ impl fmt::Display for ParamError {
 impl std::error::Error for ParamError {}
 
 /// Parses a count that must be ≥ 1, naming `name` in the error.
+#[inline(always)]
 pub fn positive(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
     match parse_count(text) {
         Some(value) if value >= 1 => Ok(value),
@@ -59,12 +60,14 @@ pub fn positive(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
 }
 
 /// Parses a count that may be 0, naming `name` in the error.
+#[inline(always)]
 pub fn non_negative(text: &[u8], name: &'static str) -> Result<u64, ParamError> {
     parse_count(text).ok_or(ParamError::NotNonNegativeInteger(name))
 }
 
 /// Parses a duration in seconds (see [`crate::time::parse_seconds`]), naming `name` in the
 /// error.
+#[inline(always)]
 pub fn seconds(text: &[u8], name: &'static str) -> Result<Span, ParamError> {
     parse_seconds(text).ok_or(ParamError::NotSeconds(name))
 }

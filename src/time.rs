@@ -156,7 +156,12 @@ impl Span {
     /// Returns the length in whole milliseconds, rounded **up** (`docs/reference.md#r-time-4`:
     /// a client that waits the reported time is never early).
     pub const fn ceil_ms(self) -> u64 {
-        self.0 / NANOS_PER_MILLI + (self.0 % NANOS_PER_MILLI != 0) as u64
+        // One addition and one division on every span below `u64::MAX − 999,999` ns (584
+        // years); the remainder only for the spans above.
+        match self.0.checked_add(NANOS_PER_MILLI - 1) {
+            Some(rounded_up) => rounded_up / NANOS_PER_MILLI,
+            None => self.0 / NANOS_PER_MILLI + (self.0 % NANOS_PER_MILLI != 0) as u64,
+        }
     }
 
     /// Returns the length in whole seconds, rounded up.
@@ -193,19 +198,12 @@ impl fmt::Debug for Span {
 /// `0.000001`), and returns the exact span. Returns `None` for anything else: signs,
 /// exponents, hex, `inf`/`nan`, `,` separators, `.5`, `5.`, empty input, whitespace, more than
 /// 9 decimals, zero, and values above [`MAX_PERIOD`].
+#[inline(always)]
 pub fn parse_seconds(text: &[u8]) -> Option<Span> {
-    // One pass: the integer digits, then nothing or a dot and 1 to 9 digits.
-    let mut seconds: u64 = 0;
-    let mut rest = text;
-    while let [digit @ b'0'..=b'9', tail @ ..] = rest {
-        seconds = seconds
-            .checked_mul(10)?
-            .checked_add(u64::from(digit - b'0'))?;
-        rest = tail;
-    }
-    if rest.len() == text.len() {
-        return None;
-    }
+    // The integer digits, then nothing or a dot and 1 to 9 digits.
+    let int_len = text.iter().take_while(|b| b.is_ascii_digit()).count();
+    let (int_part, rest) = text.split_at(int_len);
+    let seconds = parse_count(int_part)?;
     let mut frac_ns: u64 = 0;
     match rest {
         [] => {}
@@ -231,6 +229,18 @@ pub fn parse_seconds(text: &[u8]) -> Option<Span> {
 pub fn parse_count(text: &[u8]) -> Option<u64> {
     if text.is_empty() {
         return None;
+    }
+    // Up to 19 digits cannot overflow (10^19 − 1 < 2^64): no overflow check per digit.
+    if text.len() <= 19 {
+        let mut value: u64 = 0;
+        for &byte in text {
+            let digit = byte.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            value = value.wrapping_mul(10).wrapping_add(u64::from(digit));
+        }
+        return Some(value);
     }
     let mut value: u64 = 0;
     for &byte in text {
@@ -259,6 +269,8 @@ mod tests {
             ("1.5", 1_500_000_000),
             ("0.1", 100_000_000),
             ("007", 7 * NANOS_PER_SEC),
+            ("0000000000000000000060", 60 * NANOS_PER_SEC),
+            ("0000000000000000000000.5", 500_000_000),
             ("315360000", MAX_PERIOD.as_ns()),
             ("315360000.000000000", MAX_PERIOD.as_ns()),
         ];
@@ -307,6 +319,15 @@ mod tests {
     fn counts_are_digits_only() {
         assert_eq!(parse_count(b"0"), Some(0));
         assert_eq!(parse_count(b"18446744073709551615"), Some(u64::MAX));
+        // 19 digits (the longest read without overflow checks), 20 with leading zeros.
+        assert_eq!(
+            parse_count(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
+        assert_eq!(parse_count(b"00000000000000000007"), Some(7));
+        assert_eq!(parse_count(b"99999999999999999999"), None);
+        assert_eq!(parse_count(b"12/4"), None);
+        assert_eq!(parse_count(b"1:"), None);
         for text in [
             "",
             "-1",
@@ -330,6 +351,22 @@ mod tests {
         assert_eq!(ns(NANOS_PER_MILLI).ceil_ms(), 1);
         assert_eq!(ns(NANOS_PER_MILLI + 1).ceil_ms(), 2);
         assert_eq!(Span::MAX.ceil_ms(), u64::MAX / NANOS_PER_MILLI + 1);
+        // Around the top of the range, where adding 999,999 ns would overflow: the same as
+        // the exact ceiling computed in 128 bits.
+        let top_multiple = u64::MAX / NANOS_PER_MILLI * NANOS_PER_MILLI;
+        for ns_value in [
+            top_multiple - 1,
+            top_multiple,
+            top_multiple + 1,
+            u64::MAX - NANOS_PER_MILLI,
+            u64::MAX - (NANOS_PER_MILLI - 1),
+            u64::MAX - (NANOS_PER_MILLI - 2),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            let exact = (u128::from(ns_value)).div_ceil(u128::from(NANOS_PER_MILLI));
+            assert_eq!(u128::from(ns(ns_value).ceil_ms()), exact, "{ns_value}");
+        }
         assert_eq!(ns(1).ceil_s(), 1);
         assert_eq!(ns(NANOS_PER_SEC).ceil_s(), 1);
         assert_eq!(Instant::from_ns(1).ceil_unix_ms(), 1);

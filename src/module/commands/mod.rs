@@ -67,6 +67,7 @@ pub struct Options<'a> {
 impl<'a> Iterator for Options<'a> {
     type Item = &'a [u8];
 
+    #[inline(always)]
     fn next(&mut self) -> Option<&'a [u8]> {
         self.rest.next().map(|a| a.bytes())
     }
