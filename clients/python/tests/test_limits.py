@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -10,7 +11,7 @@ from decimal import Decimal
 import pytest
 import redis
 
-from redis_rl import GCRA, NEVER, InvalidLimit, Lease, Source, Window, tag
+from redis_rl import GCRA, NEVER, Algorithm, InvalidLimit, Lease, Source, Window, parse_limits, tag
 from redis_rl._decision import decision_from_reply
 from redis_rl._limits import U64_MAX, format_seconds
 from redis_rl._protocol import max_wait_ms
@@ -149,3 +150,55 @@ def test_limits_are_hashable_values() -> None:
     assert GCRA(1, 1, 60) == GCRA(1, 1, "60") == GCRA(1, 1, timedelta(minutes=1))
     assert len({Window(1, 1), Window(1, "1"), Window(1, 1, "FIXED")}) == 2
     assert repr(GCRA(10, 5, "0.5", name="api")) == "GCRA(10, 5, '0.5', name='api')"
+
+
+# -- limits as users write them (docs/clients.md#limits-as-users-write-them) ------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10/minute", [Window(10, 60)]),
+        ("10/MINUTE", [Window(10, 60)]),
+        ("100 per hour", [Window(100, 3600)]),
+        ("100 per hour; 1000 per day", [Window(100, 3600), Window(1000, 86400)]),
+        ("5/10s", [Window(5, 10)]),
+        ("5 per 10 seconds", [Window(5, 10)]),
+        ("20/minute, 200 per hour", [Window(20, 60), Window(200, 3600)]),
+        ("1/s;2/sec;3/second;4/m;5/min;6/h;7/hr;8/d;9/days", [
+            Window(1, 1), Window(2, 1), Window(3, 1), Window(4, 60), Window(5, 60),
+            Window(6, 3600), Window(7, 3600), Window(8, 86400), Window(9, 86400),
+        ]),
+        (" 3 / 2 h ", [Window(3, 7200)]),
+    ],
+)
+def test_limit_strings(text: str, expected: list[object]) -> None:
+    assert parse_limits(text) == expected
+
+
+def test_limit_strings_take_an_algorithm() -> None:
+    assert parse_limits("10/minute", "FIXED") == [Window(10, 60, "FIXED")]
+    assert parse_limits("10/minute", Algorithm.LOG) == [Window(10, 60, "LOG")]
+    # GCRA: a burst of 10, refilled at 10 per minute.
+    assert parse_limits("10/minute", "gcra") == [GCRA(10, 10, 60)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "limit string is empty"),
+        ("10/fortnight", "unknown unit 'fortnight'"),
+        ("ten/minute", "'ten/minute' is not"),
+        ("10 minutes", "'10 minutes' is not"),
+        ("0/minute", "'0/minute': limit must be a positive integer"),
+        ("10/0s", "'10/0s': window must be from 1 to 315360000 seconds"),
+        ("1/3650d;1/3651d", "'1/3651d': window must be from 1 to 315360000 seconds"),
+        (f"{2**64}/s", "limit must be a positive integer"),
+        ("10/minute;", "'' is not"),
+    ],
+)
+def test_bad_limit_strings_name_the_bad_part(text: str, message: str) -> None:
+    with pytest.raises(InvalidLimit, match=re.escape(message)):
+        parse_limits(text)
+    with pytest.raises(InvalidLimit):
+        parse_limits("10/minute", "HOURLY")

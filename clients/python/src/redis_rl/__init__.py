@@ -13,7 +13,7 @@ fast path and the ASGI/WSGI middleware.
 
 from ._base import Refund, Release
 from ._decision import NEVER, Decision, Never, RetryAfter, Source
-from ._limits import GCRA, Algorithm, InvalidLimit, Lease, Limit, Seconds, Window
+from ._limits import GCRA, Algorithm, InvalidLimit, Lease, Limit, Seconds, Window, parse_limits
 from ._policy import (
     Counters,
     FailurePolicy,
@@ -52,6 +52,7 @@ __all__ = [
     "Seconds",
     "Source",
     "Window",
+    "parse_limits",
     "tag",
 ]
 

@@ -24,6 +24,7 @@ __all__ = [
     "Limit",
     "Seconds",
     "Window",
+    "parse_limits",
 ]
 
 NANOS_PER_SEC = 1_000_000_000
@@ -323,3 +324,98 @@ def check_token(token: str | bytes) -> bytes:
     if not isinstance(raw, bytes) or not 1 <= len(raw) <= 64:
         raise InvalidLimit("token must be 1 to 64 bytes")
     return raw
+
+
+# -- limits as users write them -------------------------------------------------------------
+
+#: The units of the limit-string grammar, in seconds.
+_UNITS = {
+    "s": 1, "sec": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+}
+
+_LIMIT_PART = re.compile(
+    r"\A\s*(?P<count>[0-9]+)\s*(?:/|per(?![a-z]))\s*(?P<mult>[0-9]+)?\s*(?P<unit>[a-z]+)\s*\Z",
+    re.IGNORECASE,
+)
+
+#: What `parse_limits` accepts as its algorithm: a window algorithm, or "GCRA".
+StringAlgorithm = Union[Algorithm, str]
+
+
+def parse_limits(text: str, algorithm: StringAlgorithm = Algorithm.SLIDING) -> list[Limit]:
+    """parse_limits reads limits written as users write them.
+
+    Grammar (case-insensitive, spaces optional around the separators): one or more
+    `<count> ("/" | "per") [<multiplier>] <unit>` joined by `;` or `,`, with units `s`,
+    `sec`, `second(s)`, `m`, `min`, `minute(s)`, `h`, `hr`, `hour(s)`, `d`, `day(s)`:
+    `"10/minute"`, `"100 per hour"`, `"5/10s"`, `"5 per 10 seconds"`,
+    `"20/minute; 200 per hour"`.
+
+    Each part becomes `Window(count, multiplier · unit, algorithm)` (SLIDING by default, the
+    module's default window); `algorithm` may be "FIXED", "SLIDING", "LOG", or "GCRA" for
+    `GCRA(count, count, window)` (a burst of `count`, refilled at `count` per window). The
+    limits are unnamed: a Rule names them (`<rule>-<window seconds>s` when there are several).
+
+    Raises InvalidLimit naming the bad part: an empty string, a part that does not follow the
+    grammar, an unknown unit, a count outside 1..2^64 − 1 or a window outside
+    1..315,360,000 s (the module's rules).
+    """
+    if not isinstance(text, str):
+        raise InvalidLimit(f"a limit string must be a str, not {type(text).__name__}")
+    alg = algorithm.upper() if isinstance(algorithm, str) else algorithm.value
+    if alg not in ("GCRA", "FIXED", "SLIDING", "LOG"):
+        raise InvalidLimit(f"algorithm must be FIXED, SLIDING, LOG or GCRA, not {algorithm!r}")
+    parts = re.split(r"[;,]", text)
+    if not text.strip():
+        raise InvalidLimit("limit string is empty: write e.g. '10/minute' or '100 per hour'")
+    out: list[Limit] = []
+    for part in parts:
+        shown = part.strip()
+        m = _LIMIT_PART.match(part)
+        if m is None:
+            raise InvalidLimit(
+                f"limit string {text!r}: {shown!r} is not '<count>/<unit>', "
+                "'<count> per <unit>' or '<count>/<n><unit>' (e.g. '10/minute', '5/10s')"
+            )
+        unit = m.group("unit").lower()
+        if unit not in _UNITS:
+            raise InvalidLimit(
+                f"limit string {text!r}: unknown unit {m.group('unit')!r} in {shown!r} "
+                "(s, sec, second, m, min, minute, h, hr, hour, d, day)"
+            )
+        count = int(m.group("count"))
+        mult = int(m.group("mult")) if m.group("mult") is not None else 1
+        window = mult * _UNITS[unit]
+        try:
+            positive(count, "limit")
+            if not 1 <= window <= MAX_SECONDS:
+                raise InvalidLimit(f"window must be from 1 to {MAX_SECONDS} seconds")
+            if alg == "GCRA":
+                out.append(GCRA(count, count, window))
+            else:
+                out.append(Window(count, window, alg))
+        except InvalidLimit as e:
+            raise InvalidLimit(f"limit string {text!r}: {shown!r}: {e}") from None
+    return out
+
+
+def scaled(limit: Limit, fleet_size: int) -> Limit:
+    """scaled is `limit` divided by a fleet of `fleet_size` processes, each count rounded down
+    and at least 1 (a GCRA's burst and rate, a Window's or a Lease's limit); the name stays."""
+    if fleet_size == 1:
+        return limit
+    if isinstance(limit, GCRA):
+        return GCRA(
+            max(1, limit.burst // fleet_size), max(1, limit.rate // fleet_size),
+            Decimal(limit.period_ns) / NANOS_PER_SEC, name=limit.name,
+        )
+    if isinstance(limit, Window):
+        return Window(
+            max(1, limit.limit // fleet_size), Decimal(limit.window_ns) / NANOS_PER_SEC,
+            limit.algorithm, name=limit.name,
+        )
+    return Lease(max(1, limit.limit // fleet_size), Decimal(limit.lease_ns) / NANOS_PER_SEC,
+                 name=limit.name)
