@@ -313,20 +313,57 @@ async def test_batching_admits_locally_and_never_more_than_the_limit(make_limite
     await lim.aclose()  # gives back what is still held
 
 
-async def test_batch_leftovers_are_refunded(make_limiter: Any, r: redis.Redis) -> None:
+def remaining_in_redis(r: redis.Redis, mode: str, key: str, g: GCRA) -> int:
+    """remaining_in_redis asks the server directly (QUANTITY 0), not through the limiter."""
+    args = [key, *g.args(), "QUANTITY", 0]
+    reply = r.execute_command("RL.GCRA", *args) if mode == "module" else \
+        r.execute_command("FCALL", "rl_gcra", 1, *args)
+    return int(reply[2])
+
+
+async def test_batch_leftovers_are_refunded(make_limiter: Any, r: redis.Redis, mode: str) -> None:
     lim = make_limiter(batch=5, batch_hold=0.1)
     g = GCRA(50, 1, 60)
     d = await lim.check("lo", g)
     assert d.allowed and d.remaining == 49  # 45 left in Redis + 4 held here
-    peek = await lim.check("lo", g, cost=0)
-    assert peek.remaining == 45
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-        if (await lim.check("lo", g, cost=0)).remaining == 49:
-            break
-    assert (await lim.check("lo", g, cost=0)).remaining == 49
+    key = lim.prefix + "lo"
+    # The hold (0.1 s) passes and the sweeper gives the 4 units back; bounded wait, with a
+    # deadline far beyond the hold, so a loaded machine only makes it slower.
+    deadline = time.monotonic() + 20
+    while remaining_in_redis(r, mode, key, g) != 49:
+        assert time.monotonic() < deadline, "the leftovers were not refunded"
+        await asyncio.sleep(0.02)
+    # Redis shows the refund: the counter shows it too (it never lags what Redis shows).
     assert lim.counters["refunded"] == 4
+
+
+async def test_the_refunded_counter_never_lags_what_redis_shows(
+    make_limiter: Any, r: redis.Redis, mode: str
+) -> None:
+    # Two credits, refunded one after the other by the background sweeper. At the moment the
+    # second refund is sent, Redis already shows the first: the counter must show it too.
+    # (It was bumped once, after every refund of a sweep had landed.) Checked from the hook
+    # the limiter calls before each of its Redis calls, so the check runs exactly at those
+    # moments, whatever the machine's load.
+    g = GCRA(50, 1, 60)
+    seen: list[tuple[int, int]] = []  # (units back in Redis, refunded counter)
+
+    def hook(name: str, n: int) -> None:
+        if name == "redis_calls":
+            # A key holds 45 once charged (5 taken), 49 once its 4 leftovers are back; 50
+            # (missing) before its check.
+            left = [remaining_in_redis(r, mode, lim.prefix + k, g) for k in ("x", "y")]
+            seen.append((sum(n - 45 for n in left if n <= 49), lim.counters["refunded"]))
+
+    lim = make_limiter(batch=5, batch_hold=0.1, hook=hook)
+    assert (await lim.check("x", g)).allowed and (await lim.check("y", g)).allowed
+    deadline = time.monotonic() + 20
+    while sum(remaining_in_redis(r, mode, lim.prefix + k, g) for k in ("x", "y")) != 98:
+        assert time.monotonic() < deadline, "the sweeper did not refund"
+        await asyncio.sleep(0.02)
+    assert (4, 0) not in seen and any(back == 4 for back, _ in seen), seen
+    assert all(counted >= back for back, counted in seen), seen
+    assert lim.counters["refunded"] == 8
 
 
 async def test_batching_near_the_limit_takes_what_is_left(make_limiter: Any) -> None:

@@ -405,6 +405,7 @@ class AsyncLimiter(LimiterBase):
         for c in todo:
             if time.monotonic() >= c.refund_until:
                 continue
+            self.counters.add("refunded", c.units)  # before the write: see Limiter
             try:
                 r = ints((await self._call("refund", [c.key], [c.units]))[0])
             except Exception as e:
@@ -412,8 +413,6 @@ class AsyncLimiter(LimiterBase):
                     self.logger.warning("redis-rl: refund of batch leftovers failed: %s", e)
                 continue
             total += r[0]
-        if total:
-            self.counters.add("refunded", total)
         return total
 
     async def aclose(self) -> None:

@@ -443,6 +443,9 @@ class Limiter(LimiterBase):
         for c in todo:
             if time.monotonic() >= c.refund_until:
                 continue  # the window rolled over / the bucket may have drained: let it lapse
+            # Counted before the write: a reader who sees the units back in Redis sees them
+            # counted too (the counter never lags what Redis shows).
+            self.counters.add("refunded", c.units)
             try:
                 r = ints(self._call("refund", [c.key], [c.units])[0])
             except Exception as e:  # a lost refund only under-admits
@@ -450,8 +453,6 @@ class Limiter(LimiterBase):
                     self.logger.warning("redis-rl: refund of batch leftovers failed: %s", e)
                 continue
             total += r[0]
-        if total:
-            self.counters.add("refunded", total)
         return total
 
     def close(self) -> None:
