@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, LimiterUnavailable, Source, Window
+from redis_rl import GCRA, AsyncLimiter, Lease, LeaseLost, Limiter, LimiterUnavailable, Source, Window
 
 from .conftest import RedisServer, expected_mode
 
@@ -186,15 +186,17 @@ async def test_server_restarted_empty_is_detected_again(own_server: RedisServer,
 
 
 @pytest.mark.parametrize("policy", ["open", "closed", "raise"])
-async def test_a_held_lease_rides_out_an_outage(
+async def test_a_held_lease_outlived_by_an_outage_is_lost(
     own_server: RedisServer, flavor: str, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Renewals are not decisions: during an outage they neither raise (whatever the policy)
-    # nor count as allowed/denied; a lease not renewed for a whole lease time is marked lost;
-    # renewals resume by themselves when Redis answers again, and leaving the block releases.
+    # nor count as allowed/denied; a lease not renewed for a whole lease time is marked lost.
+    # When Redis answers again (restarted empty: the lease went with the old process) the
+    # next renewal, sent with RENEW, answers LEASELOST: renewals stop, nothing is taken
+    # anew, and leaving the block raises LeaseLost (docs/clients.md#leases-that-know-they-are-lost).
     caplog.set_level(logging.WARNING, logger="redis_rl")
     lim = make(flavor, own_server, on_error=policy)
-    lease = Lease(1, "0.6")
+    lease = Lease(1, "1.5")  # renewed every 0.5 s
     failures: list[BaseException] = []
     old_hook = threading.excepthook
     threading.excepthook = lambda args: failures.append(args.exc_value or RuntimeError("?"))
@@ -202,28 +204,61 @@ async def test_a_held_lease_rides_out_an_outage(
         cm = lim.acquire("job", lease)
         held = await cm.__aenter__() if flavor == "async" else cm.__enter__()
         assert held.decision.allowed and not held.decision.degraded
-        await asyncio.sleep(0.5)  # a renewal (every 0.2 s) keeps it
-        assert not held.lost
+        await asyncio.sleep(0.7)  # a renewal keeps it
         own_server.stop()
-        await asyncio.sleep(1.0)  # longer than the lease: renewals cannot reach Redis
-        assert held.lost
-        own_server.start()  # empty: the lease went with the old process
-        deadline = time.monotonic() + 5
-        while not await server_has_lease(own_server, "job"):
-            assert time.monotonic() < deadline, "renewals did not resume"
+        deadline = time.monotonic() + 20
+        while not held.lost:  # no renewal reaches Redis for a whole lease time (1.5 s)
+            assert time.monotonic() < deadline, "not marked lost"
             await asyncio.sleep(0.05)
+        own_server.start()  # empty: the lease went with the old process
+        while "no longer held" not in held._lost_reason:  # RENEW's LEASELOST
+            assert time.monotonic() < deadline, "no renewal reached the restarted server"
+            await asyncio.sleep(0.05)
+        assert not await server_has_lease(own_server, "job")  # not taken anew
+        with pytest.raises(LeaseLost):
+            if flavor == "async":
+                await cm.__aexit__(None, None, None)
+            else:
+                cm.__exit__(None, None, None)
+        assert failures == []
+        snap = lim.counters.snapshot()
+        assert snap["allowed"] == 1 and snap["denied"] == 0 and snap["degraded"] == 0
+        assert snap["errors"] >= 1 and snap["leases_lost"] == 1
+        assert any("may be lost" in r.getMessage() for r in caplog.records)
+    finally:
+        threading.excepthook = old_hook
+        await close(lim)
+
+
+async def test_a_held_lease_rides_out_an_outage_shorter_than_the_lease(
+    own_server: RedisServer, flavor: str
+) -> None:
+    # Redis paused for less than the lease: the renewals that time out are not decisions,
+    # the next one after it answers again is granted (RENEW: the lease was never gone), and
+    # the lease is not lost.
+    lim = make(flavor, own_server, on_error="open")
+    lease = Lease(1, 3)  # renewed every second
+    try:
+        cm = lim.acquire("ride", lease)
+        held = await cm.__aenter__() if flavor == "async" else cm.__enter__()
+        deadline = time.monotonic() + 20
+        own_server.pause()
+        while lim.counters["errors"] < 1:  # a renewal times out while Redis is paused
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        own_server.resume()
+        calls = lim.counters["redis_calls"]
+        while lim.counters["redis_calls"] < calls + 1:  # the next renewal, after the pause
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # its reply
+        assert not held.lost and await server_has_lease(own_server, "ride")
         if flavor == "async":
             await cm.__aexit__(None, None, None)
         else:
             cm.__exit__(None, None, None)
-        assert not await server_has_lease(own_server, "job")  # released on exit
-        assert failures == []
-        snap = lim.counters.snapshot()
-        assert snap["allowed"] == 1 and snap["denied"] == 0 and snap["degraded"] == 0
-        assert snap["errors"] >= 1
-        assert any("may be lost" in r.getMessage() for r in caplog.records)
+        assert not await server_has_lease(own_server, "ride")  # released on exit
     finally:
-        threading.excepthook = old_hook
         await close(lim)
 
 

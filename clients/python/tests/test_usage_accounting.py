@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -14,13 +15,14 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, RateLimitExceeded, Source, Window
+from redis_rl import GCRA, AsyncLimiter, Lease, LeaseLost, Limiter, RateLimitExceeded, Source, Window
 
 from .conftest import RedisServer, SyncAsAsync, close_limiter
 
 
 async def test_acquire_holds_a_slot_and_releases_it_on_exit(limiter: Any) -> None:
     lease = Lease(2, 10)
+    start = time.monotonic()
     async with limiter.acquire("jobs", lease) as a:
         assert a.decision.allowed and a.decision.remaining == 1
         async with limiter.acquire("jobs", lease) as b:
@@ -59,7 +61,8 @@ async def test_a_crashed_holder_frees_its_slot_when_the_lease_ends(limiter: Any,
         async with limiter.acquire("crash", Lease(1, "0.2")):
             pass
     await asyncio.sleep(0.25)
-    async with limiter.acquire("crash", Lease(1, "0.2")) as held:
+    # Ours is long (the lease time is per call), so a slow host cannot make it lapse too.
+    async with limiter.acquire("crash", Lease(1, 30)) as held:
         assert held.decision.allowed
 
 
@@ -184,9 +187,12 @@ def test_release_while_a_renewal_is_in_flight(server: RedisServer, flavor: str, 
         else:
             lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
         for i in range(40):
-            async with lim.acquire(f"churn{i % 3}", Lease(1, "0.03")) as held:
-                assert held.decision.allowed
-                await asyncio.sleep(random.random() * 0.05)
+            try:
+                async with lim.acquire(f"churn{i % 3}", Lease(1, "0.03")) as held:
+                    assert held.decision.allowed
+                    await asyncio.sleep(random.random() * 0.05)
+            except LeaseLost:
+                pass  # a 30 ms lease may lapse while held (and is then reported): fine here
         outcome["errors"] = lim.counters["errors"]
         for i in range(3):  # every lease was given back
             d = await lim.check_all({f"churn{i}": Lease(1, "0.03")}, tokens={f"churn{i}": "probe"}, peek=True)

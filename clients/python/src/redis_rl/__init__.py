@@ -17,6 +17,7 @@ from ._limits import GCRA, Algorithm, InvalidLimit, Lease, Limit, Seconds, Windo
 from ._policy import (
     Counters,
     FailurePolicy,
+    LeaseLost,
     LimiterError,
     LimiterUnavailable,
     RateLimitExceeded,
@@ -39,6 +40,7 @@ __all__ = [
     "Held",
     "InvalidLimit",
     "Lease",
+    "LeaseLost",
     "Limit",
     "Limiter",
     "LimiterError",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, Union
 
-from ._decision import Decision, Source, decision_from_reply
+from ._decision import Decision, Source, decision_from_reply, ms_to_timedelta
 from ._limits import (
     GCRA,
     MAX_SECONDS,
@@ -21,10 +21,21 @@ from ._limits import (
     check_token,
     non_negative,
     positive,
+    scaled,
 )
 from ._local import Credit, Credits, DenyCache, batchable, credit_deadlines
-from ._policy import Counters, FailurePolicy, Health, LimiterError
-from ._protocol import Arg, LibraryPlan, Mode, all_command, ints, library_plan, source_of
+from ._memory import MemoryStore
+from ._policy import Counters, FailurePolicy, Health, LeaseLost, LimiterError
+from ._protocol import (
+    Arg,
+    LibraryPlan,
+    Mode,
+    all_command,
+    ints,
+    library_plan,
+    max_wait_ms,
+    source_of,
+)
 
 __all__ = ["HeldBase", "Refund", "Release"]
 
@@ -54,53 +65,102 @@ class Release:
     degraded: bool = False
 
 
-class HeldBase:
-    """HeldBase is what a held lease (sync Held, AsyncHeld) knows about its renewals.
+#: A lease's lost-hook: called once with the handle when it is found lost.
+OnLost = Callable[[Any], Any]
 
-    `decision` is the acquire's Decision. `lost` becomes True when the lease may no longer
-    be held in Redis: a renewal was denied (the limit was lowered below what is held), failed
-    with an error, or no renewal reached Redis for a whole lease time (Redis may have
-    dropped it and given the slot to another holder meanwhile). A degraded lease (failure
-    policy "open") holds nothing in Redis and is not renewed.
+
+class HeldBase:
+    """HeldBase is what a held lease (sync Held, AsyncHeld) knows about its renewals
+    (docs/clients.md#leases-that-know-they-are-lost).
+
+    `decision` is the acquire's Decision. `lost` becomes True, and stays True, when the lease
+    may no longer be held: a renewal (sent with `RENEW`) answered `LEASELOST` (the lease had
+    ended, so Redis may have given its slots to another holder), a renewal was denied or
+    refused with an error, or no renewal reached Redis for a whole lease time. Then
+    `on_lost(handle)` is called once (from the renewal thread or task, or from whoever reads
+    `lost` first), the counter `leases_lost` is bumped, and leaving the `with` block raises
+    `LeaseLost` (unless the block raised already). A lease taken by the failure policy "open"
+    holds nothing and is never lost; one taken by the policy "local" is renewed in memory.
     """
 
     def __init__(
         self, limiter: LimiterBase, key: str, lease: Lease, token: bytes, slots: int, decision: Decision,
-        since: float,
+        since: float, on_lost: OnLost | None = None,
     ) -> None:
         self.key = key
         self.lease = lease
         self.token = token
         self.slots = slots
         self.decision = decision
-        self.lost = False
+        self.on_lost = on_lost
+        self._lost = False
+        self._lost_reason = ""
+        self._limiter_base = limiter
         self._logger = limiter.logger
         self._released = False
         self._renewed_at = since  # when the last granted (re)take was sent
+
+    @property
+    def holds_nothing(self) -> bool:
+        """holds_nothing: a lease the failure policy "open" granted (nothing to renew)."""
+        return self.decision.blind
+
+    @property
+    def lost(self) -> bool:
+        """lost: the lease may no longer be held (see the class). Reading it also applies the
+        "not renewed for a whole lease time" rule, so a holder whose renewals are stuck learns
+        it without waiting for them."""
+        if not self._lost and not self._released and not self.holds_nothing:
+            if time.monotonic() - self._renewed_at >= self.lease.lease_ns / 1e9:
+                self.mark_lost("no renewal reached Redis for a whole lease time: it may be lost")
+        return self._lost
 
     @property
     def renew_every(self) -> float:
         """renew_every is the renewal period in seconds: a third of the lease."""
         return self.lease.lease_ns / 1e9 / 3
 
+    def mark_lost(self, reason: str) -> bool:
+        """mark_lost records that the lease is lost (once): logs, counts, calls on_lost.
+        Returns True the first time."""
+        if self._lost:
+            return False
+        self._lost = True
+        self._lost_reason = reason
+        self._limiter_base.counters.add("leases_lost")
+        self._logger.warning("redis-rl: lease on %r lost: %s", self.key, reason)
+        if self.on_lost is not None:
+            try:
+                self.call_hook()
+            except Exception:  # a hook's failure must not stop the renewals or the release
+                self._logger.exception("redis-rl: the on_lost hook of the lease on %r failed", self.key)
+        return True
+
+    def call_hook(self) -> None:
+        assert self.on_lost is not None
+        self.on_lost(self)
+
     def note_renewal(self, d: Decision | None, sent: float) -> None:
         """note_renewal records one renewal: its decision, or None when Redis did not answer."""
         if d is None:
-            if time.monotonic() - self._renewed_at >= self.lease.lease_ns / 1e9 and not self.lost:
-                self.lost = True
-                self._logger.warning(
-                    "redis-rl: lease on %r not renewed for a whole lease time: it may be lost", self.key
-                )
+            if time.monotonic() - self._renewed_at >= self.lease.lease_ns / 1e9:
+                self.mark_lost("no renewal reached Redis for a whole lease time: it may be lost")
         elif d.allowed:
             self._renewed_at = sent
-        elif not self.lost:
-            self.lost = True
-            self._logger.warning("redis-rl: lease on %r could not be renewed", self.key)
+        else:
+            self.mark_lost("a renewal was denied (the limit is below what is held)")
 
     def note_error(self, exc: BaseException) -> None:
-        """note_error records a renewal that Redis refused with an error; renewals stop."""
-        self.lost = True
-        self._logger.warning("redis-rl: renewing the lease on %r failed: %s", self.key, exc)
+        """note_error records a renewal that Redis refused with an error (LEASELOST among
+        them); renewals stop."""
+        if str(exc).startswith("LEASELOST"):
+            self.mark_lost(f"Redis says it is no longer held ({exc})")
+        else:
+            self.mark_lost(f"renewing it failed: {exc}")
+
+    def lost_error(self) -> LeaseLost:
+        """lost_error is the LeaseLost raised when the block of a lost lease ends."""
+        return LeaseLost(self.key, self.token, self._lost_reason)
 
 
 def duration_seconds(value: timedelta | float, name: str) -> float:
@@ -132,9 +192,12 @@ class LimiterBase:
         load_library: bool = True,
         hook: Callable[[str, int], None] | None = None,
         logger: logging.Logger | None = None,
+        fleet_size: int = 1,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}' (it would become the hash tag)")
+        if isinstance(fleet_size, bool) or not isinstance(fleet_size, int) or fleet_size < 1:
+            raise ValueError("fleet_size must be an integer >= 1 (the number of processes)")
         self.redis = client
         self.mode_setting = Mode(mode)
         self.policy = FailurePolicy(on_error)
@@ -153,6 +216,12 @@ class LimiterBase:
         self.batch = positive(batch, "batch") if batch is not None else None
         self.batch_hold = duration_seconds(batch_hold, "batch_hold")
         self.credits: Credits | None = Credits() if batch is not None and batch > 1 else None
+        self.fleet_size = fleet_size
+        #: The in-memory limits of the failure policy "local" (None under other policies).
+        self.memory: MemoryStore | None = (
+            MemoryStore() if self.policy is FailurePolicy.LOCAL else None
+        )
+        self._scaled: dict[Limit, Limit] = {}
         self._rtt = 0.001
         self._hints: dict[Hashable, tuple[int, float]] = {}
 
@@ -204,13 +273,17 @@ class LimiterBase:
     # -- leases -------------------------------------------------------------------------------
 
     @staticmethod
-    def lease_args(lease: Lease, token: bytes, slots: int, peek: bool = False) -> list[Arg]:
+    def lease_args(
+        lease: Lease, token: bytes, slots: int, peek: bool = False, renew: bool = False
+    ) -> list[Arg]:
         non_negative(slots, "QUANTITY")
         args: list[Arg] = [*lease.args(), token]
         if slots != 1:
             args += ["QUANTITY", slots]
         if peek:
             args.append("PEEK")
+        if renew:
+            args.append("RENEW")
         return args
 
     # -- decisions ----------------------------------------------------------------------------
@@ -246,14 +319,108 @@ class LimiterBase:
                     return
         self.remember(ck, cost, d, sent)
 
-    def degraded(self, limit: Limit | None, key: str | None, cause: BaseException | None) -> Decision:
+    def degraded(
+        self,
+        limit: Limit,
+        key: str,
+        cause: BaseException | None,
+        *,
+        cost: int = 1,
+        peek: bool = False,
+        max_wait: timedelta | float | None = None,
+        force: bool = False,
+    ) -> Decision:
+        """degraded is the failure policy's answer to a check Redis did not answer: the
+        in-memory limits under "local", else open / closed (or LimiterUnavailable)."""
+        if self.memory is not None:
+            lim = self.local_limit(limit)
+            five = self.memory.check(
+                key, lim, cost, peek=peek, force=force,
+                max_wait_ms=None if max_wait is None else max_wait_ms(max_wait),
+            )
+            d = decision_from_reply(
+                five, policy=lim, key=key, source=Source.LOCAL, reservation=max_wait is not None
+            )
+            return self.decided_locally(replace(d, degraded=True))
         d = self.health.answer(limit, key, cause)
         self.counters.count_decision(d)
         return d
 
-    def degraded_all(
-        self, items: list[tuple[str, Limit, int | None, bytes | None]], cause: BaseException | None
+    def degraded_lease(
+        self, lease: Lease, key: str, token: bytes, slots: int, peek: bool,
+        cause: BaseException | None,
     ) -> Decision:
+        """degraded_lease is the failure policy's answer to an acquire Redis did not answer."""
+        if self.memory is not None:
+            lim = self.local_limit(lease)
+            assert isinstance(lim, Lease)
+            five = self.memory.lease(key, lim, token, slots, peek=peek)
+            d = decision_from_reply(five, policy=lim, key=key, source=Source.LOCAL)
+            return self.decided_locally(replace(d, degraded=True))
+        return self.degraded(lease, key, cause)
+
+    def renew_locally(self, key: str, lease: Lease, token: bytes, slots: int) -> Decision:
+        """renew_locally renews a lease the failure policy "local" granted (RENEW's rule:
+        LEASELOST, a redis.ResponseError, when it is no longer held)."""
+        assert self.memory is not None
+        lim = self.local_limit(lease)
+        assert isinstance(lim, Lease)
+        five = self.memory.lease(key, lim, token, slots, renew=True)
+        return replace(
+            decision_from_reply(five, policy=lim, key=key, source=Source.LOCAL), degraded=True
+        )
+
+    def degraded_refund(self, key: str, n: int, cause: BaseException | None) -> Refund:
+        """degraded_refund answers a refund Redis did not take: given back in memory under
+        "local" (to what the local policy charged), else nothing (or LimiterUnavailable)."""
+        if self.memory is not None:
+            r = self.memory.refund(key, n)
+            if r[0]:
+                self.counters.add("refunded", r[0])
+            return Refund(r[0], r[1], ms_to_timedelta(r[2]), degraded=True)
+        self.health.answer(None, key, cause)  # raises for RAISE
+        return Refund(0, 0, timedelta(0), degraded=True)
+
+    def degraded_release(self, key: str, token: bytes, cause: BaseException | None) -> Release:
+        """degraded_release answers a release Redis did not take (in memory under "local")."""
+        if self.memory is not None:
+            r = self.memory.release(key, token)
+            return Release(r[0], r[1], ms_to_timedelta(r[2]), degraded=True)
+        self.health.answer(None, key, cause)
+        return Release(0, 0, timedelta(0), degraded=True)
+
+    def local_limit(self, limit: Limit) -> Limit:
+        """local_limit is `limit` as the failure policy "local" enforces it: divided by
+        `fleet_size` (rounding down, at least 1)."""
+        if self.fleet_size == 1:
+            return limit
+        got = self._scaled.get(limit)
+        if got is None:
+            if len(self._scaled) > 10_000:
+                self._scaled.clear()
+            got = self._scaled[limit] = scaled(limit, self.fleet_size)
+        return got
+
+    def decided_locally(self, d: Decision) -> Decision:
+        self.counters.add("local")
+        self.counters.count_decision(d)
+        return d
+
+    def degraded_all(
+        self,
+        items: list[tuple[str, Limit, int | None, bytes | None]],
+        cause: BaseException | None,
+        *,
+        cost: int = 1,
+        peek: bool = False,
+        force: bool = False,
+    ) -> Decision:
+        if self.memory is not None:
+            local = [(k, self.local_limit(lim), own, tok) for k, lim, own, tok in items]
+            reply = self.memory.check_all(local, cost, peek=peek, force=force)
+            d = self.all_decision(reply, local, Mode.FALLBACK, cost, source=Source.LOCAL)
+            per = {k: replace(x, degraded=True) for k, x in d.per_key.items()}
+            return self.decided_locally(replace(d, degraded=True, per_key=MappingProxyType(per)))
         per = {k: self.health.answer(lim, k, cause) for k, lim, _, _ in items}
         first = next(iter(per.values()))
         d = Decision(
@@ -265,6 +432,7 @@ class LimiterBase:
             degraded=True,
             source=Source.LOCAL,
             per_key=MappingProxyType(per),
+            blind=True,
         )
         self.counters.count_decision(d)
         return d
@@ -419,10 +587,14 @@ class LimiterBase:
 
     @staticmethod
     def all_decision(
-        reply: Any, items: list[tuple[str, Limit, int | None, bytes | None]], mode: Mode, cost: int
+        reply: Any,
+        items: list[tuple[str, Limit, int | None, bytes | None]],
+        mode: Mode,
+        cost: int,
+        source: Source | None = None,
     ) -> Decision:
         combined = ints(reply[0])
-        src = source_of(mode)
+        src = source or source_of(mode)
         per = {
             key: decision_from_reply(ints(r), policy=lim, key=key, source=src)
             for (key, lim, _, _), r in zip(items, reply[1])

@@ -80,6 +80,10 @@ class Decision:
     * `degraded`: Redis did not answer; this came from the failure policy.
     * `source`: MODULE, FALLBACK (the Lua library) or LOCAL (deny cache, batch credit, or
       failure policy).
+    * `blind`: the failure policy answered without counting anything ("open" or "closed"):
+      the numbers say nothing about the key, so `headers()` gives no RateLimit fields. False
+      for every other decision, including the "local" policy's, which counts in memory and
+      whose numbers are real.
     * `policy`: the limit this decision is about (None for a combined decision).
     * `key`: the key, as sent (None for a combined decision).
     * `per_key`: for `check_all`, the per-key decisions in key order.
@@ -95,6 +99,7 @@ class Decision:
     policy: Limit | None = None
     key: str | None = None
     per_key: Mapping[str, Decision] = field(default_factory=lambda: _EMPTY)
+    blind: bool = False
 
     @property
     def never(self) -> bool:
@@ -130,8 +135,9 @@ class Decision:
 
         `policy_name` names a single limit (default: the limit's `name`, else "default");
         `names` maps keys to names for a combined decision (default: each limit's `name`,
-        else "limit1", "limit2", …). A degraded decision carries no RateLimit field (nothing
-        is known about the key), only Retry-After when it denies.
+        else "limit1", "limit2", …). A blind decision (failure policy "open" or "closed")
+        carries no RateLimit field (nothing is known about the key), only Retry-After when it
+        denies; a "local" policy's degraded decision carries the local limiter's numbers.
         """
         out: dict[str, str] = {}
         if not self.allowed and isinstance(self.retry_after, timedelta):
@@ -154,7 +160,7 @@ class Decision:
         policies = [p for p in policies if p]
         if policies:
             out["RateLimit-Policy"] = ", ".join(policies)
-        if not self.degraded:
+        if not self.blind:
             out["RateLimit"] = ", ".join(
                 f"{_sf_string(n)};r={d.remaining};t={ceil_seconds(d.reset_after)}"
                 for n, d in items

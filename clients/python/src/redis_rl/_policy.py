@@ -20,6 +20,7 @@ __all__ = [
     "Counters",
     "FailurePolicy",
     "LimiterError",
+    "LeaseLost",
     "LimiterUnavailable",
     "RateLimitExceeded",
     "is_unavailable",
@@ -35,11 +36,16 @@ class FailurePolicy(str, enum.Enum):
     * CLOSED: deny with a short `retry_after`, `degraded=True` (for limits that protect
       security: logins, one-time codes).
     * RAISE: raise LimiterUnavailable and let the application decide.
+    * LOCAL: decide in process memory with the same algorithms (and, with a limiter's
+      `fleet_size`, each limit divided by the number of processes), `degraded=True`,
+      `source=LOCAL`, real numbers in the RateLimit fields; back to Redis when it answers
+      (docs/clients.md#failure-policy-local).
     """
 
     OPEN = "open"
     CLOSED = "closed"
     RAISE = "raise"
+    LOCAL = "local"
 
 
 class LimiterError(Exception):
@@ -60,6 +66,19 @@ class RateLimitExceeded(LimiterError):
             else "request can never pass: it asks for more than the limit"
         )
         self.decision = decision
+
+
+class LeaseLost(LimiterError):
+    """LeaseLost is raised when the `with` / `async with` block of a lease ends after the
+    lease was lost (Redis answered LEASELOST to a renewal, or no renewal reached it for a whole
+    lease time): the work in the block may have run without its slot. `key` and `token` name
+    the lease; `reason` says how it was found lost."""
+
+    def __init__(self, key: str, token: bytes, reason: str) -> None:
+        super().__init__(f"the lease on {key!r} was lost while the block ran: {reason}")
+        self.key = key
+        self.token = token
+        self.reason = reason
 
 
 # Errors that mean "Redis is not answering this request" rather than "the request is wrong":
@@ -102,6 +121,11 @@ COUNTER_NAMES = (
     "errors",
     "redis_calls",
     "refunded",
+    "local",
+    "skipped",
+    "missing_denied",
+    "leases_lost",
+    "forwarded_unusable",
 )
 
 
@@ -114,7 +138,17 @@ class Counters:
     * degraded: answered by the failure policy.
     * errors: Redis calls that failed (connect, timeout, OOM, failover).
     * redis_calls: Redis calls made (one per round trip).
-    * refunded: units given back (refund() and batch leftovers).
+    * refunded: units given back (refund() and batch leftovers). A background refund of
+      batch leftovers is counted as it is sent, so this never lags what Redis shows.
+    * local: decisions made in memory by the failure policy "local" (also counted as
+      degraded).
+    * skipped: limits a middleware did not apply because the request had no identity for
+      them and the rule says `missing="skip"`.
+    * missing_denied: requests a middleware answered 401 because a limit's identity was
+      missing and the rule says `missing="deny"`.
+    * leases_lost: held leases found lost (LEASELOST, or not renewed for a whole lease time).
+    * forwarded_unusable: requests from a trusted proxy whose forwarding header held no
+      usable address, keyed by the peer address instead.
 
     `hook(name, n)` is called for every increment (for a metrics library); it must be cheap
     and must not raise.
@@ -247,6 +281,7 @@ class Health:
                 source=Source.LOCAL,
                 policy=policy_limit,
                 key=key,
+                blind=True,
             )
         return Decision(
             allowed=False,
@@ -258,4 +293,5 @@ class Health:
             source=Source.LOCAL,
             policy=policy_limit,
             key=key,
+            blind=True,
         )

@@ -170,6 +170,11 @@ def is_unknown_command(exc: BaseException) -> bool:
     return "unknown command" in msg and "rl." in msg
 
 
+def is_unknown_renew(exc: BaseException) -> bool:
+    """is_unknown_renew: the server's RL.LEASE (an older module or library) has no RENEW."""
+    return "unknown argument 'renew'" in str(exc).lower()
+
+
 def is_no_permission(exc: BaseException) -> bool:
     """is_no_permission: the user's ACL refuses the command (NOPERM)."""
     return isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM")
@@ -226,12 +231,14 @@ class PoolState:
     """PoolState is what a client learned about one connection pool, once.
 
     `mode` is the resolved mode (MODULE or FALLBACK) once detected; `library_ready` says the
-    Functions library was checked or loaded; `lease` whether RL.LEASE exists.
+    Functions library was checked or loaded; `lease` whether RL.LEASE exists; `renew`
+    False once the server said its RL.LEASE has no RENEW (None: not known yet).
     """
 
     mode: Mode | None = None
     library_ready: bool = False
     lease: bool | None = None
+    renew: bool | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -7,9 +7,10 @@ works with `async with` (or `await`), and `aclose()` replaces `close()`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 import uuid
-from collections.abc import Generator, Hashable, Mapping
+from collections.abc import Callable, Generator, Hashable, Mapping
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -38,6 +39,7 @@ from ._protocol import (
     is_missing_function,
     is_no_permission,
     is_unknown_command,
+    is_unknown_renew,
     library_code,
     library_version,
     parse_config,
@@ -235,12 +237,13 @@ class AsyncLimiter(LimiterBase):
             k = self.batch_size(limit, cost)
             if k:
                 return await self._check_batched(ck, full, limit, cost, k)
+        opts: dict[str, Any] = {"cost": cost, "peek": peek, "max_wait": max_wait, "force": force}
         if self.health.skip():
-            return self.degraded(limit, full, None)
+            return self.degraded(limit, full, None, **opts)
         sent = time.monotonic()
         got = await self._guarded(op, [full], args)
         if isinstance(got, BaseException):
-            return self.degraded(limit, full, got)
+            return self.degraded(limit, full, got, **opts)
         reply, mode = got
         d = decision_from_reply(
             ints(reply), policy=limit, key=full, source=source_of(mode), reservation=max_wait is not None
@@ -254,14 +257,14 @@ class AsyncLimiter(LimiterBase):
         if local is not None:
             return local
         if self.health.skip():
-            return self.degraded(limit, full, None)
+            return self.degraded(limit, full, None, cost=cost)
         want = self.first_take(ck, limit, cost, k)
         for _ in range(3):
             op, args = check_command(limit, cost=want, peek=False, max_wait=None, force=False)
             sent = time.monotonic()
             got = await self._guarded(op, [full], args)
             if isinstance(got, BaseException):
-                return self.degraded(limit, full, got)
+                return self.degraded(limit, full, got, cost=cost)
             reply, mode = got
             d = decision_from_reply(ints(reply), policy=limit, key=full, source=source_of(mode))
             self.note_remaining(ck, d.remaining)
@@ -307,11 +310,11 @@ class AsyncLimiter(LimiterBase):
             if local is not None:
                 return local
         if self.health.skip():
-            return self.degraded_all(items, None)
+            return self.degraded_all(items, None, cost=cost, peek=peek, force=force)
         sent = time.monotonic()
         got = await self._guarded("all", [k for k, _, _, _ in items], args)
         if isinstance(got, BaseException):
-            return self.degraded_all(items, got)
+            return self.degraded_all(items, got, cost=cost, peek=peek, force=force)
         reply, mode = got
         d = self.all_decision(reply, items, mode, cost)
         if plain:
@@ -327,8 +330,7 @@ class AsyncLimiter(LimiterBase):
         # Inside an outage's probe interval it answers at once, like a check.
         got = None if self.health.skip() else await self._guarded("refund", [full], [n])
         if got is None or isinstance(got, BaseException):
-            self.health.answer(None, full, got)
-            return Refund(0, 0, timedelta(0), degraded=True)
+            return self.degraded_refund(full, n, got)
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
@@ -337,37 +339,52 @@ class AsyncLimiter(LimiterBase):
     # -- leases -------------------------------------------------------------------------------
 
     def acquire(
-        self, key: str, lease: Lease, token: str | bytes | None = None, *, slots: int = 1
+        self,
+        key: str,
+        lease: Lease,
+        token: str | bytes | None = None,
+        *,
+        slots: int = 1,
+        on_lost: Callable[[AsyncHeld], Any] | None = None,
     ) -> _Acquire:
         """acquire: see `Limiter.acquire`; use `async with limiter.acquire(...) as held:`
-        or `held = await limiter.acquire(...)`."""
+        or `held = await limiter.acquire(...)`. `on_lost(held)` may be a plain function or
+        a coroutine function (then it runs as a task of the running loop); leaving the
+        `async with` block of a lost lease raises LeaseLost."""
         if not isinstance(lease, Lease):
             raise TypeError("acquire() takes a Lease")
         positive(slots, "QUANTITY")
         tok = check_token(token if token is not None else uuid.uuid4().hex)
-        return _Acquire(self, self.full_key(key), lease, tok, slots)
+        return _Acquire(self, self.full_key(key), lease, tok, slots, on_lost)
 
     async def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
         args = self.lease_args(lease, tok, slots, peek)
         if self.health.skip():
-            return self.degraded(lease, full, None)
+            return self.degraded_lease(lease, full, tok, slots, peek, None)
         got = await self._guarded("lease", [full], args)
         if isinstance(got, BaseException):
-            return self.degraded(lease, full, got)
+            return self.degraded_lease(lease, full, tok, slots, peek, got)
         reply, mode = got
         return self.decided(decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode)))
 
     async def _renew_call(self, full: str, lease: Lease, tok: bytes, slots: int) -> Decision | None:
         """_renew_call: see `Limiter._renew_call`."""
-        args = self.lease_args(lease, tok, slots)
         if self.health.skip():
             return None
-        got = await self._guarded("lease", [full], args)
-        if isinstance(got, BaseException):
-            return None
-        self.health.success()
-        reply, mode = got
-        return decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode))
+        for renew in (self._state.renew is not False, False):
+            try:
+                got = await self._guarded("lease", [full], self.lease_args(lease, tok, slots, renew=renew))
+            except redis.ResponseError as e:
+                if renew and is_unknown_renew(e):
+                    self._state.renew = False
+                    continue
+                raise
+            if isinstance(got, BaseException):
+                return None
+            self.health.success()
+            reply, mode = got
+            return decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode))
+        return None  # pragma: no cover
 
     async def release(self, key: str, token: str | bytes) -> Release:
         """release: see `Limiter.release`."""
@@ -377,8 +394,7 @@ class AsyncLimiter(LimiterBase):
         # Inside an outage's probe interval it answers at once, like a check.
         got = None if self.health.skip() else await self._guarded("release", [full], [tok])
         if got is None or isinstance(got, BaseException):
-            self.health.answer(None, full, got)
-            return Release(0, 0, timedelta(0), degraded=True)
+            return self.degraded_release(full, tok, got)
         self.health.success()
         r = ints(got[0])
         return Release(r[0], r[1], ms_to_timedelta(r[2]))
@@ -436,8 +452,12 @@ class AsyncLimiter(LimiterBase):
 class _Acquire:
     """_Acquire is what AsyncLimiter.acquire returns: awaitable, or an async context manager."""
 
-    def __init__(self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int) -> None:
+    def __init__(
+        self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int,
+        on_lost: Callable[[AsyncHeld], Any] | None = None,
+    ) -> None:
         self._args = (limiter, key, lease, token, slots)
+        self._on_lost = on_lost
         self._held: AsyncHeld | None = None
 
     async def _take(self) -> AsyncHeld:
@@ -446,7 +466,7 @@ class _Acquire:
         d = await limiter._lease_call(key, lease, token, slots)
         if not d.allowed:
             raise RateLimitExceeded(d)
-        held = AsyncHeld(limiter, key, lease, token, slots, d, sent)
+        held = AsyncHeld(limiter, key, lease, token, slots, d, sent, on_lost=self._on_lost)
         held._start()
         return held
 
@@ -464,24 +484,37 @@ class _Acquire:
         tb: TracebackType | None,
     ) -> None:
         if self._held is not None:
-            await self._held.release()
+            await self._held.__aexit__(exc_type, exc, tb)
 
 
 class AsyncHeld(HeldBase):
     """AsyncHeld is a lease taken by `AsyncLimiter.acquire`: renewed by a background task
-    (every third of the lease), released on exit. See HeldBase for `decision` and `lost`."""
+    (every third of the lease, with `RENEW`), released on exit. See HeldBase for `decision`,
+    `lost` and `on_lost`; leaving the `async with` block of a lost lease raises LeaseLost."""
 
     def __init__(
         self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision,
-        since: float | None = None,
+        since: float | None = None, *, on_lost: Callable[[AsyncHeld], Any] | None = None,
     ) -> None:
-        super().__init__(limiter, key, lease, token, slots, decision, time.monotonic() if since is None else since)
+        super().__init__(
+            limiter, key, lease, token, slots, decision,
+            time.monotonic() if since is None else since, on_lost,
+        )
         self.limiter = limiter
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
+        self._hook_tasks: set[asyncio.Task[Any]] = set()
+
+    def call_hook(self) -> None:
+        assert self.on_lost is not None
+        result = self.on_lost(self)
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._hook_tasks.add(task)
+            task.add_done_callback(self._hook_tasks.discard)
 
     def _start(self) -> None:
-        if not self.decision.degraded:
+        if not self.holds_nothing:
             self._stop = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._renew_loop(self._stop))
 
@@ -494,20 +527,25 @@ class AsyncHeld(HeldBase):
                 pass
             try:
                 await self.renew()
-            except Exception as e:  # Redis refused the renewal (not an outage): stop
+            except Exception as e:  # Redis refused the renewal (LEASELOST; not an outage): stop
                 self.note_error(e)
                 return
 
     async def renew(self) -> Decision | None:
-        """renew extends the lease to a full lease time from now; returns Redis's decision,
-        or None when Redis did not answer."""
+        """renew extends the lease to a full lease time from now (with `RENEW`); returns
+        Redis's decision, or None when Redis did not answer. Raises redis.ResponseError
+        `LEASELOST …` when Redis no longer holds it."""
+        self.lost  # noqa: B018 - applies the "not renewed for a whole lease time" rule first
         sent = time.monotonic()
-        d = await self.limiter._renew_call(self.key, self.lease, self.token, self.slots)
+        if self.decision.degraded:  # taken by the failure policy "local": renewed in memory
+            d: Decision | None = self.limiter.renew_locally(self.key, self.lease, self.token, self.slots)
+        else:
+            d = await self.limiter._renew_call(self.key, self.lease, self.token, self.slots)
         self.note_renewal(d, sent)
         return d
 
     async def release(self) -> Release | None:
-        """release frees the slots now (idempotent).
+        """release frees the slots now (idempotent); never raises LeaseLost (the block does).
 
         The renewal task is told to stop, and given the time of one renewal call to finish
         it; it is not cancelled in the middle of a call (a command cut off by a
@@ -521,14 +559,24 @@ class AsyncHeld(HeldBase):
             await asyncio.wait({task}, timeout=1.0)
             if not task.done():
                 task.cancel()
-        if self._released or self.decision.degraded:
+        if self._released or self.holds_nothing:
             self._released = True
             return None
         self._released = True
+        if self.decision.degraded and self.limiter.memory is not None:
+            return self.limiter.degraded_release(self.key, self.token, None)
         return await self.limiter._release(self.key, self.token)
 
     async def __aenter__(self) -> AsyncHeld:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lost = self.lost
         await self.release()
+        if lost and exc is None:
+            raise self.lost_error()

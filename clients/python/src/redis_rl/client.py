@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -33,6 +33,7 @@ from ._protocol import (
     is_missing_function,
     is_no_permission,
     is_unknown_command,
+    is_unknown_renew,
     library_code,
     library_version,
     parse_config,
@@ -243,12 +244,13 @@ class Limiter(LimiterBase):
             k = self.batch_size(limit, cost)
             if k:
                 return self._check_batched(ck, full, limit, cost, k)
+        opts: dict[str, Any] = {"cost": cost, "peek": peek, "max_wait": max_wait, "force": force}
         if self.health.skip():
-            return self.degraded(limit, full, None)
+            return self.degraded(limit, full, None, **opts)
         sent = time.monotonic()
         got = self._guarded(op, [full], args)
         if isinstance(got, BaseException):
-            return self.degraded(limit, full, got)
+            return self.degraded(limit, full, got, **opts)
         reply, mode = got
         d = decision_from_reply(
             ints(reply), policy=limit, key=full, source=source_of(mode), reservation=max_wait is not None
@@ -262,14 +264,14 @@ class Limiter(LimiterBase):
         if local is not None:
             return local
         if self.health.skip():
-            return self.degraded(limit, full, None)
+            return self.degraded(limit, full, None, cost=cost)
         want = self.first_take(ck, limit, cost, k)
         for _ in range(3):
             op, args = check_command(limit, cost=want, peek=False, max_wait=None, force=False)
             sent = time.monotonic()
             got = self._guarded(op, [full], args)
             if isinstance(got, BaseException):
-                return self.degraded(limit, full, got)
+                return self.degraded(limit, full, got, cost=cost)
             reply, mode = got
             d = decision_from_reply(ints(reply), policy=limit, key=full, source=source_of(mode))
             self.note_remaining(ck, d.remaining)
@@ -321,11 +323,11 @@ class Limiter(LimiterBase):
             if local is not None:
                 return local
         if self.health.skip():
-            return self.degraded_all(items, None)
+            return self.degraded_all(items, None, cost=cost, peek=peek, force=force)
         sent = time.monotonic()
         got = self._guarded("all", [k for k, _, _, _ in items], args)
         if isinstance(got, BaseException):
-            return self.degraded_all(items, got)
+            return self.degraded_all(items, got, cost=cost, peek=peek, force=force)
         reply, mode = got
         d = self.all_decision(reply, items, mode, cost)
         if plain:
@@ -341,8 +343,7 @@ class Limiter(LimiterBase):
         # Inside an outage's probe interval it answers at once, like a check.
         got = None if self.health.skip() else self._guarded("refund", [full], [n])
         if got is None or isinstance(got, BaseException):
-            self.health.answer(None, full, got)  # raises for RAISE
-            return Refund(0, 0, timedelta(0), degraded=True)
+            return self.degraded_refund(full, n, got)  # raises for RAISE
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
@@ -351,14 +352,24 @@ class Limiter(LimiterBase):
     # -- leases -------------------------------------------------------------------------------
 
     def acquire(
-        self, key: str, lease: Lease, token: str | bytes | None = None, *, slots: int = 1
+        self,
+        key: str,
+        lease: Lease,
+        token: str | bytes | None = None,
+        *,
+        slots: int = 1,
+        on_lost: Callable[[Held], Any] | None = None,
     ) -> Held:
-        """acquire takes `slots` of the concurrency limit `lease` on `key` (RL.LEASE).
+        """acquire takes `slots` (≥ 1) of the concurrency limit `lease` on `key` (RL.LEASE).
 
         Returns a Held, a context manager that renews the lease in the background while held
-        and releases it on exit. Raises RateLimitExceeded when no slot is free (its
-        `decision` says when one may be). A retried acquire with the same token renews
+        (`RL.LEASE … RENEW` every third of the lease) and releases it on exit. Raises
+        RateLimitExceeded when no slot is free (its `decision` says when one may be). A
+        retried acquire with the same token (1 to 64 bytes; default a random one) renews
         rather than taking a second lease.
+
+        `on_lost(held)` is called once, from the renewal thread, if the lease is found lost
+        (see Held); leaving the `with` block of a lost lease raises LeaseLost.
         """
         if not isinstance(lease, Lease):
             raise TypeError("acquire() takes a Lease")
@@ -369,31 +380,40 @@ class Limiter(LimiterBase):
         d = self._lease_call(full, lease, tok, slots)
         if not d.allowed:
             raise RateLimitExceeded(d)
-        return Held(self, full, lease, tok, slots, d, sent)
+        return Held(self, full, lease, tok, slots, d, sent, on_lost=on_lost)
 
     def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
         args = self.lease_args(lease, tok, slots, peek)
         if self.health.skip():
-            return self.degraded(lease, full, None)
+            return self.degraded_lease(lease, full, tok, slots, peek, None)
         got = self._guarded("lease", [full], args)
         if isinstance(got, BaseException):
-            return self.degraded(lease, full, got)
+            return self.degraded_lease(lease, full, tok, slots, peek, got)
         reply, mode = got
         return self.decided(decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode)))
 
     def _renew_call(self, full: str, lease: Lease, tok: bytes, slots: int) -> Decision | None:
-        """_renew_call is one renewal of a held lease: Redis's decision, or None when Redis
-        did not answer. Not a decision for the application: no failure policy, no counters
-        but redis_calls and errors."""
-        args = self.lease_args(lease, tok, slots)
+        """_renew_call is one renewal of a held lease (`RENEW`): Redis's decision, or None
+        when Redis did not answer. Not a decision for the application: no failure policy, no
+        counters but redis_calls and errors. Raises redis.ResponseError `LEASELOST …` when
+        Redis no longer holds the lease. A server without `RENEW` (an older module or
+        library) is renewed without it, once it has said so."""
         if self.health.skip():
             return None
-        got = self._guarded("lease", [full], args)
-        if isinstance(got, BaseException):
-            return None
-        self.health.success()
-        reply, mode = got
-        return decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode))
+        for renew in (self._state.renew is not False, False):
+            try:
+                got = self._guarded("lease", [full], self.lease_args(lease, tok, slots, renew=renew))
+            except redis.ResponseError as e:
+                if renew and is_unknown_renew(e):
+                    self._state.renew = False
+                    continue
+                raise
+            if isinstance(got, BaseException):
+                return None
+            self.health.success()
+            reply, mode = got
+            return decision_from_reply(ints(reply), policy=lease, key=full, source=source_of(mode))
+        return None  # pragma: no cover
 
     def release(self, key: str, token: str | bytes) -> Release:
         """release frees the lease `token` holds on `key` (RL.RELEASE); harmless twice."""
@@ -403,8 +423,7 @@ class Limiter(LimiterBase):
         # Inside an outage's probe interval it answers at once, like a check.
         got = None if self.health.skip() else self._guarded("release", [full], [tok])
         if got is None or isinstance(got, BaseException):
-            self.health.answer(None, full, got)
-            return Release(0, 0, timedelta(0), degraded=True)
+            return self.degraded_release(full, tok, got)
         self.health.success()
         r = ints(got[0])
         return Release(r[0], r[1], ms_to_timedelta(r[2]))
@@ -471,17 +490,21 @@ class Limiter(LimiterBase):
 
 class Held(HeldBase):
     """Held is a lease taken by `Limiter.acquire`: renewed in the background (a daemon thread,
-    every third of the lease), released on exit. See HeldBase for `decision` and `lost`."""
+    every third of the lease, with `RENEW`), released on exit. See HeldBase for `decision`,
+    `lost` and `on_lost`; leaving the `with` block of a lost lease raises LeaseLost."""
 
     def __init__(
         self, limiter: Limiter, key: str, lease: Lease, token: bytes, slots: int, decision: Decision,
-        since: float | None = None,
+        since: float | None = None, *, on_lost: Callable[[Held], Any] | None = None,
     ) -> None:
-        super().__init__(limiter, key, lease, token, slots, decision, time.monotonic() if since is None else since)
+        super().__init__(
+            limiter, key, lease, token, slots, decision,
+            time.monotonic() if since is None else since, on_lost,
+        )
         self.limiter = limiter
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if not decision.degraded:
+        if not self.holds_nothing:
             self._thread = threading.Thread(target=self._renew_loop, name="redis-rl-lease", daemon=True)
             self._thread.start()
 
@@ -489,27 +512,35 @@ class Held(HeldBase):
         while not self._stop.wait(self.renew_every):
             try:
                 self.renew()
-            except Exception as e:  # Redis refused the renewal (not an outage): stop
+            except Exception as e:  # Redis refused the renewal (LEASELOST; not an outage): stop
                 self.note_error(e)
                 return
 
     def renew(self) -> Decision | None:
-        """renew extends the lease to a full lease time from now (RL.LEASE with our token);
-        returns Redis's decision, or None when Redis did not answer."""
+        """renew extends the lease to a full lease time from now (RL.LEASE … RENEW with our
+        token); returns Redis's decision, or None when Redis did not answer. Raises
+        redis.ResponseError `LEASELOST …` when Redis no longer holds it."""
+        self.lost  # noqa: B018 - applies the "not renewed for a whole lease time" rule first
         sent = time.monotonic()
-        d = self.limiter._renew_call(self.key, self.lease, self.token, self.slots)
+        if self.decision.degraded:  # taken by the failure policy "local": renewed in memory
+            d: Decision | None = self.limiter.renew_locally(self.key, self.lease, self.token, self.slots)
+        else:
+            d = self.limiter._renew_call(self.key, self.lease, self.token, self.slots)
         self.note_renewal(d, sent)
         return d
 
     def release(self) -> Release | None:
-        """release frees the slots now (idempotent)."""
+        """release frees the slots now (idempotent); never raises LeaseLost (the `with`
+        block does)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        if self._released or self.decision.degraded:
+        if self._released or self.holds_nothing:
             self._released = True
             return None
         self._released = True
+        if self.decision.degraded and self.limiter.memory is not None:
+            return self.limiter.degraded_release(self.key, self.token, None)
         return self.limiter._release(self.key, self.token)
 
     def __enter__(self) -> Held:
@@ -521,4 +552,7 @@ class Held(HeldBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        lost = self.lost
         self.release()
+        if lost and exc is None:
+            raise self.lost_error()
