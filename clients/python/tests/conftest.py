@@ -237,6 +237,14 @@ def r(server: RedisServer) -> Iterator[redis.Redis]:
     c.close()
 
 
+def retry_after_within(value: str, full: int, since: float) -> bool:
+    """retry_after_within: a Retry-After header, for a wait of `full` seconds from an instant
+    at or after `since` (time.monotonic()), lies between `full` less the time passed since and
+    `full` (bounds on work: a slow host only makes the wait shorter)."""
+    passed = time.monotonic() - since
+    return full - passed - 1 <= int(value) <= full
+
+
 def expected_mode(mode: str) -> Mode:
     return Mode.MODULE if mode == "module" else Mode.FALLBACK
 

@@ -67,15 +67,18 @@ async def test_auto_mode_works_for_a_user_denied_command_info(
 
 async def test_idle_key_admits_exactly_burst_then_denies(limiter: Any) -> None:
     g = GCRA(3, 1, 10)
+    start = time.monotonic()
     got = [await limiter.check("user", g) for _ in range(3)]
     assert [d.allowed for d in got] == [True, True, True]
     assert [d.remaining for d in got] == [2, 1, 0]
     assert all(d.limit == 3 and d.retry_after == timedelta(0) for d in got)
-    assert 29_900 <= ms(got[2].reset_after) <= 30_000
     denied = await limiter.check("user", g)
+    # The waits shrink by the time the calls took (bounds on work, not on an idle machine).
+    took_ms = (time.monotonic() - start) * 1000 + 1
+    assert 30_000 - took_ms <= ms(got[2].reset_after) <= 30_000
     assert not denied.allowed and not denied.never and not denied.degraded
-    assert 9_900 <= ms(denied.retry_after) <= 10_000
-    assert denied.headers()["Retry-After"] == "10"
+    assert 10_000 - took_ms <= ms(denied.retry_after) <= 10_000
+    assert denied.headers()["Retry-After"] == str(math.ceil(ms(denied.retry_after) / 1000))
 
 
 @pytest.mark.parametrize("algorithm", ["FIXED", "SLIDING", "LOG"])
@@ -113,9 +116,11 @@ async def test_peek_writes_nothing(limiter: Any, r: redis.Redis) -> None:
 
 async def test_max_wait_is_a_reservation(limiter: Any) -> None:
     g = GCRA(1, 1, 1)
+    start = time.monotonic()
     assert (await limiter.check("m", g)).allowed
     d = await limiter.check("m", g, max_wait=timedelta(seconds=2))
-    assert d.allowed and 900 <= ms(d.retry_after) <= 1000
+    took_ms = (time.monotonic() - start) * 1000 + 1
+    assert d.allowed and 1000 - took_ms <= ms(d.retry_after) <= 1000
     too_long = await limiter.check("m", g, max_wait=0.5)
     assert not too_long.allowed
     # Any wait at all: beyond the module's 2^64 − 1 ms, still a reservation (sent as that
@@ -233,7 +238,7 @@ async def test_prefix_is_part_of_the_key(limiter: Any, r: redis.Redis) -> None:
 
 
 async def test_deny_cache_answers_locally_until_retry_after(limiter: Any) -> None:
-    g = GCRA(1, 5, 1)  # one per 200 ms
+    g = GCRA(1, 1, 1)  # one per second: 50 local answers take far less, even on a loaded host
     assert (await limiter.check("d", g)).allowed
     first = await limiter.check("d", g)
     assert not first.allowed and first.source is not Source.LOCAL
@@ -254,17 +259,22 @@ async def test_deny_cache_never_denies_what_redis_would_admit(limiter: Any, r: r
     # the server right after each local denial that still had 20 ms or more to run.
     g = GCRA(2, 10, 1)  # 100 ms per request
     key = limiter.prefix + "x"
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 20  # a bound on work (20 checks), with a deadline
     checked = 0
-    while time.monotonic() < deadline:
+    while checked < 20:
+        assert time.monotonic() < deadline
+        asked = time.monotonic()
         d = await limiter.check("x", g)
         if d.source is Source.LOCAL and ms(d.retry_after) >= 20:
-            peek = r.execute_command("RL.GCRA", key, 2, 10, 1, "PEEK") if await limiter.resolved_mode() == "module" \
+            module = await limiter.resolved_mode() == "module"
+            peek = r.execute_command("RL.GCRA", key, 2, 10, 1, "PEEK") if module \
                 else r.execute_command("FCALL", "rl_gcra", 1, key, 2, 10, 1, "PEEK")
-            assert peek[0] == 0, (d, peek)
-            checked += 1
+            # Only a PEEK answered before the local denial ran out says anything (on a
+            # loaded host the answer may come later; then it is not counted).
+            if (time.monotonic() - asked) * 1000 < ms(d.retry_after) - 2:
+                assert peek[0] == 0, (d, peek)
+                checked += 1
         await asyncio.sleep(0.005)
-    assert checked >= 20
 
 
 async def test_deny_cache_lets_smaller_requests_ask_redis(limiter: Any) -> None:

@@ -209,11 +209,11 @@ async def test_usage_accounting_on_the_cluster(cluster: tuple[str, RedisCluster]
             assert forced.allowed and forced.remaining == 0
             if i >= 2:
                 continue  # the lease below takes a second: two users, on two masters or one
-            async with lim.acquire(tag(u, "job"), Lease(1, "0.6")) as held:
-                await asyncio.sleep(1.0)  # longer than the lease: renewed in the background
+            async with lim.acquire(tag(u, "job"), Lease(1, "1.5")) as held:
+                await asyncio.sleep(2.0)  # longer than the lease: renewed in the background
                 assert not held.lost
                 with pytest.raises(RateLimitExceeded):
-                    async with lim.acquire(tag(u, "job"), Lease(1, "0.6")):
+                    async with lim.acquire(tag(u, "job"), Lease(1, "1.5")):
                         pass
     finally:
         await lim.aclose()

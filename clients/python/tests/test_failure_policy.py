@@ -149,12 +149,13 @@ async def test_a_stalled_server_times_out_into_the_policy(own_server: RedisServe
         d = await call(lim, "check", "t", g)
         took = time.monotonic() - start
         assert d.degraded and d.allowed
-        assert took < 1.5, took  # the 0.3 s timeout, not a hang
-        # Inside the probe interval the policy answers at once, without waiting on Redis.
-        start = time.monotonic()
+        assert took < 10, took  # the 0.3 s timeout (a deadline with margin), not a hang
+        assert lim.counters["errors"] == 1  # one call timed out…
+        # …and inside the probe interval the policy answers at once: no Redis call at all.
+        calls = lim.counters["redis_calls"]
         for _ in range(100):
             assert (await call(lim, "check", "t", g)).degraded
-        assert time.monotonic() - start < 0.5
+        assert lim.counters["redis_calls"] == calls and lim.counters["errors"] == 1
     finally:
         own_server.resume()
     deadline = time.monotonic() + 5
@@ -315,14 +316,14 @@ async def test_refund_and_release_inside_the_probe_interval_do_not_wait(
         own_server.pause()  # accepts connections, answers nothing
         try:
             d = await call(lim, "check", "q", g)  # the 0.3 s timeout: the outage starts
-            start = time.monotonic()
+            calls, errors = lim.counters["redis_calls"], lim.counters["errors"]
             refund = await call(lim, "refund", "q", 1)
             release = await call(lim, "release", "l", "token")
-            took = time.monotonic() - start
+            # Answered without touching the network: no call made, none timed out.
+            assert (lim.counters["redis_calls"], lim.counters["errors"]) == (calls, errors)
         finally:
             own_server.resume()
         assert d.degraded
         assert refund.degraded and release.degraded
-        assert took < 0.15, took
     finally:
         await close(lim)
