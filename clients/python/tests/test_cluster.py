@@ -14,6 +14,8 @@ import redis.asyncio as aredis
 
 from redis_rl import GCRA, AsyncLimiter, Lease, Limiter, Mode, RateLimitExceeded, Window, tag
 from redis_rl._protocol import library_code, library_version
+from redis_rl.http import Rule, client_ip, header
+
 from .conftest import RedisCluster
 
 pytestmark = pytest.mark.cluster
@@ -218,3 +220,117 @@ async def test_usage_accounting_on_the_cluster(cluster: tuple[str, RedisCluster]
     finally:
         await lim.aclose()
         await client.aclose()
+
+
+# -- identities stay apart on a Cluster (docs/clients.md#identities-stay-apart) ----------------
+
+PER_KEY_AND_IP = {
+    "key": (Window(1000, 60, "FIXED"), header("X-API-Key")),
+    "ip": ("100/minute", client_ip()),
+}
+
+
+def keys_exist(cl: RedisCluster, keys: list[str]) -> list[bool]:
+    c = redis.RedisCluster(host="127.0.0.1", port=cl.nodes[0].port)
+    try:
+        return [bool(c.exists(k)) for k in keys]
+    finally:
+        c.close()
+
+
+async def test_rotating_api_keys_are_held_to_the_per_ip_limit_on_a_cluster(
+    cluster: tuple[str, RedisCluster],
+) -> None:
+    # The reproduction on three masters: each identity is its own hash tag, so a
+    # request's two keys sit in different slots; they are checked in the rule's order and
+    # what the per-key limit took is refunded when the per-IP limit denies.
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from redis_rl.asgi import RateLimitMiddleware
+
+    mode, cl = cluster
+    prefix = f"rot-{mode}:"
+
+    async def thing(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    client = aredis.RedisCluster(host="127.0.0.1", port=cl.nodes[0].port)
+    lim = AsyncLimiter(client, prefix=prefix)
+    app = Starlette(routes=[Route("/api/thing", thing)], middleware=[
+        Middleware(RateLimitMiddleware, limiter=lim, rules=[Rule("/api/", PER_KEY_AND_IP)])])
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            got = [(await c.get("/api/thing", headers={"X-API-Key": f"k{i}"})).status_code for i in range(150)]
+        assert got.count(200) == 100 and got.index(429) == 100
+        key_of = [f"{prefix}key:{{hdr.x-api-key:k{i}}}" for i in range(150)]
+        assert len(masters_of(cl, key_of + [f"{prefix}ip:{{ip:127.0.0.1}}"])) == 3
+        # No denied request left a charge: the per-key limit of every denied key is empty
+        # (the first one refunded to nothing, the later ones denied from the deny cache
+        # before anything was charged).
+        assert keys_exist(cl, key_of[100:]) == [False] * 50
+        assert keys_exist(cl, key_of[:100]) == [True] * 100
+    finally:
+        await lim.aclose()
+        await client.aclose()
+
+
+def test_a_denied_request_leaves_no_charge_on_any_key_of_a_cluster(cluster: tuple[str, RedisCluster]) -> None:
+    # Sync, through the WSGI middleware: the per-key limit admits, the per-IP limit denies;
+    # the per-key key's state (QUANTITY 0) is what it was before the request.
+    import flask
+
+    from redis_rl.wsgi import RateLimitMiddleware
+
+    mode, cl = cluster
+    prefix = f"nocharge-{mode}:"
+    client = redis.RedisCluster(host="127.0.0.1", port=cl.nodes[0].port)
+    lim = Limiter(client, prefix=prefix, deny_cache=False)  # every request goes to Redis
+    per_key = Window(10, 60, "FIXED")
+    rules = [Rule("/api/", {"key": (per_key, header("X-API-Key")), "ip": (Window(2, 60, "FIXED"), client_ip())})]
+    app = flask.Flask("cluster")
+
+    @app.get("/api/thing")
+    def api_thing() -> dict[str, bool]:
+        return {"ok": True}
+
+    app.wsgi_app = RateLimitMiddleware(app.wsgi_app, lim, rules)  # type: ignore[method-assign]
+    web = app.test_client()
+    try:
+        assert [web.get("/api/thing", headers={"X-API-Key": "a"}).status_code for _ in range(2)] == [200, 200]
+        before = lim.check("key:{hdr.x-api-key:a}", per_key, 0).remaining
+        denied = web.get("/api/thing", headers={"X-API-Key": "a"})
+        assert denied.status_code == 429 and denied.get_json()["policy"] == "ip"
+        # Built as RL.ALL builds it: both limits in the fields, the binding one's numbers.
+        assert denied.headers["RateLimit-Policy"] == '"key";q=10;w=60, "ip";q=2;w=60'
+        assert lim.check("key:{hdr.x-api-key:a}", per_key, 0).remaining == before == 8
+        fresh = web.get("/api/thing", headers={"X-API-Key": "b"})
+        assert fresh.status_code == 429
+        assert keys_exist(cl, [f"{prefix}key:{{hdr.x-api-key:b}}"]) == [False]
+    finally:
+        lim.close()
+        client.close()
+
+
+def test_a_rule_with_one_hash_tag_is_one_rl_all_on_a_cluster(cluster: tuple[str, RedisCluster]) -> None:
+    from redis_rl.http import RequestInfo, decide, plan
+
+    mode, cl = cluster
+    client = redis.RedisCluster(host="127.0.0.1", port=cl.nodes[0].port)
+    lim = Limiter(client, prefix=f"tagged-{mode}:")
+    try:
+        lim.check("warm", GCRA(5, 1, 1))
+        reset_stats(cl)
+        rule = Rule("/api/", PER_KEY_AND_IP, hash_tag="demo")
+        for i in range(5):
+            p = plan([rule], RequestInfo("GET", "/api/x", {"x-api-key": f"k{i}"}, "192.0.2.1"))
+            assert p is not None and decide(lim, p).allowed
+        name = "rl.all" if mode == "module" else "fcall"
+        assert sum(c.get(name, 0) for c in command_calls(cl).values()) == 5  # one call each
+    finally:
+        lim.close()
+        client.close()

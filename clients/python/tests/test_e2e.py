@@ -99,8 +99,8 @@ def test_per_ip_limit_honours_trusted_proxies(fleet: list[int]) -> None:
     a, b = fleet
     with httpx.Client(timeout=5) as http:
         # The app trusts 127.0.0.1 (our connection) as a proxy, so X-Forwarded-For names the
-        # client; a forged left-most entry does not help. (The IP limit is scoped under the
-        # API key: a rule's limits share the first key's hash tag.)
+        # client; a forged left-most entry does not help. The IP limit is keyed by the IP
+        # alone (docs/clients.md#identities-stay-apart).
         r = http.get(f"http://127.0.0.1:{a}/api/thing",
                      headers={"X-API-Key": "k-ip", "X-Forwarded-For": "6.6.6.6, 198.51.100.20"})
         assert r.status_code == 200
@@ -159,3 +159,41 @@ def test_failure_policy_through_the_server(fleet: list[int], server: RedisServer
             time.sleep(0.1)
         m = http.get(f"http://127.0.0.1:{a}/metrics").json()
         assert m["degraded"] >= 1 and m["errors"] >= 1
+
+
+def test_rotating_api_keys_stay_under_the_per_ip_limit(fleet: list[int]) -> None:
+    # The reproduction through the real servers: 150 requests from one client IP,
+    # each with a new X-API-Key, spread over both processes; the per-IP limit is 100 per
+    # minute (LOG): 100 admitted, and every request after them denied.
+    a, b = fleet
+    with httpx.Client(timeout=5) as http:
+        got = [
+            http.get(f"http://127.0.0.1:{a if i % 2 else b}/api/thing",
+                     headers={"X-API-Key": f"rot-{i}", "X-Forwarded-For": "198.51.100.77"}).status_code
+            for i in range(150)
+        ]
+    assert got.count(200) == 100 and got[100:] == [429] * 50, got
+
+
+def test_deduct_when_through_the_server(fleet: list[int]) -> None:
+    a, b = fleet
+    with httpx.Client(timeout=5) as http:
+        k = {"X-API-Key": "deduct"}
+        misses = [http.get(f"http://127.0.0.1:{p}/maybe?status=404", headers=k).status_code for p in (a, b, a)]
+        assert misses == [404, 404, 404]  # not charged: deduct_when says status < 400
+        hits = [http.get(f"http://127.0.0.1:{p}/maybe", headers=k).status_code for p in (a, b, a)]
+        assert hits == [200, 200, 429]
+
+
+def test_the_denial_is_answered_by_the_apps_own_handler(fleet: list[int]) -> None:
+    # Flask's errorhandler(429) (RateLimits, under gunicorn) and FastAPI's
+    # exception_handler(429) (the dependency, under uvicorn) answer the denial; it keeps
+    # Retry-After and the RateLimit fields.
+    a, b = fleet
+    with httpx.Client(timeout=5) as http:
+        k = {"X-API-Key": "inside"}
+        assert http.get(f"http://127.0.0.1:{a}/inside", headers=k).status_code == 200
+        r = http.get(f"http://127.0.0.1:{b}/inside", headers=k)
+        assert r.status_code == 429
+        assert r.json()["error"] == "slow_down" and r.json()["retry_after"] == r.headers["Retry-After"]
+        assert r.headers["RateLimit"].startswith('"inside";r=0;t=')

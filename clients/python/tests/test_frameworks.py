@@ -101,8 +101,9 @@ def test_flask_decorator_with_the_user_key(server: RedisServer, prefix: str) -> 
     assert [g.status_code for g in u1] == [200, 200, 429]
     assert [g.get_json()["remaining"] for g in u1[:2]] == [1, 0]
     assert c.get("/r", headers={"X-User": "u2"}).status_code == 200
-    # An anonymous request has no user key: this limit does not apply to it.
-    assert all(c.get("/r").status_code == 200 for _ in range(3))
+    # An anonymous request has no user key: the limit applies to its client IP instead
+    # (docs/clients.md#a-missing-identity-is-never-no-limit), apart from every user's.
+    assert [c.get("/r").status_code for _ in range(3)] == [200, 200, 429]
     lim.close()
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from redis_rl import GCRA, NEVER, Decision, Lease, Source, Window
 from redis_rl.http import (
+    Identity,
+    KeyFunc,
     RequestInfo,
     Rule,
     client_ip,
@@ -26,13 +28,25 @@ def req(peer: str | None = "203.0.113.9", path: str = "/api/x", method: str = "G
     return RequestInfo(method, path, {k.replace("_", "-").lower(): v for k, v in headers.items()}, peer)
 
 
+class Value:
+    """Value wraps a key function to give the value of the Identity it returns."""
+
+    def __init__(self, key: KeyFunc) -> None:
+        self.key = key
+
+    def __call__(self, info: RequestInfo) -> str | None:
+        got = self.key(info)
+        assert got is None or isinstance(got, Identity), got
+        return None if got is None else got.value
+
+
 def test_client_ip_ignores_forwarding_headers_from_untrusted_peers() -> None:
-    key = client_ip(["10.0.0.0/8"])
+    key = Value(client_ip(["10.0.0.0/8"]))
     assert key(req("203.0.113.9", x_forwarded_for="1.2.3.4")) == "203.0.113.9"
 
 
 def test_client_ip_walks_x_forwarded_for_from_the_right_skipping_trusted_proxies() -> None:
-    key = client_ip(["10.0.0.0/8", "192.0.2.1"])
+    key = Value(client_ip(["10.0.0.0/8", "192.0.2.1"]))
     # A client-forged left part is ignored: the first untrusted hop from the right wins.
     info = req("10.0.0.5", x_forwarded_for="6.6.6.6, 198.51.100.7, 192.0.2.1, 10.1.1.1")
     assert key(info) == "198.51.100.7"
@@ -42,35 +56,35 @@ def test_client_ip_walks_x_forwarded_for_from_the_right_skipping_trusted_proxies
 
 def test_client_ip_reads_forwarded_only_when_configured() -> None:
     fwd = 'for=6.6.6.6, for="[2001:db8::1]:4711";proto=https, for=10.0.0.2'
-    only_xff = client_ip(["10.0.0.0/8"])
+    only_xff = Value(client_ip(["10.0.0.0/8"]))
     assert only_xff(req("10.0.0.1", forwarded=fwd)) == "10.0.0.1"
-    key = client_ip(["10.0.0.0/8"], header="Forwarded")
-    assert key(req("10.0.0.1", forwarded=fwd)) == "2001:db8::1"
-    assert key(req("10.0.0.1", forwarded=fwd, x_forwarded_for="9.9.9.9")) == "2001:db8::1"
+    key = Value(client_ip(["10.0.0.0/8"], header="Forwarded"))
+    assert key(req("10.0.0.1", forwarded=fwd)) == "2001:db8::/64"
+    assert key(req("10.0.0.1", forwarded=fwd, x_forwarded_for="9.9.9.9")) == "2001:db8::/64"
 
 
 def test_client_ip_normalises_ports_and_ipv6() -> None:
-    key = client_ip(["::1"])
+    key = Value(client_ip(["::1"]))
     assert key(req("::1", x_forwarded_for="198.51.100.7:5555")) == "198.51.100.7"
-    assert key(req("::1", x_forwarded_for="[2001:DB8:0::1]:80")) == "2001:db8::1"
-    assert client_ip()(req("2001:db8:0:0::1")) == "2001:db8::1"
+    assert key(req("::1", x_forwarded_for="[2001:DB8:0::1]:80")) == "2001:db8::/64"
+    assert Value(client_ip(ipv6_prefix=128))(req("2001:db8:0:0::1")) == "2001:db8::1"
 
 
 def test_client_ip_keys_an_ipv4_client_on_a_dual_stack_socket_by_its_ipv4_address() -> None:
-    assert client_ip()(req("::ffff:192.0.2.7")) == "192.0.2.7"
-    assert client_ip()(req("::FFFF:c000:0207")) == "192.0.2.7"
+    assert Value(client_ip())(req("::ffff:192.0.2.7")) == "192.0.2.7"
+    assert Value(client_ip())(req("::FFFF:c000:0207")) == "192.0.2.7"
     # A trusted proxy seen through a dual-stack socket is still trusted, and a mapped hop in
     # the header is the IPv4 client.
-    key = client_ip(["10.0.0.0/8"])
+    key = Value(client_ip(["10.0.0.0/8"]))
     assert key(req("::ffff:10.0.0.5", x_forwarded_for="[::ffff:198.51.100.7]:80")) == "198.51.100.7"
 
 
 def test_other_key_functions() -> None:
-    assert header("X-API-Key")(req(x_api_key="k1")) == "k1"
-    assert header("X-API-Key")(req()) is None
-    assert header("X-API-Key", "anonymous")(req()) == "anonymous"
-    assert user()(RequestInfo("GET", "/", {}, None, user="u7")) == "u7"
-    assert route()(RequestInfo("POST", "/users/9", {}, None, route="/users/{id}")) == "POST /users/{id}"
+    assert Value(header("X-API-Key"))(req(x_api_key="k1")) == "k1"
+    assert Value(header("X-API-Key"))(req()) is None
+    assert Value(header("X-API-Key", "anonymous"))(req()) == "anonymous"
+    assert Value(user())(RequestInfo("GET", "/", {}, None, user="u7")) == "u7"
+    assert Value(route())(RequestInfo("POST", "/users/9", {}, None, route="/users/{id}")) == "POST /users/{id}"
 
 
 def test_client_values_cannot_change_the_hash_tag() -> None:
@@ -80,7 +94,9 @@ def test_client_values_cannot_change_the_hash_tag() -> None:
     rule = Rule("/", {"api": (GCRA(5, 1, 1), header("x-api-key")), "ip": (Window(9, 60), client_ip())})
     p = plan([rule], req(x_api_key="}{"))
     assert p is not None
-    assert list(p.keys) == ["{%7D%7B}:api:%7D%7B", "{%7D%7B}:ip:203.0.113.9"]
+    # Each limit is keyed by its own identity, which is its hash tag (escaped: a value can
+    # never pick the tag).
+    assert list(p.keys) == ["api:{hdr.x-api-key:%7D%7B}", "ip:{ip:203.0.113.9}"]
 
 
 def test_rules_match_by_path_and_method_first_match_wins() -> None:
@@ -93,17 +109,20 @@ def test_rules_match_by_path_and_method_first_match_wins() -> None:
     assert plan(rules, req(path="/login", method="POST")).rule is login  # type: ignore[union-attr]
     assert plan(rules, req(path="/users/3/avatar")).rule is users  # type: ignore[union-attr]
     p = plan(rules, req(path="/api/things"))
-    assert p is not None and p.rule is api and list(p.keys) == ["api:anonymous"]
-    assert p.names == {"api:anonymous": "api"}
+    assert p is not None and p.rule is api and list(p.keys) == ["api:{hdr.x-api-key:anonymous}"]
+    assert p.names == {"api:{hdr.x-api-key:anonymous}": "api"}
     assert plan(rules, req(path="/api")) is not None
     assert plan(rules, req(path="/v2/x")).rule is rx  # type: ignore[union-attr]
     assert plan(rules, req(path="/health")) is None
     assert plan(rules, req(path="/api/x"), exempt=["/api/x"]) is None
 
 
-def test_a_rule_whose_keys_do_not_apply_does_not_limit() -> None:
-    rule = Rule("/", GCRA(1, 1, 1), key=user())
-    assert plan([rule], req()) is None
+def test_a_rule_whose_identity_is_missing_is_keyed_by_ip_unless_it_says_skip() -> None:
+    # docs/clients.md#a-missing-identity-is-never-no-limit: "ip" by default.
+    p = plan([Rule("/", GCRA(1, 1, 1), key=user())], req())
+    assert p is not None and list(p.keys) == ["default:{ip:203.0.113.9}"]
+    skipped = plan([Rule("/", GCRA(1, 1, 1), key=user(), missing="skip")], req())
+    assert skipped is not None and skipped.checks == () and skipped.skipped == 1
 
 
 def test_cost_function() -> None:
@@ -141,7 +160,8 @@ def test_denied_requests_get_429_json_and_retry_after() -> None:
 def test_never_gets_413_and_closed_degraded_gets_503() -> None:
     v = respond(decision(allowed=False, remaining=0, retry_after=NEVER), {"api:k": "api"})
     assert v.status == 413 and "Retry-After" not in v.headers
-    d = decision(allowed=False, remaining=0, retry_after=timedelta(seconds=1), degraded=True, source=Source.LOCAL)
+    d = decision(allowed=False, remaining=0, retry_after=timedelta(seconds=1), degraded=True, source=Source.LOCAL,
+                 blind=True)
     v = respond(d, {"api:k": "api"})
     assert v.status == 503 and v.headers["Retry-After"] == "1" and "RateLimit" not in v.headers
     # retry_after is an integer of seconds, as in the 429 body.

@@ -551,6 +551,21 @@ class LimiterBase:
             key=d.key,
         )
 
+    def knows_denied(self, limits: Mapping[str, LimitEntry], cost: int = 1) -> bool:
+        """knows_denied says whether the local deny cache denies this call right now (a
+        `check` when `limits` holds one key, a `check_all` otherwise), without a Redis call
+        and without counting anything."""
+        if self.deny_cache is None:
+            return False
+        items = self.all_items(limits, None)
+        if len(items) == 1:
+            key, lim, own, _ = items[0]
+            ck: Hashable = (key, lim)
+            n = cost if own is None else own
+        else:
+            ck, n = self.all_cache_key(items, cost), cost
+        return self.deny_cache.lookup(ck, n, time.monotonic()) is not None
+
     # -- check_all ----------------------------------------------------------------------------
 
     def all_items(

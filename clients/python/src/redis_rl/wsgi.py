@@ -4,34 +4,55 @@
     application = RateLimitMiddleware(get_wsgi_application(), limiter, rules)  # Django
 
 Same answers as the ASGI middleware: RateLimit fields on admitted responses, 429 with
-Retry-After and a JSON body, 413 for a request that can never pass, 503 for a "closed"
-failure-policy denial.
+Retry-After and a JSON body (or what `on_denied` returns), 413 for a request that can never
+pass, 503 for a "closed" failure-policy denial, 401 for a missing identity under
+`missing="deny"`.
 
 The app sees the decision of an admitted request in `environ["redis_rl.decision"]`
 (`DECISION_ENVIRON_KEY`; Flask: `request.environ[...]`), absent when no rule or key applied.
+A handler reports the request's true cost with `redis_rl.http.report_cost(n)` or
+`environ["redis_rl.cost"] = n` (`COST_ENVIRON_KEY`). The charge is settled (`deduct_when`,
+the reported cost) when the server closes the response, on the status the app started it
+with.
+
+For Flask, `redis_rl.flask.RateLimits` applies the same rules inside the app, where a denial
+is a werkzeug HTTPException that `@app.errorhandler(429)` answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .client import Limiter
 from .http import (
+    Gate,
+    Missing,
+    OnDenied,
     PathPattern,
+    Plan,
     RequestInfo,
     Rule,
     Verdict,
+    close_charge,
     decide,
-    plan,
-    respond,
+    identity_required,
+    merge_headers,
+    normalise_path,
+    open_charge,
+    reported_cost,
+    settle,
     status_text,
 )
 
-__all__ = ["DECISION_ENVIRON_KEY", "RateLimitMiddleware", "request_info"]
+__all__ = ["COST_ENVIRON_KEY", "DECISION_ENVIRON_KEY", "RateLimitMiddleware", "request_info"]
 
 DECISION_ENVIRON_KEY = "redis_rl.decision"
 """The WSGI environ key under which an admitted request's `Decision` reaches the app."""
+
+COST_ENVIRON_KEY = "redis_rl.cost"
+"""The WSGI environ key where the app may report the request's true cost (an int ≥ 0)."""
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
@@ -56,12 +77,13 @@ def request_info(environ: Environ, user: Callable[[Environ], str | None] = defau
     if length:
         headers["content-length"] = length
     return RequestInfo(
-        method=str(environ.get("REQUEST_METHOD", "GET")),
-        path=str(environ.get("PATH_INFO", "/")) or "/",
+        method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
+        path=normalise_path(str(environ.get("PATH_INFO", "/")) or "/"),
         headers=headers,
         peer=environ.get("REMOTE_ADDR"),
         user=user(environ),
         content_length=int(length) if length.isdigit() else None,
+        native=environ,
     )
 
 
@@ -72,11 +94,69 @@ def verdict_response(v: Verdict, start_response: StartResponse) -> list[bytes]:
     return [v.body]
 
 
+def deny(
+    gate: Gate, environ: Environ, start_response: StartResponse, v: Verdict, d: Any,
+    info: RequestInfo,
+) -> Iterable[bytes]:
+    """deny answers a denial: `on_denied`'s response (a WSGI app, such as a werkzeug or Flask
+    Response, or a Verdict), with Retry-After and the RateLimit fields added where it did not
+    set them; else the package's JSON answer."""
+    if gate.on_denied is not None:
+        denial = gate.denial(v, d, info)
+        resp = gate.on_denied(denial)
+        if inspect.isawaitable(resp):
+            raise TypeError("on_denied of a WSGI middleware must not be a coroutine function")
+        if isinstance(resp, Verdict):
+            merged = dict(merge_headers(resp.headers.items(), denial.limit_headers))
+            return verdict_response(Verdict(resp.status or v.status, merged, resp.body), start_response)
+        if resp is not None:
+            ours = denial.limit_headers
+
+            def start_merged(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+                return start_response(status, merge_headers(headers, ours), exc_info)
+
+            result: Iterable[bytes] = resp(environ, start_merged)
+            return result
+    return verdict_response(v, start_response)
+
+
+class _Settling:
+    """_Settling is the app's response body, passed through; when the server closes it (or
+    it is exhausted) the request's charge is settled, once."""
+
+    def __init__(self, body: Iterable[bytes], done: Callable[[], None]) -> None:
+        self._body = body
+        self._done: Callable[[], None] | None = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._body
+        except Exception:
+            self._finish(error=True)
+            raise
+
+    def _finish(self, error: bool = False) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done()
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._finish()
+
+
 class RateLimitMiddleware:
     """RateLimitMiddleware limits a WSGI app's requests by `rules` (first match wins).
 
-    `exempt`: path patterns never limited. `user`: how to read the authenticated user from
-    the environ (default REMOTE_USER). `x_headers`: add X-RateLimit-*.
+    `user`: how to read the authenticated user from the environ (default REMOTE_USER). The
+    other parameters are those of every integration (see `redis_rl.http.Gate`): `exempt`,
+    `exempt_when`, `deduct_when`, `missing`, `x_headers`, `trusted_proxies`,
+    `forwarded_header`, `ipv6_prefix`, `on_denied`, `degraded_status`, `prefix`,
+    `exempt_preflight`.
     """
 
     def __init__(
@@ -86,33 +166,69 @@ class RateLimitMiddleware:
         rules: Sequence[Rule],
         *,
         exempt: Sequence[PathPattern] = (),
-        user: Callable[[Environ], str | None] = default_user,
+        exempt_when: Callable[[RequestInfo], bool] | None = None,
+        deduct_when: Callable[[int], bool] | None = None,
+        missing: Missing = "ip",
         x_headers: bool = False,
+        user: Callable[[Environ], str | None] = default_user,
+        trusted_proxies: Iterable[str] = (),
+        forwarded_header: str = "X-Forwarded-For",
+        ipv6_prefix: int = 64,
+        on_denied: OnDenied | None = None,
         degraded_status: int = 503,
+        prefix: str = "",
+        exempt_preflight: bool = True,
     ) -> None:
         self.app = app
         self.limiter = limiter
-        self.rules = list(rules)
-        self.exempt = list(exempt)
         self.user = user
-        self.x_headers = x_headers
-        self.degraded_status = degraded_status
+        self.gate = Gate(
+            rules, exempt=exempt, exempt_when=exempt_when, deduct_when=deduct_when,
+            missing=missing, x_headers=x_headers, trusted_proxies=trusted_proxies,
+            forwarded_header=forwarded_header, ipv6_prefix=ipv6_prefix, on_denied=on_denied,
+            degraded_status=degraded_status, prefix=prefix, exempt_preflight=exempt_preflight,
+        )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        p = plan(self.rules, request_info(environ, self.user), self.exempt)
+        info = request_info(environ, self.user)
+        p = self.gate.plan(info)
         if p is None:
             return self.app(environ, start_response)
+        self.gate.count(self.limiter, p)
+        if p.missing is not None:
+            return deny(self.gate, environ, start_response, identity_required(p.missing), None, info)
+        if not p.checks:
+            return self.app(environ, start_response)
         d = decide(self.limiter, p)
-        v = respond(
-            d, p.names, x_headers=self.x_headers, degraded_status=self.degraded_status,
-            prefix=self.limiter.prefix,
-        )
+        v = self.gate.verdict(self.limiter, p, d)
         if v.status is not None:
-            return verdict_response(v, start_response)
+            return deny(self.gate, environ, start_response, v, d, info)
         environ[DECISION_ENVIRON_KEY] = d
-        extra = list(v.headers.items())
+        return self._run(environ, start_response, p, d, list(v.headers.items()))
 
-        def start_with_headers(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            return start_response(status, [*headers, *extra], exc_info)
+    def _run(
+        self, environ: Environ, start_response: StartResponse, p: Plan, d: Any,
+        extra: list[tuple[str, str]],
+    ) -> Iterable[bytes]:
+        status: list[int] = []
 
-        return self.app(environ, start_with_headers)
+        def start_with_headers(s: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            status[:] = [int(s.split(" ", 1)[0])]
+            return start_response(s, [*headers, *extra], exc_info)
+
+        charge, token = open_charge()
+
+        def done() -> None:
+            reported = reported_cost(charge, environ.get(COST_ENVIRON_KEY))
+            settle(self.limiter, p, d, status[0] if status else None, reported, self.gate.deduct_when)
+
+        try:
+            body = self.app(environ, start_with_headers)
+        except Exception:
+            close_charge(token)
+            if not status:
+                status.append(500)  # what the server answers for it
+            done()
+            raise
+        close_charge(token)
+        return _Settling(body, done)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from redis_rl import GCRA, AsyncLimiter, Window
 from redis_rl.asgi import RateLimitMiddleware
@@ -22,16 +23,37 @@ app.add_middleware(
     RateLimitMiddleware,
     limiter=limiter,
     rules=[
+        # Per API key and per IP: each limit keyed by its own identity (a client rotating
+        # API keys stays under the per-IP limit); a request without a key is limited by its
+        # IP under the "api" limit.
         Rule("/api/", {
-            "api": (GCRA(10, 1, 60), header("X-API-Key", "anonymous")),
+            "api": (GCRA(10, 1, 60), header("X-API-Key")),
             "ip": (Window(100, 60, "LOG"), client_ip(["127.0.0.1"])),
         }),
         Rule("/upload", GCRA(5, 1, 60), key=client_ip(["127.0.0.1"]), name="upload",
-             cost=lambda info: int(info.headers.get("x-units", "1"))),
+             cost=lambda info: max(1, int(info.headers.get("x-units", "1")))),
+        # Only answers below 400 are charged.
+        Rule("/maybe", "2/minute", key=header("X-API-Key"), name="maybe",
+             deduct_when=lambda status: status < 400),
     ],
     exempt=["/health"],
+    trusted_proxies=["127.0.0.1"],
 )
 reports = RateLimit(limiter, GCRA(2, 1, 60, name="reports"), key=header("X-API-Key", "anonymous"))
+inside = RateLimit(limiter, "1/minute", key=header("X-API-Key"), name="inside")
+
+
+@app.exception_handler(429)
+async def too_many(request: Request, exc: Exception) -> JSONResponse:
+    # The dependency's denial is an HTTPException: the app's own handler answers it.
+    headers = getattr(exc, "headers", None) or {}
+    return JSONResponse({"error": "slow_down", "by": "exception_handler",
+                         "retry_after": headers.get("Retry-After")}, status_code=429, headers=headers)
+
+
+@app.get("/inside", dependencies=[Depends(inside)])
+async def inside_view() -> dict[str, str]:
+    return {"ok": "inside"}
 
 
 @app.get("/api/thing")
@@ -47,6 +69,12 @@ async def upload() -> dict[str, str]:
 @app.get("/reports", dependencies=[Depends(reports)])
 async def report() -> dict[str, str]:
     return {"ok": "report"}
+
+
+@app.get("/maybe")
+async def maybe(response: Response, status: int = 200) -> dict[str, int]:
+    response.status_code = status
+    return {"status": status}
 
 
 @app.get("/health")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 
 from redis_rl import GCRA, Limiter, Window
-from redis_rl.flask import rate_limit
+from redis_rl.flask import RateLimits, rate_limit
 from redis_rl.http import Rule, client_ip, header
 from redis_rl.wsgi import RateLimitMiddleware
 
@@ -23,14 +23,24 @@ app.wsgi_app = RateLimitMiddleware(  # type: ignore[method-assign]
     limiter,
     rules=[
         Rule("/api/", {
-            "api": (GCRA(10, 1, 60), header("X-API-Key", "anonymous")),
+            "api": (GCRA(10, 1, 60), header("X-API-Key")),
             "ip": (Window(100, 60, "LOG"), client_ip(["127.0.0.1"])),
         }),
         Rule("/upload", GCRA(5, 1, 60), key=client_ip(["127.0.0.1"]), name="upload",
-             cost=lambda info: int(info.headers.get("x-units", "1"))),
+             cost=lambda info: max(1, int(info.headers.get("x-units", "1")))),
+        Rule("/maybe", "2/minute", key=header("X-API-Key"), name="maybe",
+             deduct_when=lambda status: status < 400),
     ],
     exempt=["/health"],
+    trusted_proxies=["127.0.0.1"],
 )
+# Inside the app: denials are werkzeug exceptions, answered by the app's errorhandler(429).
+RateLimits(app, limiter, [Rule("/inside", "1/minute", key=header("X-API-Key"), name="inside")])
+
+
+@app.errorhandler(429)
+def too_many(e):  # type: ignore[no-untyped-def]
+    return jsonify(error="slow_down", by="errorhandler", retry_after=e.denial.headers.get("Retry-After")), 429
 
 
 @app.get("/api/thing")
@@ -47,6 +57,17 @@ def upload():  # type: ignore[no-untyped-def]
 @rate_limit(limiter, GCRA(2, 1, 60, name="reports"), key=header("X-API-Key", "anonymous"))
 def report():  # type: ignore[no-untyped-def]
     return jsonify(ok="report")
+
+
+@app.get("/maybe")
+def maybe():  # type: ignore[no-untyped-def]
+    status = int(request.args.get("status", "200"))
+    return jsonify(status=status), status
+
+
+@app.get("/inside")
+def inside():  # type: ignore[no-untyped-def]
+    return jsonify(ok="inside")
 
 
 @app.get("/health")
