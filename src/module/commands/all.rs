@@ -1,7 +1,7 @@
 //! `RL.ALL numkeys key [key …] spec [spec …] [QUANTITY n] [PEEK] [FORCE]`: several limits,
 //! one atomic decision. Each spec is `GCRA burst rate period`, `WINDOW limit window
 //! [FIXED|SLIDING|LOG]` or `LEASE limit lease token`, optionally followed by `COST n`.
-//! Reply: `[combined five, [per-key five, …]]`.
+//! `RENEW` is refused (a lease is renewed with RL.LEASE alone). Reply: `[combined five, [per-key five, …]]`.
 
 use super::{five, unknown, Options, RequestOptions};
 use crate::limit::{parse_spec, shown};
@@ -9,7 +9,7 @@ use crate::module::call::{Arg, Call};
 use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, KEY, MULTIPLE, STRING};
-use crate::module::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG};
+use crate::module::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG, RENEW_IN_ALL};
 use crate::module::limits::{self, check_caps, Check, Mode, PerKey};
 use crate::module::stats::Counters;
 use crate::params;
@@ -63,6 +63,14 @@ fn specs_start_early(keys: &[Arg<'_>], words_after: usize) -> Option<usize> {
     keys.iter().position(|k| is_spec_kind(k.bytes()))
 }
 
+/// Whether the next word is `RENEW` (where a spec or an option of RL.ALL belongs).
+fn is_renew(words: &Options<'_>) -> bool {
+    words
+        .clone()
+        .next()
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"RENEW"))
+}
+
 /// A fully validated RL.ALL call.
 struct AllCall<'a> {
     checks: PerKey<Check<'a>>,
@@ -105,15 +113,22 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
                 "expected {n} specs (GCRA … or WINDOW … or LEASE …), got {i}"
             )));
         }
+        if is_renew(&words) {
+            return Err(CommandError::CannotRenew(RENEW_IN_ALL));
+        }
         let spec = parse_spec(&mut words, i + 1, n)?;
         check_caps(&spec.limit)?;
         specs.push((*key, spec));
     }
     let mut options = RequestOptions::default();
     while let Some(keyword) = words.next() {
-        if !options.take(keyword, &mut words)? {
-            return Err(unknown(keyword));
+        if options.take(keyword, &mut words)? {
+            continue;
         }
+        if keyword.eq_ignore_ascii_case(b"RENEW") {
+            return Err(CommandError::CannotRenew(RENEW_IN_ALL));
+        }
+        return Err(unknown(keyword));
     }
     options.check_force()?;
     if options.force {
@@ -138,6 +153,7 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
             peek: options.peek,
             force: options.force,
             max_wait: None,
+            renew: false,
         },
     })
 }
