@@ -62,6 +62,13 @@ pub enum CommandError {
         /// The token, shown the same way.
         token: String,
     },
+    /// RL.ALL with `numkeys` above `rl.all-max-keys`.
+    TooManyKeys {
+        /// The `numkeys` asked for.
+        numkeys: u64,
+        /// The configured maximum.
+        max: u64,
+    },
     /// RL.REFUND on a LEASE key.
     RefundOnLease {
         /// The key, for the message.
@@ -162,6 +169,10 @@ impl CommandError {
             Self::LeaseLost { key, token } => {
                 format!("LEASELOST lease '{token}' on key '{key}' is not held")
             }
+            Self::TooManyKeys { numkeys, max } => format!(
+                "ERR numkeys {numkeys} is above rl.all-max-keys ({max}): give fewer keys per \
+                 call, or raise rl.all-max-keys"
+            ),
             Self::RefundOnLease { key } => format!(
                 "ERR key '{key}' holds a LEASE limit: give its slots back with RL.RELEASE key \
                  token"

@@ -60,6 +60,16 @@ pub fn check_caps(limit: &Limit) -> Result<(), CommandError> {
     }
 }
 
+/// Refuses an RL.ALL whose `numkeys` is above `rl.all-max-keys`: checked as soon as
+/// `numkeys` is read, before any key or spec is looked at, so a huge `numkeys` costs nothing.
+pub fn check_numkeys(numkeys: u64) -> Result<(), CommandError> {
+    let max = config::all_max_keys();
+    if numkeys > max {
+        return Err(CommandError::TooManyKeys { numkeys, max });
+    }
+    Ok(())
+}
+
 /// The outcome of one limiting call.
 pub struct Decided {
     /// The combined decision (the only key's own for a single key).
