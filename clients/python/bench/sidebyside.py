@@ -442,8 +442,18 @@ def split_monitor(lines: Sequence[str], own: str, markers: Sequence[str]) -> lis
 
 
 def commandstats(c: redis.Redis) -> int:
+    return sum(command_calls(c).values())
+
+
+def command_calls(c: redis.Redis) -> Counter[str]:
+    """command_calls is INFO commandstats: calls by command name, the bench's own left out."""
     stats = cast(dict[str, dict[str, Any]], c.info("commandstats"))
-    return sum(int(v["calls"]) for k, v in stats.items() if k.removeprefix("cmdstat_").lower() not in OWN)
+    calls: Counter[str] = Counter()
+    for k, v in stats.items():
+        name = k.removeprefix("cmdstat_").lower()
+        if name.split("|")[0] not in OWN:  # subcommands are counted as "config|get"
+            calls[name] = int(v["calls"])
+    return calls
 
 
 def mark(c: redis.Redis, text: str) -> None:
@@ -571,6 +581,8 @@ class Period:
     seconds: float
     log: tuple[int, int] = (0, 0)  # (lines, tracebacks) written while this period lasted
     back: float | None = None  # after a restart: seconds until the apps used Redis again
+    first: Counter[str] = field(default_factory=Counter)  # and the commands first seen
+    watched: float = 0.0  # for how long it was watched
 
     def text(self) -> str:
         if not self.samples:
@@ -579,7 +591,7 @@ class Period:
         return f"{statuses(self.samples)}; {pct(lat, 0.5):.0f} / {max(lat):.0f} ms"
 
     def used_again(self) -> str:
-        return f"after {self.back:.2f} s" if self.back is not None else f"not within {self.seconds:.1f} s"
+        return f"after {self.back:.2f} s" if self.back is not None else f"not within {self.watched:.1f} s"
 
 
 def measure_outage(fleet: Fleet, rate: float, down: float, pause: float, settle: float, ip: str) -> list[Period]:
@@ -597,6 +609,7 @@ def measure_outage(fleet: Fleet, rate: float, down: float, pause: float, settle:
 
     marks_up: list[float] = []
     back: list[float] = []
+    first: list[Counter[str]] = []
 
     def watch(deadline: float) -> None:
         # When do the apps use the new server? Its first command that is not the bench's own
@@ -604,8 +617,10 @@ def measure_outage(fleet: Fleet, rate: float, down: float, pause: float, settle:
         c = srv.client(timeout=0.2)
         while time.time() < deadline:
             try:
-                if commandstats(c) > 0:
+                calls = command_calls(c)
+                if calls:
                     back.append(time.time())
+                    first.append(calls)
                     return
             except redis.RedisError:
                 pass
@@ -643,6 +658,8 @@ def measure_outage(fleet: Fleet, rate: float, down: float, pause: float, settle:
     by["stopped"].log = (logs["paused"][0] - logs["killed"][0], logs["paused"][1] - logs["killed"][1])
     by["paused"].log = (end[0] - logs["paused"][0], end[1] - logs["paused"][1])
     by["restarted"].back = back[0] - marks_up[0] if back else None
+    by["restarted"].first = first[0] if first else Counter()
+    by["restarted"].watched = settle - 0.1
     return periods
 
 
@@ -705,6 +722,8 @@ def run_framework(framework: str, args: argparse.Namespace, tmp: Path, module: s
         print(f"  {framework}, {name}: admitted per window by process {w.counts}, of {w.requests} requests")
     for name, periods in outages.items():
         print(f"  {framework}, {name}: outage: " + "; ".join(f"{p.name} {p.seconds:.2f} s: {p.text()}" for p in periods))
+        r = next(p for p in periods if p.name == "restarted")
+        print(f"  {framework}, {name}: the restarted server used {r.used_again()}: {dict(r.first)}")
     return Result(framework, commands, latency, windows, outages)
 
 
