@@ -12,23 +12,28 @@ log), Flask under gunicorn (one sync worker); each configuration is two such pro
 loopback ports, sharing a fresh redis-server of its own (started here on a free port, with the
 module RL_MODULE for redis_rl, without it for the Lua fallback and the anchors). Every load is
 made here with aiohttp over loopback, bounded in requests and time, spread evenly over both
-processes. Measured, per framework:
+processes. Each phase sends from client addresses of its own (127.1.x.y, loopback), so no phase
+meets another's limit or deny cache. Measured, per framework:
 
 * Redis commands per admitted and per denied request: one window's LIMIT requests from a
   fresh window, then requests past the limit, one at a time, with the server's MONITOR feed
   read: top-level commands (sent by the apps) and the inner calls of scripts and functions
   (the feed's `lua` lines) counted apart; INFO commandstats deltas (which count both) as a check;
-* latency: each configuration in turn under the same closed-loop load (CONCURRENCY requests
-  in flight per process), ROUNDS rounds of SECONDS each, the order rotated every round; p50
-  and p99 of every request (admitted or denied) as ratios to the app without a limiter;
+* latency: each configuration in turn under the same closed-loop loads (CONCURRENCY requests
+  in flight per process), ROUNDS rounds of SECONDS per load, the order rotated every round; p50
+  and p99 as ratios to the app without a limiter under the same load. Two loads: under the
+  limit (each client address sends at most half of it, so every request is admitted) and over
+  it (one client address: nearly every request is denied);
 * admitted per window: every limited configuration of the framework under load at once for
-  2.5 windows from a flushed Redis; admitted requests grouped into windows by the gaps between
-  them (a fixed window admits its LIMIT in a burst, then nothing until the next one);
-* outages: a steady open-loop load (RATE requests/s) while the redis-server is killed
-  (SIGKILL), started again on its port, stopped (SIGSTOP: a hung server, connections accepted
-  and never answered) and continued: status codes, time to answer, and the lines and tracebacks
-  written to the apps' stderr. redis_rl runs with its default failure policy (`on_error="open"`)
-  and with `"closed"`; the anchors with their defaults and with `in_memory_fallback_enabled`.
+  2.5 windows; admitted requests grouped into windows by the gaps between them (a fixed window
+  admits its LIMIT in a burst, then nothing until the next one);
+* outages: a steady open-loop load (RATE requests/s, by default 0.8 × the limit's rate, so any
+  answer but 200 is the outage's) while the redis-server is killed (SIGKILL), started again on
+  its port, stopped (SIGSTOP: a hung server, connections accepted and never answered) and
+  continued: status codes, time to answer, when the apps first send the new server a command,
+  and the lines and tracebacks written to the apps' stderr. redis_rl runs with its default
+  failure policy (`on_error="open"`) and with `"closed"`; the anchors with their defaults and
+  with `in_memory_fallback_enabled`.
 
 Every figure printed comes from the run. The script exits 1 if redis_rl admitted more than the
 limit in a window, or if a phase could not be measured. `--readme` writes the tables into the
@@ -71,7 +76,7 @@ MARK_START, MARK_END = "<!-- sidebyside:start -->\n", "<!-- sidebyside:end -->"
 ANCHOR = {"fastapi": "slowapi", "flask": "Flask-Limiter"}
 SERVER = {"fastapi": "uvicorn", "flask": "gunicorn (sync)"}
 #: Commands the bench itself sends to the servers; never counted.
-OWN = {"info", "echo", "flushdb", "monitor", "client", "ping", "config"}
+OWN = {"info", "echo", "monitor", "client", "ping", "config"}
 
 
 def free_port() -> int:
