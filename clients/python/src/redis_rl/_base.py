@@ -98,6 +98,7 @@ class HeldBase:
         self._limiter_base = limiter
         self._logger = limiter.logger
         self._released = False
+        self._gone = False  # Redis answered LEASELOST: it holds nothing of ours
         self._renewed_at = since  # when the last granted (re)take was sent
 
     @property
@@ -154,7 +155,10 @@ class HeldBase:
         """note_error records a renewal that Redis refused with an error (LEASELOST among
         them); renewals stop."""
         if str(exc).startswith("LEASELOST"):
-            self.mark_lost(f"Redis says it is no longer held ({exc})")
+            self._gone = True  # nothing to release
+            said = f"Redis says it is no longer held ({exc})"
+            if not self.mark_lost(said):  # found lost before: Redis confirms it
+                self._lost_reason += f"; then {said}"
         else:
             self.mark_lost(f"renewing it failed: {exc}")
 

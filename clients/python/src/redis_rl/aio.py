@@ -378,6 +378,7 @@ class AsyncLimiter(LimiterBase):
                 if renew and is_unknown_renew(e):
                     self._state.renew = False
                     continue
+                self.health.success()  # Redis answered (LEASELOST, or another refusal)
                 raise
             if isinstance(got, BaseException):
                 return None
@@ -559,7 +560,7 @@ class AsyncHeld(HeldBase):
             await asyncio.wait({task}, timeout=1.0)
             if not task.done():
                 task.cancel()
-        if self._released or self.holds_nothing:
+        if self._released or self.holds_nothing or self._gone:
             self._released = True
             return None
         self._released = True

@@ -407,6 +407,7 @@ class Limiter(LimiterBase):
                 if renew and is_unknown_renew(e):
                     self._state.renew = False
                     continue
+                self.health.success()  # Redis answered (LEASELOST, or another refusal)
                 raise
             if isinstance(got, BaseException):
                 return None
@@ -535,7 +536,7 @@ class Held(HeldBase):
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        if self._released or self.holds_nothing:
+        if self._released or self.holds_nothing or self._gone:
             self._released = True
             return None
         self._released = True
