@@ -161,12 +161,12 @@ class RedisServer:
 class RedisCluster:
     """RedisCluster is three masters (each with the module, or none) joined by redis-cli."""
 
-    def __init__(self, *, module: bool = True) -> None:
+    def __init__(self, *, module: bool = True, extra: tuple[str, ...] = ()) -> None:
         self.nodes = [
             RedisServer(
                 module=module,
                 extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                       "--cluster-node-timeout", "5000"),
+                       "--cluster-node-timeout", "5000", *extra),
             )
             for _ in range(3)
         ]

@@ -30,6 +30,7 @@ from ._protocol import (
     Arg,
     LibraryPlan,
     Mode,
+    PoolState,
     all_command,
     ints,
     library_plan,
@@ -273,6 +274,28 @@ class LimiterBase:
             )
             return None
         return plan
+
+    def use_scripts(self, why: BaseException) -> None:
+        """use_scripts switches this pool's fallback to scripts (EVAL, then EVALSHA): the
+        server allows no Functions library (Redis 6.x, FUNCTION renamed away or denied)."""
+        state: PoolState = getattr(self, "_state")
+        if not state.scripts:
+            state.scripts = True
+            self.logger.info(
+                "redis-rl: no Functions library on this server (%s): the fallback runs as scripts "
+                "(EVAL, then EVALSHA)", why,
+            )
+
+    @staticmethod
+    def no_scripting(exc: BaseException) -> LimiterError:
+        """no_scripting is the one clear error of a server with neither the module nor any
+        way to run the fallback."""
+        return LimiterError(
+            "redis-rl cannot decide on this server: it has no redis-rl module (RL.GCRA is not "
+            "there) and refuses the Lua fallback both as a Functions library (FUNCTION/FCALL) and "
+            f"as scripts (EVAL/EVALSHA): {exc}. Load the module, or allow FCALL and FUNCTION, or "
+            "EVAL and EVALSHA, for this client"
+        )
 
     # -- leases -------------------------------------------------------------------------------
 

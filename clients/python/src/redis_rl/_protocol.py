@@ -50,9 +50,18 @@ _MODULE_COMMAND = {
 }
 
 
-def frame(mode: Mode, op: str, keys: Sequence[str], args: Sequence[Arg]) -> list[Arg]:
-    """frame builds the wire command for `op` in MODULE or FALLBACK mode."""
+def frame(
+    mode: Mode, op: str, keys: Sequence[str], args: Sequence[Arg], script: str | None = None
+) -> list[Arg]:
+    """frame builds the wire command for `op` in MODULE or FALLBACK mode. In FALLBACK mode
+    `script` picks the scripts form where the server allows no Functions library: "eval"
+    sends the text (`EVAL body numkeys key … rl_<op> arg …`), "evalsha" its SHA1 once the
+    server is known to have it cached; None is `FCALL rl_<op> numkeys key … arg …`."""
     if mode is Mode.FALLBACK:
+        if script == "evalsha":
+            return ["EVALSHA", script_sha(), len(keys), *keys, f"rl_{op}", *args]
+        if script == "eval":
+            return ["EVAL", script_body(), len(keys), *keys, f"rl_{op}", *args]
         return ["FCALL", f"rl_{op}", len(keys), *keys, *args]
     if op == "all":
         return [_MODULE_COMMAND[op], len(keys), *keys, *args]
@@ -170,6 +179,27 @@ def is_unknown_command(exc: BaseException) -> bool:
     return "unknown command" in msg and "rl." in msg
 
 
+def is_noscript(exc: BaseException) -> bool:
+    """is_noscript: EVALSHA of a script the server does not have cached (a restart, a
+    failover, SCRIPT FLUSH, a node added to a cluster)."""
+    return str(exc).startswith("NOSCRIPT") or type(exc).__name__ == "NoScriptError"
+
+
+def functions_refused(exc: BaseException) -> bool:
+    """functions_refused: the server has no Functions (Redis 6.x) or does not let this
+    client use them (FUNCTION / FCALL renamed away, or denied by ACL)."""
+    msg = str(exc).lower()
+    if "unknown command" in msg and ("fcall" in msg or "function" in msg):
+        return True
+    return is_no_permission(exc)
+
+
+def scripting_refused(exc: BaseException) -> bool:
+    """scripting_refused: EVAL / EVALSHA are not there or not allowed for this client."""
+    msg = str(exc).lower()
+    return ("unknown command" in msg and "eval" in msg) or is_no_permission(exc)
+
+
 def is_unknown_renew(exc: BaseException) -> bool:
     """is_unknown_renew: the server's RL.LEASE (an older module or library) has no RENEW."""
     return "unknown argument 'renew'" in str(exc).lower()
@@ -232,13 +262,23 @@ class PoolState:
 
     `mode` is the resolved mode (MODULE or FALLBACK) once detected; `library_ready` says the
     Functions library was checked or loaded; `lease` whether RL.LEASE exists; `renew`
-    False once the server said its RL.LEASE has no RENEW (None: not known yet).
+    False once the server said its RL.LEASE has no RENEW (None: not known yet); `scripts`
+    that the fallback runs as scripts (the server allows no Functions library), and
+    `script_cached` that the servers were sent the text (EVALSHA from then on).
     """
 
     mode: Mode | None = None
     library_ready: bool = False
     lease: bool | None = None
     renew: bool | None = None
+    scripts: bool = False
+    script_cached: bool = False
+
+    def script_form(self) -> str | None:
+        """script_form is frame's `script` for this pool."""
+        if not self.scripts:
+            return None
+        return "evalsha" if self.script_cached else "eval"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -279,6 +319,30 @@ def command_exists(reply: Any) -> bool:
 def text(value: Any) -> str:
     """text decodes a bulk-string reply."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_body_sha: tuple[str, str] | None = None
+
+
+def script_body() -> str:
+    """script_body is the library's text as a script: without its first line (`#!lua
+    name=redis_rl`), it dispatches on ARGV[1], the function's name (R-FB-4)."""
+    return _script()[0]
+
+
+def script_sha() -> str:
+    """script_sha is the SHA1 the server knows the script by (EVALSHA)."""
+    return _script()[1]
+
+
+def _script() -> tuple[str, str]:
+    global _body_sha
+    if _body_sha is None:
+        import hashlib
+
+        body = library_code().split("\n", 1)[1]
+        _body_sha = (body, hashlib.sha1(body.encode()).hexdigest())
+    return _body_sha
 
 
 _VERSION_LINE = re.compile(r"^local VERSION = '([^'\n]+)'$", re.M)

@@ -29,15 +29,18 @@ from ._protocol import (
     command_exists,
     configured_code,
     frame,
+    functions_refused,
     ints,
     is_missing_function,
     is_no_permission,
+    is_noscript,
     is_unknown_command,
     is_unknown_renew,
     library_code,
     library_version,
     parse_config,
     pool_state,
+    scripting_refused,
     source_of,
     text,
 )
@@ -158,6 +161,9 @@ class Limiter(LimiterBase):
             try:
                 theirs: str | None = text(self._on(node, "FCALL_RO", "rl_version", 0))
             except redis.ResponseError as e:
+                if functions_refused(e):  # Redis 6.x, or FCALL denied: run as scripts
+                    self.use_scripts(e)
+                    return
                 if not is_missing_function(e):
                     raise
                 theirs = None
@@ -171,7 +177,18 @@ class Limiter(LimiterBase):
                     load = configured_code(code, parse_config(self._on(node, "FCALL_RO", "rl_config", 0)))
                 except redis.ResponseError:
                     pass  # a library too old to report its settings: ours are the defaults
-            self._on(node, "FUNCTION", "LOAD", "REPLACE", load)
+            try:
+                self._on(node, "FUNCTION", "LOAD", "REPLACE", load)
+            except redis.ResponseError as e:
+                if not functions_refused(e):
+                    raise
+                if theirs is not None:  # FUNCTION denied: the library there will do
+                    self.logger.warning(
+                        "redis-rl: cannot load library %s%s (%s); using the %s there", ours, where, e, theirs
+                    )
+                    continue
+                self.use_scripts(e)  # FUNCTION renamed away or denied: run as scripts
+                return
             self.logger.info(
                 "redis-rl: loaded redis_rl library %s%s (it had: %s)", ours, where, theirs or "none"
             )
@@ -184,7 +201,8 @@ class Limiter(LimiterBase):
             self.counters.add("redis_calls")
             sent = time.monotonic()
             try:
-                command = frame(mode, op, keys, args)
+                form = self._state.script_form() if mode is Mode.FALLBACK else None
+                command = frame(mode, op, keys, args, form)
                 route = (
                     cluster_route(self.redis, command[0], keys)
                     if isinstance(self.redis, redis.RedisCluster)
@@ -192,6 +210,8 @@ class Limiter(LimiterBase):
                 )
                 reply = self.redis.execute_command(*command, **route)
                 self.observe_rtt(sent)
+                if form == "eval":
+                    self._state.script_cached = True  # the server has the text now
                 return reply, mode
             except redis.ResponseError as e:
                 if attempt == 0 and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
@@ -201,6 +221,12 @@ class Limiter(LimiterBase):
                 if attempt == 0 and mode is Mode.FALLBACK and is_missing_function(e):
                     self._state.library_ready = False
                     continue
+                if form is not None and is_noscript(e):
+                    if attempt == 0:  # a node without the text: send it there, once
+                        self._state.script_cached = False
+                        continue
+                if form is not None and scripting_refused(e):
+                    raise self.no_scripting(e) from e
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -1,0 +1,167 @@
+"""The fallback where users are (docs/clients.md#the-fallback-where-users-are): on a server
+that allows no Functions library (Redis 6.x, FUNCTION renamed away, FCALL denied by ACL) the
+Lua fallback runs as scripts, EVAL first and EVALSHA once the server has the text, NOSCRIPT
+recovered once by sending the text to that node (a restart, SCRIPT FLUSH, a Cluster node that
+never had it); with neither the module nor any scripting, one clear error says what is
+missing. Chosen by asking the server, never by configuration."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from redis_rl import GCRA, AsyncLimiter, Lease, LeaseLost, Limiter, LimiterError, Source, Window, tag
+
+from .conftest import RedisCluster, RedisServer, SyncAsAsync, close_limiter
+
+NO_FUNCTION = ("--rename-command", "FUNCTION", "")
+
+
+@pytest.fixture(scope="module")
+def no_functions() -> Iterator[RedisServer]:
+    """no_functions is a server without the module whose FUNCTION command is renamed away."""
+    s = RedisServer(module=False, extra=NO_FUNCTION)
+    yield s
+    s.close()
+
+
+def make(flavor: str, port: int, prefix: str, **kw: Any) -> Any:
+    if flavor == "sync":
+        return SyncAsAsync(Limiter(redis.Redis(port=port, **kw), prefix=prefix))
+    return AsyncLimiter(aredis.Redis(port=port, **kw), prefix=prefix)
+
+
+def stats(server: RedisServer) -> dict[str, int]:
+    c = server.client()
+    try:
+        return {k.removeprefix("cmdstat_").lower(): v["calls"] for k, v in c.info("commandstats").items()}
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_without_functions_the_fallback_runs_as_scripts(
+    no_functions: RedisServer, flavor: str, prefix: str
+) -> None:
+    lim = make(flavor, no_functions.port, prefix)
+    try:
+        no_functions.client().config_resetstat()
+        g = GCRA(3, 1, 60)
+        got = [await lim.check("g", g) for _ in range(4)]
+        assert [d.allowed for d in got] == [True, True, True, False]
+        assert all(d.source is Source.FALLBACK for d in got)
+        calls = stats(no_functions)
+        assert calls.get("eval") == 1 and calls.get("evalsha") == 3  # the text once, then its SHA1
+        both = await lim.check_all({"{u}:a": Window(2, 60, "FIXED"), "{u}:b": GCRA(5, 1, 60)})
+        assert both.allowed and both.remaining == 1
+        assert (await lim.refund("g", 1)).refunded == 1
+        async with lim.acquire("job", Lease(1, 30)) as held:
+            assert held.decision.allowed
+        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+        assert inner._state.scripts
+    finally:
+        await close_limiter(lim)
+
+
+async def test_renew_and_leaselost_as_scripts(no_functions: RedisServer, prefix: str) -> None:
+    lim = Limiter(no_functions.client(), prefix=prefix)
+    admin = Limiter(no_functions.client(), prefix=prefix)
+    try:
+        with pytest.raises(LeaseLost, match="no longer held"):
+            with lim.acquire("rel", Lease(1, "1.5"), token="t") as held:
+                assert admin.release("rel", "t").released == 1
+                import time
+
+                end = time.monotonic() + 20
+                while not held._lost:
+                    assert time.monotonic() < end
+                    time.sleep(0.02)
+    finally:
+        lim.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_noscript_is_recovered_once(no_functions: RedisServer, flavor: str, prefix: str) -> None:
+    lim = make(flavor, no_functions.port, prefix)
+    try:
+        w = Window(5, 60)
+        assert (await lim.check("n", w)).remaining == 4
+        c = no_functions.client()
+        c.script_flush()  # as a restart without persistence would
+        c.config_resetstat()
+        assert (await lim.check("n", w)).remaining == 3
+        calls = stats(no_functions)
+        # One EVALSHA answered NOSCRIPT, one EVAL sent the text: the call went on.
+        assert calls.get("evalsha") == 1 and calls.get("eval") == 1
+        assert (await lim.check("n", w)).remaining == 2
+        assert stats(no_functions).get("evalsha") == 2
+        c.close()
+    finally:
+        await close_limiter(lim)
+
+
+def acl_user(server: RedisServer, *rules: str) -> tuple[str, str]:
+    name = f"u{uuid.uuid4().hex[:8]}"
+    c = server.client()
+    c.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "+@all", *rules)
+    c.close()
+    return name, "pw"
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_an_acl_that_denies_functions_gets_scripts(plain_server: RedisServer, flavor: str, prefix: str) -> None:
+    # A managed service that disables FUNCTION (and FCALL) for its users: scripts answer.
+    name, pw = acl_user(plain_server, "-function", "-fcall", "-fcall_ro")
+    lim = make(flavor, plain_server.port, prefix, username=name, password=pw)
+    try:
+        d = await lim.check("acl", GCRA(2, 1, 60))
+        assert d.allowed and d.source is Source.FALLBACK
+        inner = lim.inner if isinstance(lim, SyncAsAsync) else lim
+        assert inner._state.scripts
+    finally:
+        await close_limiter(lim)
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_no_module_and_no_scripting_is_one_clear_error(
+    plain_server: RedisServer, flavor: str, prefix: str
+) -> None:
+    name, pw = acl_user(plain_server, "-@scripting")
+    lim = make(flavor, plain_server.port, prefix, username=name, password=pw)
+    try:
+        with pytest.raises(LimiterError, match="no redis-rl module .* Functions library .* scripts"):
+            await lim.check("none", GCRA(2, 1, 60))
+        assert lim.counters["degraded"] == 0  # a misconfiguration, not an outage
+    finally:
+        await close_limiter(lim)
+
+
+def test_a_cluster_node_without_the_text_gets_it_once() -> None:
+    # Three masters without Functions: the first call sends the text to its node (EVAL);
+    # a key on another master is tried by SHA1 there, answered NOSCRIPT, and sent the text.
+    cl = RedisCluster(module=False, extra=NO_FUNCTION)
+    client = redis.RedisCluster(host="127.0.0.1", port=cl.nodes[0].port)
+    lim = Limiter(client, prefix="cs:")
+    try:
+        users = [f"user{i}" for i in range(12)]
+        got = [lim.check(tag(u, "a"), GCRA(2, 1, 60)) for u in users for _ in range(3)]
+        assert [d.allowed for d in got] == [True, True, False] * 12
+        per_node = []
+        for n in cl.nodes:
+            c = n.client()
+            s = {k.removeprefix("cmdstat_").lower(): v["calls"] for k, v in c.info("commandstats").items()}
+            per_node.append((s.get("eval", 0), s.get("evalsha", 0)))
+            c.close()
+        assert all(e >= 1 for e, _ in per_node)  # every master got the text (EVAL) once…
+        assert sum(e for e, _ in per_node) == 3
+        assert sum(e + sha for e, sha in per_node) == 36 + 2  # …and two EVALSHA met NOSCRIPT
+    finally:
+        lim.close()
+        client.close()
+        cl.close()
