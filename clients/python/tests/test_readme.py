@@ -1,5 +1,7 @@
-"""The README's examples run as written (only the Redis address is changed, and the Flask
-view's `...` body filled in), against a real server in both modes."""
+"""The README's examples run as written, against a real server in both modes: every
+```python block reads REDIS_URL, which points at the test server (only a key prefix is added
+to each limiter, to keep the examples' keys apart, and the Flask view's `...` body filled in).
+Every block is run; the ones below also have their behaviour checked."""
 
 from __future__ import annotations
 
@@ -9,33 +11,60 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from .conftest import RedisServer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
-def block(heading: str) -> str:
-    """block is the first ```python block after `heading` in the package README."""
+def blocks() -> list[tuple[str, str]]:
+    """blocks is every ```python block of the README with the heading it is under."""
     text = README.read_text()
-    start = text.index(f"\n## {heading}\n")
-    m = re.compile(r"```python\n(.*?)```", re.S).search(text, start)
-    assert m is not None, heading
-    return m.group(1)
+    out: list[tuple[str, str]] = []
+    for m in BLOCK.finditer(text):
+        headings = re.findall(r"^#{2,3} (.+)$", text[: m.start()], re.M)
+        out.append((headings[-1] if headings else "", m.group(1)))
+    return out
 
 
-def run(code: str, server: RedisServer, prefix: str) -> dict[str, Any]:
-    code = code.replace("redis://localhost:6379/0", server.url)
-    code = code.replace("redis.Redis()", f"redis.Redis(port={server.port})")
+def block(heading: str, index: int = 0) -> str:
+    """block is the `index`-th ```python block under `heading` (a ## or ### heading)."""
+    found = [code for h, code in blocks() if h == heading]
+    assert len(found) > index, heading
+    return found[index]
+
+
+def run(code: str, server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv("REDIS_URL", server.url)
     # Keep the examples' keys apart from other tests' (and from each other's runs).
-    code = re.sub(r"(Limiter(?:\.from_url)?\((?:[^()]|\([^()]*\))*)\)", rf"\1, prefix={prefix!r})", code, count=1)
+    code = re.sub(r"(Limiter(?:\.from_url)?\((?:[^()]|\([^()]*\))*)\)", rf"\1, prefix={prefix!r})", code)
+    code = code.replace("\n    ...  # your view", '\n    return "welcome"  # your view')
     namespace: dict[str, Any] = {"__name__": "readme_example"}
     exec(compile(code, str(README), "exec"), namespace)
     return namespace
 
 
-async def test_five_lines_of_fastapi(server: RedisServer, prefix: str) -> None:
-    ns = run(block("Five lines of FastAPI"), server, prefix)
+def test_every_example_reads_redis_url_and_says_its_failure_policy() -> None:
+    for heading, code in blocks():
+        if "Limiter" in code:
+            assert 'os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")' in code, heading
+            assert "on_error=" in code, heading
+
+
+@pytest.mark.parametrize("index", range(len(blocks())), ids=[h for h, _ in blocks()])
+async def test_every_example_runs(index: int, server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(blocks()[index][1], server, prefix, monkeypatch)
+    for value in list(ns.values()):
+        close = getattr(value, "aclose", None) if type(value).__name__ == "AsyncLimiter" else None
+        if close is not None:
+            await close()
+            await value.redis.aclose()
+
+
+async def test_five_lines_of_fastapi(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block("Five lines of FastAPI"), server, prefix, monkeypatch)
     app = ns["app"]
 
     @app.get("/api/thing")
@@ -49,7 +78,7 @@ async def test_five_lines_of_fastapi(server: RedisServer, prefix: str) -> None:
         while len(got) < 200 and (not got or got[-1].status_code == 200):
             got.append(await client.get("/api/thing"))
         elapsed = time.monotonic() - start
-    await ns["app"].user_middleware[0].kwargs["limiter"].redis.aclose()
+    await ns["limiter"].redis.aclose()
     # A burst of 20, then 10 per second: 20 at once, and one more per 100 ms the loop took.
     statuses = [r.status_code for r in got]
     assert statuses[-1] == 429 and set(statuses[:-1]) == {200}
@@ -60,9 +89,8 @@ async def test_five_lines_of_fastapi(server: RedisServer, prefix: str) -> None:
     assert got[-1].json()["error"] == "rate_limited"
 
 
-def test_flask(server: RedisServer, prefix: str) -> None:
-    code = block("Flask").replace("    ...", '    return "welcome"')
-    ns = run(code, server, prefix)
+def test_flask(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block("Flask"), server, prefix, monkeypatch)
     client = ns["app"].test_client()
     got = [client.post("/login") for _ in range(6)]
     assert [r.status_code for r in got] == [200] * 5 + [429]
@@ -70,8 +98,8 @@ def test_flask(server: RedisServer, prefix: str) -> None:
     assert 1 <= int(got[5].headers["Retry-After"]) <= 60
 
 
-def test_the_client(server: RedisServer, prefix: str) -> None:
-    ns = run(block("The client"), server, prefix)
+def test_the_client(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block("The client"), server, prefix, monkeypatch)
     d = ns["d"]
     assert d.allowed and d.limit == 10 and d.remaining == 9
     limiter, limit = ns["limiter"], ns["GCRA"](burst=10, rate=5, period=1)
@@ -82,3 +110,58 @@ def test_the_client(server: RedisServer, prefix: str) -> None:
     elapsed = time.monotonic() - start
     assert 10 <= admitted <= 10 + int(elapsed * 5) + 1  # burst 10, then 5 per second
     assert not d.allowed and d.headers("api")["Retry-After"] == "1"
+
+
+async def test_per_api_key_and_per_ip(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block("Per API key and per IP"), server, prefix, monkeypatch)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=ns["app"]), base_url="http://readme") as c:
+        got = [(await c.get("/api/thing", headers={"X-API-Key": f"k{i}"})).status_code for i in range(120)]
+    await ns["limiter"].redis.aclose()
+    assert got.count(200) == 100  # a new API key per request: still 100 per minute per IP
+
+
+async def test_a_missing_identity(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block('A missing identity is never "no limit"'), server, prefix, monkeypatch)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=ns["app"]), base_url="http://readme") as c:
+        denied = await c.get("/partner/feed")
+        allowed = await c.get("/partner/feed", headers={"X-API-Key": "p1"})
+    await ns["limiter"].redis.aclose()
+    assert denied.status_code == 401 and denied.json()["error"] == "identity_required"
+    assert allowed.status_code == 200
+
+
+async def test_exemptions_deduct_when_and_reported_costs(
+    server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = run(block("Exemptions, `deduct_when` and reported costs"), server, prefix, monkeypatch)
+    lim = ns["limiter"]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=ns["app"]), base_url="http://readme") as c:
+        k = {"X-API-Key": "r1"}
+        assert (await c.get("/lookup/missing", headers=k)).status_code == 404
+        hit = await c.get("/lookup/x", headers=k)
+        assert hit.headers["RateLimit"].startswith('"lookup";r=99;')  # the 404 was not charged
+        await c.post("/llm", headers=k)
+    from redis_rl import Window
+
+    left = await lim.check("tokens:{hdr.x-api-key:r1}", Window(100000, 3600), 0)
+    assert left.remaining == 100000 - 1234  # charged 2000 up front, settled to the 1234 used
+    await lim.redis.aclose()
+
+
+def test_denials_the_frameworks_way(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block("Denials the framework's way"), server, prefix, monkeypatch)
+    c = ns["app"].test_client()
+    got = [c.get("/api/thing", headers={"X-API-Key": "d1"}) for _ in range(3)]
+    assert [r.status_code for r in got] == [200, 200, 429]
+    assert got[2].get_json() == {"error": "slow down", "retry_in": got[2].headers["Retry-After"]}
+    assert got[2].headers["RateLimit"].startswith('"api";r=0;')
+
+
+def test_the_local_policy(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block('`on_error="local"`'), server, prefix, monkeypatch)
+    assert ns["limiter"].fleet_size == 4 and ns["d"].allowed and not ns["d"].degraded
+
+
+def test_leases_that_know_they_are_lost(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = run(block("Leases that know they are lost"), server, prefix, monkeypatch)
+    assert ns["lost"] == [] and not ns["held"].lost
