@@ -238,7 +238,7 @@ async def test_a_held_lease_rides_out_an_outage_shorter_than_the_lease(
     # the next one after it answers again is granted (RENEW: the lease was never gone), and
     # the lease is not lost.
     lim = make(flavor, own_server, on_error="open")
-    lease = Lease(1, 3)  # renewed every second
+    lease = Lease(1, "4.5")  # renewed every 1.5 s: the renewal after the pause has 1.2 s to spare
     try:
         cm = lim.acquire("ride", lease)
         held = await cm.__aenter__() if flavor == "async" else cm.__enter__()

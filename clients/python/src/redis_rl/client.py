@@ -60,7 +60,9 @@ class Limiter(LimiterBase):
       mode: "auto" (detect the module once per connection pool), "module" or "fallback"
         (the Lua Functions library, loaded with FUNCTION LOAD when missing and
         `load_library` is true).
-      on_error: "open" | "closed" | "raise" — see FailurePolicy.
+      on_error: "open" | "closed" | "raise" | "local" — see FailurePolicy.
+      fleet_size: under "local", the number of processes sharing the limits (an int ≥ 1,
+        default 1; ValueError otherwise): each limit is divided by it while Redis is away.
       prefix: prepended to every key (no braces: hash tags belong to the caller's keys).
       deny_cache: answer denied keys locally until their retry_after (default on).
       batch: take up to this many units per Redis call and admit locally from them
