@@ -488,3 +488,52 @@ async def test_an_asgi_request_whose_client_went_away_stays_charged(server: Redi
         await lim.aclose()
         await lim.redis.aclose()
         sync.close()
+
+
+async def test_the_charge_is_settled_before_the_response_goes_on(server: RedisServer, prefix: str) -> None:
+    # Whoever reads Redis once the response has started (a client sending its next request
+    # to another process) sees the refund already: the ASGI middleware settles before it
+    # passes the response start on, the WSGI middleware before it calls the server's
+    # start_response.
+    from redis_rl.asgi import RateLimitMiddleware as Asgi
+    from redis_rl.wsgi import RateLimitMiddleware as Wsgi
+
+    async def not_found(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b"no"})
+
+    def wsgi_not_found(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("404 Not Found", [])
+        return [b"no"]
+
+    lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+    sync = Limiter(server.client(), prefix=prefix)
+    rules = [Rule("/", LIMIT, key=header("X-API-Key"), name=NAME)]
+    seen: list[int] = []
+    try:
+        app = Asgi(not_found, lim, rules, deduct_when=lambda status: status < 400)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                seen.append(sync.check(f"{NAME}:{{hdr.x-api-key:a}}", LIMIT, 0).remaining)
+
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": [(b"x-api-key", b"a")],
+                 "client": ("127.0.0.1", 1)}
+        await app(scope, receive, send)
+
+        wapp = Wsgi(wsgi_not_found, sync, rules, deduct_when=lambda status: status < 400)
+
+        def start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
+            seen.append(sync.check(f"{NAME}:{{hdr.x-api-key:w}}", LIMIT, 0).remaining)
+
+        body = wapp({"REQUEST_METHOD": "GET", "PATH_INFO": "/", "REMOTE_ADDR": "127.0.0.1",
+                     "HTTP_X_API_KEY": "w"}, start_response)
+        assert list(body) == [b"no"]
+        assert seen == [2, 2]  # refunded before the response went on
+    finally:
+        await lim.aclose()
+        await lim.redis.aclose()
+        sync.close()

@@ -13,7 +13,7 @@ The app sees the decision of an admitted request in `scope["state"]["rate_limit"
 Starlette and FastAPI read as `request.state.rate_limit` (a `Decision`; absent when no rule
 or key applied). A handler reports the request's true cost with `redis_rl.http.report_cost(n)`
 or `request.state.rate_limit_cost = n`; with `deduct_when`, the charge is settled on the
-status actually sent (docs/clients.md#deduct_when).
+status actually sent (docs/clients.md#deduct_when), before the response goes on.
 """
 
 from __future__ import annotations
@@ -209,24 +209,31 @@ class RateLimitMiddleware:
         state = scope.setdefault("state", {})
         state["rate_limit"] = d
         extra = _raw(v.headers.items())
-        status: int | None = None
+        charge, token = open_charge()
+        settled = False
+
+        async def settle(status: int | None) -> None:
+            # Once, on the status sent: before the response goes on (so whoever reads Redis
+            # or the counters after the response sees the refund or FORCE), or when the app
+            # ends without one (an exception: the 500 the server sends; none: charged).
+            nonlocal settled
+            if not settled:
+                settled = True
+                reported = reported_cost(charge, state.get("rate_limit_cost"))
+                await asettle(self.limiter, p, d, status, reported, self.gate.deduct_when)
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal status
             if message.get("type") == "http.response.start":
                 message = dict(message)
                 message["headers"] = [*message.get("headers", []), *extra]
-                status = int(message["status"])
+                await settle(int(message["status"]))
             await send(message)
 
-        charge, token = open_charge()
         try:
             await self.app(scope, receive, send_with_headers)
         except Exception:
-            if status is None:
-                status = 500  # what the server answers for it
+            await settle(500)  # what the server answers for it
             raise
         finally:
             close_charge(token)
-            reported = reported_cost(charge, state.get("rate_limit_cost"))
-            await asettle(self.limiter, p, d, status, reported, self.gate.deduct_when)
+            await settle(None)  # no status was sent: the request stays charged

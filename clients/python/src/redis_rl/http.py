@@ -2,8 +2,9 @@
 
 Every integration (ASGI and WSGI middleware, the Starlette, FastAPI, Flask and Django
 adapters) builds a RequestInfo, lets a `Gate` find the Rule that applies and plan its keys,
-makes the plan's limiter calls (`decide` / `adecide`), answers with `respond`, and after the
-response settles the charge (`settle` / `asettle`: `deduct_when` and a reported cost).
+makes the plan's limiter calls (`decide` / `adecide`), answers with `respond`, and once the
+response's status is known settles the charge (`settle` / `asettle`: `deduct_when` and a
+reported cost).
 
 Key functions take a RequestInfo and return an `Identity` (a kind and a value), a plain
 string (kind "fn"), or None when the request has no such identity (no API key sent, anonymous
@@ -415,7 +416,7 @@ class Rule:
       counted as `skipped`); None takes the integration's (default "ip").
     * `exempt_when(request) -> bool`: requests it exempts make no Redis call.
     * `deduct_when(status) -> bool`: charge only responses whose status it accepts (the
-      charge is taken up front and refunded after the response otherwise); None takes the
+      charge is taken up front and refunded once the status is known otherwise); None takes the
       integration's.
     * `hash_tag`: one hash tag for every key of the rule (one RL.ALL on a Redis Cluster too,
       at the price of one slot for them all); by default each identity is its own tag.
@@ -830,7 +831,7 @@ async def _aguard(call: Callable[[], Awaitable[Any]]) -> None:
         log.warning("redis-rl: settling a request's charge failed: %s", e)
 
 
-# -- after the response: deduct_when and the reported cost ----------------------------------
+# -- once the status is known: deduct_when and the reported cost ---------------------------
 
 
 class _Charge:
@@ -863,8 +864,8 @@ def report_cost(cost: int) -> None:
     """report_cost tells the limiter the true cost of the request being handled (e.g. the
     tokens a model call used), from inside the handler of a limited request.
 
-    After the response, the charge taken up front is settled to it: less than charged is
-    refunded (RL.REFUND), more is recorded with FORCE (GCRA, FIXED, SLIDING; a LOG limit
+    When the response's status is known, the charge taken up front is settled to it: less
+    than charged is refunded (RL.REFUND), more is recorded with FORCE (GCRA, FIXED, SLIDING; a LOG limit
     cannot record usage after the fact, so its extra is not recorded). `cost` is an int ≥ 0
     (above 2^64 − 1 it counts as 2^64 − 1). The frameworks' own places do the same:
     `request.state.rate_limit_cost` (Starlette, FastAPI), `flask.g.rate_limit_cost`,
@@ -896,7 +897,8 @@ def settlement(
     p: Plan, d: Decision, status: int | None, reported: int | None,
     deduct_when: Callable[[int], bool] | None,
 ) -> tuple[list[tuple[str, int]], list[tuple[str, Limit, int]]]:
-    """settlement is what to do after the response: (refunds, forces), each per key.
+    """settlement is what to do once the response's status is known: (refunds, forces),
+    each per key.
 
     Nothing for a request that was not charged (denied, or admitted by the failure policy
     "open"), nor for one whose client went away before a status was sent (`status` None: it

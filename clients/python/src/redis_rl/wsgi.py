@@ -12,8 +12,8 @@ The app sees the decision of an admitted request in `environ["redis_rl.decision"
 (`DECISION_ENVIRON_KEY`; Flask: `request.environ[...]`), absent when no rule or key applied.
 A handler reports the request's true cost with `redis_rl.http.report_cost(n)` or
 `environ["redis_rl.cost"] = n` (`COST_ENVIRON_KEY`). The charge is settled (`deduct_when`,
-the reported cost) when the server closes the response, on the status the app started it
-with.
+the reported cost) on the status the app starts its response with, before the response goes
+to the server.
 
 For Flask, `redis_rl.flask.RateLimits` applies the same rules inside the app, where a denial
 is a werkzeug HTTPException that `@app.errorhandler(429)` answers.
@@ -22,7 +22,7 @@ is a werkzeug HTTPException that `@app.errorhandler(429)` answers.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .client import Limiter
@@ -120,35 +120,6 @@ def deny(
     return verdict_response(v, start_response)
 
 
-class _Settling:
-    """_Settling is the app's response body, passed through; when the server closes it (or
-    it is exhausted) the request's charge is settled, once."""
-
-    def __init__(self, body: Iterable[bytes], done: Callable[[], None]) -> None:
-        self._body = body
-        self._done: Callable[[], None] | None = done
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            yield from self._body
-        except Exception:
-            self._finish(error=True)
-            raise
-
-    def _finish(self, error: bool = False) -> None:
-        done, self._done = self._done, None
-        if done is not None:
-            done()
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._finish()
-
-
 class RateLimitMiddleware:
     """RateLimitMiddleware limits a WSGI app's requests by `rules` (first match wins).
 
@@ -210,25 +181,26 @@ class RateLimitMiddleware:
         self, environ: Environ, start_response: StartResponse, p: Plan, d: Any,
         extra: list[tuple[str, str]],
     ) -> Iterable[bytes]:
-        status: list[int] = []
+        charge, token = open_charge()
+        settled: list[bool] = []
+
+        def settle_once(status: int | None) -> None:
+            # Once, on the status the app starts its response with, before the response goes
+            # to the server (so whoever reads Redis or the counters after it sees the refund
+            # or FORCE); an exception before that is the 500 the server sends.
+            if not settled:
+                settled.append(True)
+                reported = reported_cost(charge, environ.get(COST_ENVIRON_KEY))
+                settle(self.limiter, p, d, status, reported, self.gate.deduct_when)
 
         def start_with_headers(s: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            status[:] = [int(s.split(" ", 1)[0])]
+            settle_once(int(s.split(" ", 1)[0]))
             return start_response(s, [*headers, *extra], exc_info)
 
-        charge, token = open_charge()
-
-        def done() -> None:
-            reported = reported_cost(charge, environ.get(COST_ENVIRON_KEY))
-            settle(self.limiter, p, d, status[0] if status else None, reported, self.gate.deduct_when)
-
         try:
-            body = self.app(environ, start_with_headers)
+            return self.app(environ, start_with_headers)
         except Exception:
-            close_charge(token)
-            if not status:
-                status.append(500)  # what the server answers for it
-            done()
+            settle_once(500)
             raise
-        close_charge(token)
-        return _Settling(body, done)
+        finally:
+            close_charge(token)
