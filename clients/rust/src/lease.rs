@@ -12,6 +12,7 @@ use crate::decision::{decision_from_reply, Decision};
 use crate::error::Error;
 use crate::limiter::{BoxFuture, Limiter, Outcome, Release};
 use crate::limits::{check_token, InvalidLimit, Lease, Limit};
+use crate::memory::LocalOptions;
 use crate::protocol::{ints, Op};
 
 /// A fresh token: 32 hex digits, unique per process and call (the standard library's
@@ -140,10 +141,24 @@ impl Limiter {
             args.push(slots.to_string().into_bytes());
         }
         if self.skip() {
-            return self.degraded(Some(&limit), full, None);
+            return self.degraded(
+                Some(&limit),
+                full,
+                None,
+                slots,
+                LocalOptions::default(),
+                Some(token),
+            );
         }
         match self.guarded(Op::Lease, &[full], &args).await? {
-            Outcome::Down(e) => self.degraded(Some(&limit), full, Some(&e)),
+            Outcome::Down(e) => self.degraded(
+                Some(&limit),
+                full,
+                Some(&e),
+                slots,
+                LocalOptions::default(),
+                Some(token),
+            ),
             Outcome::Reply(v, mode) => {
                 let reply = ints::<5>(&v).map_err(Error::Redis)?;
                 Ok(self.decided(decision_from_reply(

@@ -42,16 +42,18 @@ mod lease;
 mod limiter;
 mod limits;
 mod local;
+mod memory;
 mod policy;
 mod protocol;
 
 pub use decision::{Decision, HeaderOptions, RetryAfter, Source};
 pub use error::Error;
-pub use layer::{request_info, RateLimit, RateLimitLayer};
+pub use layer::{request_info, Denial, RateLimit, RateLimitLayer, ReportedCost};
 pub use lease::{Acquire, LeaseGuard};
 pub use limiter::{Check, CheckAll, Entry, Limiter, LimiterBuilder, Refund, Release};
 pub use limits::{
-    format_seconds, Algorithm, Gcra, IntoSeconds, InvalidLimit, Lease, Limit, Window, MAX_SECONDS,
+    format_seconds, parse_limits, parse_limits_with, Algorithm, Gcra, IntoSeconds, InvalidLimit,
+    Lease, Limit, LimitAlgorithm, Window, MAX_SECONDS,
 };
 pub use policy::{CounterSnapshot, Counters, FailurePolicy, Hook, COUNTER_NAMES};
 pub use protocol::{Connection, Mode, LIBRARY_NAME, LUA_LIBRARY};

@@ -37,6 +37,19 @@ struct Instance {
 
 impl Instance {
     fn start(url: String, prefix: String, name: &str) -> Instance {
+        let open = (FailurePolicy::Open, Duration::from_millis(300));
+        Instance::start_on(vec![url], false, prefix, name, open)
+    }
+
+    /// An instance whose limiter talks to `urls` (one server, or a Redis Cluster's nodes)
+    /// with this failure policy and timeout.
+    fn start_on(
+        urls: Vec<String>,
+        cluster: bool,
+        prefix: String,
+        name: &str,
+        (policy, timeout): (FailurePolicy, Duration),
+    ) -> Instance {
         let (tx, rx) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let name = name.to_owned();
@@ -47,10 +60,15 @@ impl Instance {
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                let limiter = Limiter::builder(url)
+                let builder = if cluster {
+                    Limiter::cluster_builder(urls)
+                } else {
+                    Limiter::builder(urls[0].clone())
+                };
+                let limiter = builder
                     .prefix(prefix)
-                    .on_error(FailurePolicy::Open)
-                    .timeout(Duration::from_millis(300))
+                    .on_error(policy)
+                    .timeout(timeout)
                     .build()
                     .await
                     .unwrap();
@@ -154,7 +172,83 @@ both_modes!(
     per_route_limit_and_exemptions,
     failure_policy_through_the_server,
     plain_hyper_service,
+    rotating_api_keys_from_one_ip_are_held_to_the_per_ip_limit,
+    rotating_api_keys_on_a_cluster_are_held_to_the_per_ip_limit,
+    zero_units_are_charged,
 );
+
+/// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
+/// fresh per-key bucket each time, but the per-IP limit (100 per minute) still holds it
+/// (docs/clients.md#identities-stay-apart).
+async fn rotating_keys_against(port: u16) -> usize {
+    let mut ok = 0;
+    for i in 0..150 {
+        let key = format!("k{i}");
+        let r = http(port, "GET", "/api/thing", &[("X-API-Key", key.as_str())]).await;
+        assert!(
+            r.status == StatusCode::OK || r.status == StatusCode::TOO_MANY_REQUESTS,
+            "{}: {}",
+            r.status,
+            r.body
+        );
+        ok += usize::from(r.status == StatusCode::OK);
+    }
+    ok
+}
+
+/// Decided by Redis only: a timeout on this loaded machine is a 503 (and fails the test),
+/// never a silent fail-open admission.
+const STRICT: (FailurePolicy, Duration) = (FailurePolicy::Closed, Duration::from_secs(5));
+
+async fn rotating_api_keys_from_one_ip_are_held_to_the_per_ip_limit(kind: Kind) {
+    let server = kind.server();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        support::prefix(),
+        "a",
+        STRICT,
+    );
+    assert_eq!(rotating_keys_against(a.port).await, 100);
+}
+
+async fn rotating_api_keys_on_a_cluster_are_held_to_the_per_ip_limit(kind: Kind) {
+    let cl = support::cluster(kind);
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    let a = Instance::start_on(urls, true, support::prefix(), "a", STRICT);
+    assert_eq!(rotating_keys_against(a.port).await, 100);
+}
+
+/// `X-Units: 0` used to be a free pass: QUANTITY 0 only reports, so it was always admitted
+/// and never charged. Every upload costs at least one unit.
+async fn zero_units_are_charged(kind: Kind) {
+    let server = kind.server();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        support::prefix(),
+        "a",
+        STRICT,
+    );
+    let mut got = Vec::new();
+    for _ in 0..7 {
+        got.push(
+            http(a.port, "POST", "/upload", &[("X-Units", "0")])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(got, [200, 200, 200, 200, 200, 429, 429]);
+    let huge = http(
+        a.port,
+        "POST",
+        "/upload",
+        &[("X-Units", "18446744073709551616")],
+    )
+    .await;
+    assert_eq!(huge.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", huge.body);
+}
 
 async fn two_instances_share_one_limit(kind: Kind) {
     let server = kind.server();
@@ -236,8 +330,7 @@ async fn per_ip_limit_honours_trusted_proxies(kind: Kind) {
     let server = kind.server();
     let (a, b) = fleet(&server);
     // The app trusts loopback (our connection) as a proxy, so X-Forwarded-For names the
-    // client; a forged left-most entry does not help. (The IP limit is scoped under the API
-    // key: a rule's limits share the first key's hash tag.)
+    // client; a forged left-most entry does not help. The IP limit is keyed by the IP alone.
     let r = http(
         a.port,
         "GET",
@@ -341,7 +434,9 @@ async fn failure_policy_through_the_server(kind: Kind) {
         !r.headers.contains_key("ratelimit"),
         "degraded: nothing known"
     );
-    assert!(took < Duration::from_millis(2500), "{took:?}");
+    // Bounded by the client's 300 ms timeout, not a hang (a generous margin for a loaded
+    // machine: a hang is forever).
+    assert!(took < Duration::from_secs(10), "{took:?}");
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let r = http(a.port, "GET", "/api/thing", &key).await;
@@ -361,11 +456,14 @@ async fn plain_hyper_service(kind: Kind) {
     // address inserted where the connection is accepted.
     let server = kind.server();
     let limiter = support::limiter(&server).await;
-    let layer = RateLimitLayer::new(limiter).rule(Rule::new(
-        "/",
-        Gcra::new(2, 1, 60).unwrap().named("hyper").unwrap(),
-        Key::client_ip(Vec::<&str>::new()).unwrap(),
-    ));
+    let layer = RateLimitLayer::new(limiter).rule(
+        Rule::new(
+            "/",
+            Gcra::new(2, 1, 60).unwrap().named("hyper").unwrap(),
+            Key::ip(),
+        )
+        .unwrap(),
+    );
     let svc = layer.layer(tower::service_fn(|req: Request<Incoming>| async move {
         let remaining = req
             .extensions()

@@ -299,10 +299,7 @@ async fn the_layer_answers_503_while_redis_is_down(kind: Kind, _capture: Capture
     for policy in [FailurePolicy::Closed, FailurePolicy::Error] {
         let lim = make(&server, |b| b.on_error(policy)).await;
         let svc = RateLimitLayer::new(lim)
-            .rule(Rule::any(
-                Gcra::new(5, 1, 60).unwrap(),
-                Key::header_or("x-k", "anon"),
-            ))
+            .rule(Rule::any(Gcra::new(5, 1, 60).unwrap(), Key::header_or("x-k", "anon")).unwrap())
             .layer(tower::service_fn(|_req: Request<String>| async {
                 Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
             }));
