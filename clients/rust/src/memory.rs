@@ -20,7 +20,7 @@ use redis_rl::time::{Instant as CoreInstant, Span};
 
 use crate::decision::{Decision, RetryAfter, Source};
 use crate::error::Error;
-use crate::limits::{Algorithm, Limit};
+use crate::limits::{Algorithm, Gcra, Lease, Limit, Window};
 
 /// The most keys one process keeps in memory during an outage.
 pub(crate) const MAX_KEYS: usize = 100_000;
@@ -125,6 +125,48 @@ impl Memory {
         })
     }
 
+    /// The limit as this process enforces it (for the decision's `policy` and HTTP fields):
+    /// divided by the fleet size, its name kept.
+    fn share_of(&self, limit: &Limit) -> Limit {
+        if self.fleet == 1 {
+            return limit.clone();
+        }
+        let named = |l: Limit| match limit.name() {
+            Some(n) => match l {
+                Limit::Gcra(g) => g
+                    .clone()
+                    .named(n)
+                    .map(Limit::from)
+                    .unwrap_or(Limit::Gcra(g)),
+                Limit::Window(w) => w
+                    .clone()
+                    .named(n)
+                    .map(Limit::from)
+                    .unwrap_or(Limit::Window(w)),
+                Limit::Lease(e) => e
+                    .clone()
+                    .named(n)
+                    .map(Limit::from)
+                    .unwrap_or(Limit::Lease(e)),
+            },
+            None => l,
+        };
+        let shared = match limit {
+            Limit::Gcra(g) => Gcra::new(
+                share(g.burst(), self.fleet),
+                share(g.rate(), self.fleet),
+                g.period(),
+            )
+            .map(Limit::from),
+            Limit::Window(w) => {
+                Window::new(share(w.limit(), self.fleet), w.window(), w.algorithm())
+                    .map(Limit::from)
+            }
+            Limit::Lease(l) => Lease::new(share(l.limit(), self.fleet), l.lease()).map(Limit::from),
+        };
+        shared.map_or_else(|_| limit.clone(), named)
+    }
+
     /// Decides `items` together, as `RL.ALL` does (one item: as the single command does):
     /// the request is admitted only if every limit admits it, and then every limit is
     /// charged; otherwise nothing is written. Returns the combined decision and the per-item
@@ -191,7 +233,7 @@ impl Memory {
             .map(|(i, o)| {
                 convert(
                     &o.decision,
-                    Some(i.limit.clone()),
+                    Some(self.share_of(i.limit)),
                     Some(i.key.to_owned()),
                     reservation,
                 )
