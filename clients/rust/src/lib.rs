@@ -49,7 +49,7 @@ mod protocol;
 pub use decision::{Decision, HeaderOptions, RetryAfter, Source};
 pub use error::Error;
 pub use layer::{request_info, Denial, RateLimit, RateLimitLayer, ReportedCost};
-pub use lease::{Acquire, LeaseGuard};
+pub use lease::{Acquire, LeaseGuard, LeaseLost, LostReason};
 pub use limiter::{Check, CheckAll, Entry, Limiter, LimiterBuilder, Refund, Release};
 pub use limits::{
     format_seconds, parse_limits, parse_limits_with, Algorithm, Gcra, IntoSeconds, InvalidLimit,

@@ -295,6 +295,7 @@ impl LimiterBuilder {
                 deny_cache: self.deny_cache.then(|| DenyCache::new(10_000)),
                 memory: (self.on_error == FailurePolicy::Local)
                     .then(|| Memory::new(self.fleet_size)),
+                renew_plain: AtomicBool::new(false),
                 batch: self.batch,
                 batch_hold: self.batch_hold,
                 credits: batching.then(Credits::new),
@@ -328,6 +329,7 @@ struct Inner {
     health: Health,
     deny_cache: Option<DenyCache>,
     memory: Option<Memory>,
+    renew_plain: AtomicBool,
     batch: Option<u64>,
     batch_hold: Duration,
     credits: Option<Credits>,
@@ -1166,6 +1168,30 @@ impl Limiter {
         self.inner.health.success();
         self.inner.counters.count_decision(&d);
         d
+    }
+
+    /// A reply arrived outside a decision (a renewal): ends an outage, counts nothing.
+    pub(crate) fn healthy(&self) {
+        self.inner.health.success();
+    }
+
+    /// Whether this server's module or library predates `RL.LEASE … RENEW`.
+    pub(crate) fn renew_unsupported(&self) -> bool {
+        self.inner.renew_plain.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mark_renew_unsupported(&self) {
+        if !self.inner.renew_plain.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target: "redis_rl_client", "redis-rl: the server predates RL.LEASE … RENEW: leases are renewed without it, so a lapsed lease is granted again instead of being reported lost (upgrade the module or the library)");
+        }
+    }
+
+    /// Frees, in this process's memory, the lease `token` holds on `full` (a guard taken by
+    /// the local failure policy).
+    pub(crate) fn release_in_memory(&self, full: &str, token: &[u8]) {
+        if let Some(memory) = &self.inner.memory {
+            memory.release(full, token);
+        }
     }
 
     pub(crate) fn skip(&self) -> bool {

@@ -63,6 +63,7 @@ both_modes_traced!(
     refund_and_release_inside_the_probe_interval_do_not_wait,
     local_enforces_the_limits_in_memory_then_returns_to_redis,
     local_through_the_layer_answers_429_with_real_fields,
+    a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost,
 );
 
 async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
@@ -503,5 +504,26 @@ async fn local_through_the_layer_answers_429_with_real_fields(kind: Kind, _captu
         got[2].body()
     );
     assert!(got[2].headers().contains_key("retry-after"));
+    server.restart();
+}
+
+/// docs/clients.md#leases-that-know-they-are-lost: a renewal that cannot reach Redis for a
+/// whole lease time marks the lease lost.
+async fn a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost(kind: Kind, capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Open)).await;
+    let guard = lim
+        .acquire("held", &redis_rl_client::Lease::new(1, "0.6").unwrap())
+        .await
+        .unwrap();
+    server.stop();
+    let lost = tokio::time::timeout(Duration::from_secs(30), guard.lost())
+        .await
+        .expect("not reported lost");
+    assert_eq!(lost.reason, redis_rl_client::LostReason::Unreachable);
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release().await, Err(Error::LeaseLost(_))));
+    assert_eq!(lim.counters().snapshot().leases_lost, 1);
+    assert!(capture.count("was lost") >= 1);
     server.restart();
 }
