@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost clean replay-demo bench-replay
+.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,13 +51,21 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
 	RL_MODULE=$(MODULE) cargo bench --bench worst_case
 
-bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python and Rust clients' fast paths (BENCH_QUICK=1 shortens)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python and Rust clients' fast paths and the Python side-by-side bench (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
 	.venv-py/bin/python clients/python/bench/fastpath.py $$([ -n "$${BENCH_QUICK:-}" ] && echo --seconds 1 || echo --readme)
 	RL_MODULE=$(MODULE) cargo bench -p redis-rl-client --bench fastpath -- $${BENCH_QUICK:+--seconds 1}
+	$(MAKE) bench-sidebyside
 	$(MAKE) bench-replay
+
+SIDE_VENV := target/bench-venv-sidebyside
+bench-sidebyside: build ## The same FastAPI and Flask apps limited by redis_rl, slowapi / Flask-Limiter and nothing (own virtualenv; BENCH_QUICK=1 shortens)
+	@[ -x $(SIDE_VENV)/bin/pip ] || python3 -m venv $(SIDE_VENV)
+	$(SIDE_VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/bench/sidebyside/requirements.txt
+	$(SIDE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python
+	RL_MODULE=$(MODULE) $(SIDE_VENV)/bin/python clients/python/bench/sidebyside.py $$([ -n "$${BENCH_QUICK:-}" ] && echo --quick || echo --readme)
 
 bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the floor, every RL command (~2 min; needs valgrind)
 	python3 bench/cost.py

@@ -79,6 +79,9 @@ pub struct Request {
     /// `FORCE`: record usage that has already happened, past the limit if need be (GCRA,
     /// FIXED, SLIDING only).
     pub force: bool,
+    /// `RENEW` (LEASE only; the other algorithms ignore it): renew the token's live lease,
+    /// never take a new one.
+    pub renew: bool,
 }
 
 impl Request {
@@ -88,6 +91,7 @@ impl Request {
             quantity,
             max_wait: None,
             force: false,
+            renew: false,
         }
     }
 }
@@ -106,11 +110,22 @@ pub enum LimitError {
     Overflow(Overflow),
     /// `FORCE` on an algorithm that cannot record usage past its limit (LOG, LEASE).
     CannotForce(Algorithm),
+    /// `RENEW` on a LEASE limit whose token holds no live lease.
+    LeaseLost,
 }
 
 impl From<Overflow> for LimitError {
     fn from(e: Overflow) -> Self {
         Self::Overflow(e)
+    }
+}
+
+impl From<lease::LeaseError> for LimitError {
+    fn from(e: lease::LeaseError) -> Self {
+        match e {
+            lease::LeaseError::Overflow(o) => Self::Overflow(o),
+            lease::LeaseError::Lost => Self::LeaseLost,
+        }
     }
 }
 
@@ -145,7 +160,8 @@ impl Limit {
     /// `QUANTITY 0` and requests that can never pass).
     ///
     /// Errors: [`LimitError::WrongAlgorithm`] when the key holds another algorithm;
-    /// [`LimitError::Overflow`] when the arithmetic would leave 64-bit nanoseconds.
+    /// [`LimitError::Overflow`] when the arithmetic would leave 64-bit nanoseconds;
+    /// [`LimitError::LeaseLost`] for a `RENEW` whose token holds no live lease.
     #[inline(always)]
     pub fn decide(
         &self,
@@ -202,11 +218,17 @@ impl Limit {
                 };
                 outcome.map_write(Write::Sliding)
             }
-            (Self::Lease(p, token), None) => {
-                lease::decide(p, None, now, token, n)?.map_write(|w| Write::Lease(Box::new(w)))
-            }
-            (Self::Lease(p, token), Some(StateRef::Lease(s))) => {
-                lease::decide(p, Some(s), now, token, n)?.map_write(|w| Write::Lease(Box::new(w)))
+            (Self::Lease(p, token), None | Some(StateRef::Lease(_))) => {
+                let stored = match stored {
+                    Some(StateRef::Lease(s)) => Some(s),
+                    _ => None,
+                };
+                let outcome = if request.renew {
+                    lease::renew(p, stored, now, token, n)?
+                } else {
+                    lease::decide(p, stored, now, token, n)?
+                };
+                outcome.map_write(|w| Write::Lease(Box::new(w)))
             }
             (Self::Log(p), None) => sliding_log::decide(p, None, now, n)?.map_write(Write::Log),
             (Self::Log(p), Some(StateRef::Log(s))) => {

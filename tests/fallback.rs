@@ -1013,6 +1013,7 @@ fn pick<'a>(rng: &mut StdRng, from: &[&'a str]) -> &'a str {
 /// One random sequence on two key slots (each with an algorithm, sometimes misused).
 fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut renew_rng = StdRng::seed_from_u64(seed ^ 0x0052_454e_4557);
     d.label(format!("rand{}{seed}", if extended { "x" } else { "" }).as_bytes());
     // Each sequence starts near T0 (fresh keys: the step back touches nothing of theirs).
     d.clock.set(T0 + seed * 7 * S + rng.gen_range(0..S));
@@ -1081,7 +1082,11 @@ fn random_sequence(d: &mut Diff, seed: u64, len: usize, extended: bool) {
                         format!("gcra:{slot} {p}{opts}")
                     }
                     "LEASE" => {
-                        let opts = opts.replace(" FORCE", "");
+                        let mut opts = opts.replace(" FORCE", "");
+                        // From a generator of its own, so the sequences keep their shape.
+                        if renew_rng.gen_bool(0.3) {
+                            opts += pick(&mut renew_rng, &[" RENEW", " renew"]);
+                        }
                         format!("lease:{slot} {p} {}{opts}", pick(&mut rng, &tokens))
                     }
                     _ => {
@@ -1206,6 +1211,114 @@ fn lease_and_release_match_the_module() {
     long.extend(std::iter::repeat_n(b'x', 65));
     let s = Step::parse(std::str::from_utf8(&long).unwrap());
     assert!(d.step_of(&s).is_err());
+}
+
+/// RENEW (docs/reference.md#r-lease-9, #r-lease-10): renewals of live leases, LEASELOST for
+/// leases expired, released or never taken (the error and "nothing written" compared), PEEK,
+/// the issue's lapse, and the errors; on both sides at the same instants.
+#[test]
+fn renew_matches_the_module() {
+    let Some(mut d) = Diff::new() else { return };
+    d.run(
+        "renew",
+        &[
+            (0, "lease 3 10 A RENEW"),
+            (0, "lease 3 10 A RENEW PEEK"),
+            (0, "lease 3 10 A"),
+            (0, "lease 3 60 D"),
+            (4 * S, "lease 3 10 A QUANTITY 2 RENEW"),
+            (7 * S, "lease 3 10 A RENEW PEEK"),
+            (0, "lease 3 10 A renew QUANTITY 3"),
+            (0, "lease 3 10 A RENEW QUANTITY 4"),
+            (0, "lease 3 10 A RENEW"),
+            (0, "lease 3 10 B"),
+            (0, "release B"),
+            (0, "lease 3 10 B RENEW"),
+            (0, "lease 3 10 C RENEW PEEK"),
+            (10 * S, "lease 3 10 A RENEW"),
+            (0, "lease 3 10 A PEEK"),
+            (0, "lease 3 60 D RENEW"),
+            (0, "lease 1 60 D RENEW"),
+            (0, "lease 1 60 E RENEW"),
+        ],
+    );
+    // The error text, module side (keys are compared with their names taken out).
+    let key = shown(&d.key(b'm', 0));
+    assert_eq!(
+        d.step("lease 3 10 Z RENEW").unwrap_err(),
+        format!("LEASELOST lease 'Z' on key '{key}' is not held")
+    );
+    // Issue 23's lapse: A holds the only slot for 0.3 s, is stalled for 0.9 s, B acquires and
+    // releases, A renews.
+    d.run(
+        "lapse",
+        &[
+            (0, "lease 1 0.3 A"),
+            (900 * MS, "lease 1 0.3 B"),
+            (0, "lease 1 0.3 A RENEW"),
+            (0, "release B"),
+            (0, "lease 1 0.3 A RENEW"),
+            (0, "lease 1 0.3 A"),
+        ],
+    );
+    d.label(b"renew-errors");
+    for text in [
+        "lease 2 10 A RENEW QUANTITY 0",
+        "lease 2 10 A QUANTITY 0 RENEW PEEK",
+        "lease 2 10 A RENEW RENEW",
+        "lease 2 10 A RENEW FORCE",
+        "lease 2 10 A RENEW BOGUS",
+        "all:0 LEASE 2 10 A RENEW",
+        "all:0 LEASE 2 10 A COST 1 RENEW",
+        "all:0 LEASE 2 10 A QUANTITY 1 RENEW",
+        "all:0,1 LEASE 2 10 A RENEW GCRA 1 1 1",
+        "all:0 RENEW LEASE 2 10 A",
+        "gcra 1 1 1 RENEW",
+        "window 1 1 RENEW",
+    ] {
+        assert!(d.step(text).is_err(), "{text}");
+    }
+    // Wrong algorithm before LEASELOST.
+    d.label(b"renew-wrong");
+    d.s("gcra 1 1 1");
+    assert!(d
+        .step("lease 2 10 A RENEW")
+        .unwrap_err()
+        .contains("holds a GCRA limiter, not a LEASE limit"));
+}
+
+/// An RL.ALL of `n` keys (slots 0 to n - 1), each `GCRA 5 1 60`.
+fn all_of(n: usize) -> String {
+    let slots: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    format!("all:{}{}", slots.join(","), " GCRA 5 1 60".repeat(n))
+}
+
+/// The numkeys cap (docs/reference.md#r-all-9): 64 keys answered alike, 65 refused alike; with
+/// the cap moved on both sides (CONFIG SET, and the library line), the same again.
+#[test]
+fn all_max_keys_matches_the_module() {
+    let Some(mut d) = Diff::new() else { return };
+    d.label(b"cap");
+    d.s(&all_of(64));
+    let e = d.step(&all_of(65)).unwrap_err();
+    assert_eq!(
+        e,
+        "ERR numkeys 65 is above rl.all-max-keys (64): give fewer keys per call, or raise \
+         rl.all-max-keys"
+    );
+    d.s(&format!("{} QUANTITY 2", all_of(64)));
+    q::<()>(&mut d.c, &["CONFIG", "SET", "rl.all-max-keys", "2"]);
+    let variant = LIBRARY.replace("\nlocal ALL_MAX_KEYS = 64\n", "\nlocal ALL_MAX_KEYS = 2\n");
+    assert_ne!(variant, LIBRARY);
+    let _: String = q(&mut d.c, &["FUNCTION", "LOAD", "REPLACE", &variant]);
+    d.label(b"cap2");
+    d.s("all:0,1 GCRA 5 1 60 WINDOW 3 60");
+    assert!(d
+        .step("all:0,1,2 GCRA 5 1 60 WINDOW 3 60 GCRA 1 1 1")
+        .unwrap_err()
+        .starts_with("ERR numkeys 3 is above rl.all-max-keys (2)"));
+    load_library(&mut d.c);
+    q::<()>(&mut d.c, &["CONFIG", "SET", "rl.all-max-keys", "64"]);
 }
 
 #[test]
@@ -1488,6 +1601,206 @@ fn lease_follows_the_spec() {
     );
     assert_eq!((all[0], all[3], per[0][0], per[1][0]), (0, 10000, 1, 0));
     assert_eq!(dump(c, "r"), before);
+}
+
+/// RENEW on the fallback alone (docs/reference.md#r-lease-9, #r-lease-10), with the exact
+/// replies and errors, and nothing written by a lost lease.
+#[test]
+fn renew_follows_the_spec() {
+    let mut clock = VClock::new(T0);
+    let Some((_s, mut c)) = virtual_server(&clock, false) else {
+        return;
+    };
+    let c = &mut c;
+    let lost =
+        |token: &str, key: &str| format!("LEASELOST lease '{token}' on key '{key}' is not held");
+    // Never held, on a missing key: nothing is created.
+    assert!(untouched(c, "r", |c| assert_eq!(
+        f_err(c, "lease", &["r"], &["3", "10", "A", "RENEW"]),
+        lost("A", "r")
+    )));
+    assert_eq!(q::<i64>(c, &["EXISTS", "r"]), 0);
+    assert_eq!(f(c, "lease", "r", &["3", "10", "A"]), [1, 3, 2, -1, 10000]);
+    assert_eq!(f(c, "lease", "r", &["3", "60", "D"]), [1, 3, 1, -1, 60000]);
+    // Live: renewed and resized, like a plain renewal.
+    clock.advance(4 * S);
+    assert_eq!(
+        f(c, "lease", "r", &["3", "10", "A", "QUANTITY", "2", "RENEW"]),
+        [1, 3, 0, -1, 56000]
+    );
+    clock.advance(7 * S);
+    assert!(untouched(c, "r", |c| assert_eq!(
+        f(c, "lease", "r", &["3", "10", "A", "RENEW", "PEEK"]),
+        [1, 3, 1, -1, 49000]
+    )));
+    assert!(untouched(c, "r", |c| assert_eq!(
+        f(c, "lease", "r", &["3", "10", "A", "RENEW", "QUANTITY", "3"]),
+        [0, 3, 0, 49000, 49000]
+    )));
+    assert_eq!(
+        f(c, "lease", "r", &["3", "10", "A", "RENEW"]),
+        [1, 3, 1, -1, 49000]
+    );
+    // Released, never taken (a slot free), expired: LEASELOST, with PEEK too, and untouched.
+    f(c, "lease", "r", &["3", "10", "B"]);
+    f(c, "release", "r", &["B"]);
+    for (token, args) in [
+        ("B", &["3", "10", "B", "RENEW"][..]),
+        ("C", &["3", "10", "C", "RENEW"]),
+        ("C", &["3", "10", "C", "PEEK", "RENEW"]),
+    ] {
+        assert!(untouched(c, "r", |c| assert_eq!(
+            f_err(c, "lease", &["r"], args),
+            lost(token, "r")
+        )));
+    }
+    clock.advance(10 * S);
+    assert!(untouched(c, "r", |c| assert_eq!(
+        f_err(c, "lease", &["r"], &["3", "10", "A", "RENEW"]),
+        lost("A", "r")
+    )));
+    assert_eq!(
+        f(c, "lease", "r", &["3", "10", "A", "PEEK"]),
+        [1, 3, 1, -1, 39000]
+    );
+    // Binary and long keys and tokens are shown as the other errors show them.
+    let key = b"bin\xff\xfe\xc3\xa9:key";
+    let mut argv = words(&["FCALL", "rl_lease", "1"]);
+    argv.push(key.to_vec());
+    argv.extend(words(&["2", "10"]));
+    argv.push(b"tok\xff\xc3\xa9".to_vec());
+    argv.extend(words(&["RENEW"]));
+    assert_eq!(
+        send(c, &argv).unwrap_err(),
+        "LEASELOST lease 'tok\u{fffd}é' on key 'bin\u{fffd}\u{fffd}é:key' is not held"
+    );
+    let long = "k".repeat(100);
+    assert_eq!(
+        f_err(c, "lease", &[&long], &["2", "10", "A", "RENEW"]),
+        lost("A", &"k".repeat(64))
+    );
+    // Issue 23's lapse.
+    assert_eq!(f(c, "lease", "job", &["1", "0.3", "A"]), [1, 1, 0, -1, 300]);
+    clock.advance(900 * MS);
+    assert_eq!(f(c, "lease", "job", &["1", "0.3", "B"]), [1, 1, 0, -1, 300]);
+    assert_eq!(
+        f_err(c, "lease", &["job"], &["1", "0.3", "A", "RENEW"]),
+        lost("A", "job")
+    );
+    assert_eq!(f(c, "release", "job", &["B"]), [1, 1, 0]);
+    assert_eq!(
+        f_err(c, "lease", &["job"], &["1", "0.3", "A", "RENEW"]),
+        lost("A", "job")
+    );
+    assert_eq!(q::<i64>(c, &["EXISTS", "job"]), 0);
+    // The errors.
+    assert_eq!(
+        f_err(
+            c,
+            "lease",
+            &["x"],
+            &["2", "10", "A", "RENEW", "QUANTITY", "0"]
+        ),
+        "ERR RENEW cannot be used with QUANTITY 0: a renewal holds at least one slot, QUANTITY 0 \
+         only reports"
+    );
+    assert_eq!(
+        f_err(c, "lease", &["x"], &["2", "10", "A", "RENEW", "RENEW"]),
+        "ERR syntax error: RENEW given more than once"
+    );
+    for args in [
+        &["LEASE", "2", "10", "A", "RENEW"][..],
+        &["RENEW", "LEASE", "2", "10", "A"],
+    ] {
+        assert_eq!(
+            f_err(c, "all", &["x"], args),
+            "ERR RENEW cannot be used in RL.ALL: renew a lease on its own with RL.LEASE key \
+             limit lease token RENEW"
+        );
+    }
+    assert_eq!(q::<i64>(c, &["EXISTS", "x"]), 0);
+}
+
+/// The fallback's caps are the lines of the library text loaded, reported by rl_config
+/// (docs/reference.md#r-fb-7): edited lines change the limits; a value out of range makes
+/// FUNCTION LOAD fail and leaves the loaded library as it was.
+#[test]
+fn the_caps_follow_the_library_text() {
+    let (_s, mut c) = plain_server();
+    let c = &mut c;
+    let config = |c: &mut redis::Connection| -> Vec<Value> {
+        match send(c, &words(&["FCALL_RO", "rl_config", "0"])).unwrap() {
+            Value::Array(items) => items,
+            other => panic!("{other:?}"),
+        }
+    };
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    assert_eq!(
+        config(c),
+        [
+            text("log-max-limit"),
+            Value::Int(100000),
+            text("lease-max-limit"),
+            Value::Int(10000),
+            text("all-max-keys"),
+            Value::Int(64),
+            text("version"),
+            text("1.1.0"),
+        ]
+    );
+    let variant = |log: &str, lease: &str, all: &str| {
+        LIBRARY
+            .replace(
+                "\nlocal LOG_MAX_LIMIT = 100000\n",
+                &format!("\nlocal LOG_MAX_LIMIT = {log}\n"),
+            )
+            .replace(
+                "\nlocal LEASE_MAX_LIMIT = 10000\n",
+                &format!("\nlocal LEASE_MAX_LIMIT = {lease}\n"),
+            )
+            .replace(
+                "\nlocal ALL_MAX_KEYS = 64\n",
+                &format!("\nlocal ALL_MAX_KEYS = {all}\n"),
+            )
+    };
+    let _: String = q(c, &["FUNCTION", "LOAD", "REPLACE", &variant("5", "3", "2")]);
+    let got = config(c);
+    assert_eq!(
+        [&got[1], &got[3], &got[5]],
+        [&Value::Int(5), &Value::Int(3), &Value::Int(2)]
+    );
+    assert!(f_err(c, "window", &["w"], &["6", "1", "LOG"]).contains("above rl.log-max-limit (5)"));
+    assert_eq!(f(c, "window", "w", &["5", "1", "LOG"])[0], 1);
+    assert!(f_err(c, "lease", &["l"], &["4", "1", "A"]).contains("above rl.lease-max-limit (3)"));
+    assert_eq!(f(c, "lease", "l", &["3", "1", "A"])[0], 1);
+    assert!(f_err(
+        c,
+        "all",
+        &["a", "b", "d"],
+        &["GCRA", "1", "1", "1", "GCRA", "1", "1", "1", "GCRA", "1", "1", "1"]
+    )
+    .starts_with("ERR numkeys 3 is above rl.all-max-keys (2)"));
+    assert_eq!(
+        f_all(
+            c,
+            &["a", "b"],
+            &["GCRA", "1", "1", "1", "GCRA", "1", "1", "1"]
+        )
+        .0[0],
+        1
+    );
+    for bad in [
+        variant("0", "3", "2"),
+        variant("5", "1000001", "2"),
+        variant("5", "3", "0"),
+        variant("5", "3", "10001"),
+        variant("5", "3", "1.5"),
+    ] {
+        assert!(send(c, &words(&["FUNCTION", "LOAD", "REPLACE", &bad])).is_err());
+        assert_eq!(config(c)[5], Value::Int(2), "the loaded library stays");
+    }
+    load_library(c);
+    assert_eq!(config(c)[5], Value::Int(64));
 }
 
 #[test]
@@ -1823,7 +2136,7 @@ fn replica_and_aof_hold_the_masters_state() {
         assert!(e.starts_with("READONLY"), "{name}: {e}");
     }
     let v: String = q(&mut r, &["FCALL_RO", "rl_version", "0"]);
-    assert_eq!(v, "1.0.0");
+    assert_eq!(v, "1.1.0");
     // AOF: a reload from the file gives the same state.
     let before: Vec<_> = keys.iter().map(|k| common::snapshot(&mut c, k)).collect();
     let _: () = q(&mut c, &["DEBUG", "LOADAOF"]);
@@ -1834,7 +2147,7 @@ fn replica_and_aof_hold_the_masters_state() {
         }
     }
     let v: String = q(&mut c, &["FCALL", "rl_version", "0"]);
-    assert_eq!(v, "1.0.0");
+    assert_eq!(v, "1.1.0");
 }
 
 #[test]
@@ -1918,7 +2231,7 @@ fn out_of_memory_refuses_writes_and_keeps_answering() {
     );
     assert_eq!(f(c, "refund", "win", &["1"])[0], 1);
     let v: String = q(c, &["FCALL_RO", "rl_version", "0"]);
-    assert_eq!(v, "1.0.0");
+    assert_eq!(v, "1.1.0");
     // EVAL mode: the server refuses the script's first write.
     let e = send(
         c,
@@ -1971,7 +2284,21 @@ fn eval_mode_matches_functions() {
             ],
         ),
         (0, "lease", &["K5"], &["2", "1", "A"]),
+        (
+            0,
+            "lease",
+            &["K5"],
+            &["2", "1", "A", "RENEW", "QUANTITY", "2"],
+        ),
+        (0, "lease", &["K5"], &["2", "1", "A", "RENEW", "PEEK"]),
         (0, "release", &["K5"], &["A"]),
+        (
+            0,
+            "lease",
+            &["K5"],
+            &["2", "1", "A", "RENEW", "QUANTITY", "0"],
+        ),
+        (0, "all", &["K3"], &["LEASE", "2", "1", "A", "RENEW"]),
         (0, "gcra", &["K"], &["0", "1", "1"]),
         (0, "window", &["K6"], &["3", "10", "FORCE", "QUANTITY", "9"]),
     ];
@@ -1992,7 +2319,7 @@ fn eval_mode_matches_functions() {
         }
     }
     let v = send(c, &words(&["EVALSHA", &sha, "0", "rl_version"])).unwrap();
-    assert_eq!(v, Value::BulkString(b"1.0.0".to_vec()));
+    assert_eq!(v, Value::BulkString(b"1.1.0".to_vec()));
     assert!(send(c, &words(&["EVALSHA", &sha, "0", "nope"]))
         .unwrap_err()
         .contains("unknown redis_rl function"));

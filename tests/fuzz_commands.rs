@@ -83,7 +83,7 @@ const NUMBERS: &[&str] = &[
 
 const KEYWORDS: &[&str] = &[
     "QUANTITY", "quantity", "PEEK", "peek", "MAXWAIT", "FIXED", "SLIDING", "LOG", "log", "GCRA",
-    "WINDOW", "PXAT", "BOGUS", "FORCE", "force", "COST", "LEASE",
+    "WINDOW", "PXAT", "BOGUS", "FORCE", "force", "COST", "LEASE", "RENEW", "renew",
 ];
 
 const COMMANDS: &[&str] = &[

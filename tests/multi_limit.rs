@@ -296,3 +296,136 @@ fn getkeys_never_reports_spec_words_as_keys() {
         Err(e) => assert!(e.to_string().contains("Invalid arguments"), "{e}"),
     }
 }
+
+/// An RL.ALL of `n` keys `{c}:<prefix><i>`, each with the spec `GCRA 5 1 60`.
+fn many(prefix: &str, n: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("RL.ALL");
+    cmd.arg(n);
+    for i in 0..n {
+        cmd.arg(format!("{{c}}:{prefix}{i}"));
+    }
+    for _ in 0..n {
+        cmd.arg("GCRA").arg(5).arg(1).arg(60);
+    }
+    cmd
+}
+
+/// The error of a command that must fail.
+fn error_of(c: &mut redis::Connection, cmd: &redis::Cmd) -> String {
+    let e = cmd.query::<redis::Value>(c).unwrap_err();
+    format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(""))
+}
+
+fn too_many(numkeys: &str, max: u64) -> String {
+    format!(
+        "ERR numkeys {numkeys} is above rl.all-max-keys ({max}): give fewer keys per call, or \
+         raise rl.all-max-keys"
+    )
+}
+
+/// docs/reference.md#r-all-9: `numkeys` above `rl.all-max-keys` (default 64) is an error that
+/// names both, and writes nothing; exactly at the cap is accepted; `CONFIG SET` moves the cap
+/// within 1 to 10000 and refuses anything else.
+#[test]
+fn all_max_keys_caps_numkeys_and_config_set_moves_it() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(
+        q::<Vec<String>>(&mut c, &["CONFIG", "GET", "rl.all-max-keys"]),
+        ["rl.all-max-keys", "64"]
+    );
+    let (combined, per_key): (Vec<i64>, Vec<Vec<i64>>) =
+        many("at", 64).query(&mut c).expect("64 keys at the cap");
+    assert_eq!((combined[..3].to_vec(), per_key.len()), (vec![1, 5, 4], 64));
+    assert_eq!(error_of(&mut c, &many("over", 65)), too_many("65", 64));
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "{c}:over0", "{c}:over64"]), 0);
+    assert_eq!(q::<i64>(&mut c, &["DBSIZE"]), 64);
+    // A numkeys far beyond the arguments (and leading zeros) is refused the same way.
+    assert_eq!(
+        err_s(
+            &mut c,
+            &["RL.ALL", "18446744073709551615", "a", "GCRA", "1", "1", "1"]
+        ),
+        too_many("18446744073709551615", 64)
+    );
+    assert_eq!(
+        err_s(&mut c, &["RL.ALL", "0065", "a", "b", "c"]),
+        too_many("65", 64)
+    );
+    // Such a call has no keys (it fails wherever it runs).
+    let keys: redis::RedisResult<Vec<String>> = redis::cmd("COMMAND")
+        .arg(&["GETKEYS", "RL.ALL", "65", "a", "b", "c"])
+        .query(&mut c);
+    assert!(keys.is_err(), "{keys:?}");
+    // CONFIG SET moves the cap, within 1 to 10000.
+    q::<()>(&mut c, &["CONFIG", "SET", "rl.all-max-keys", "2"]);
+    assert_eq!(error_of(&mut c, &many("three", 3)), too_many("3", 2));
+    let (combined, _): (Vec<i64>, Vec<Vec<i64>>) = many("two", 2).query(&mut c).unwrap();
+    assert_eq!(combined[0], 1);
+    for bad in ["0", "-1", "abc", "10001", "1.5"] {
+        let e = err_s(&mut c, &["CONFIG", "SET", "rl.all-max-keys", bad]);
+        assert!(e.starts_with("ERR"), "{bad}: {e}");
+    }
+    assert_eq!(
+        q::<Vec<String>>(&mut c, &["CONFIG", "GET", "rl.all-max-keys"])[1],
+        "2"
+    );
+    q::<()>(&mut c, &["CONFIG", "SET", "rl.all-max-keys", "10000"]);
+    assert_eq!(
+        error_of(&mut c, &many("big", 10_001)),
+        too_many("10001", 10_000)
+    );
+    q::<()>(&mut c, &["CONFIG", "SET", "rl.all-max-keys", "1"]);
+    assert_eq!(error_of(&mut c, &many("one", 2)), too_many("2", 1));
+    assert!(many("one", 1).query::<redis::Value>(&mut c).is_ok());
+}
+
+/// docs/reference.md#r-conf-3: `rl.all-max-keys` as a module argument (with or without the
+/// `rl.` prefix) and with `MODULE LOADEX … CONFIG`; a bad value fails the load.
+#[test]
+fn all_max_keys_from_module_arguments() {
+    let s = Server::builder().no_module().start();
+    let mut c = s.conn();
+    let path = common::module_path();
+    let path = path.to_str().unwrap();
+    for bad in ["0", "10001", "x"] {
+        let e = err_s(&mut c, &["MODULE", "LOAD", path, "all-max-keys", bad]);
+        assert!(e.starts_with("ERR"), "{bad}: {e}");
+        assert!(
+            s.log().contains(&format!(
+                "module argument all-max-keys must be an integer from 1 to 10000, got '{bad}'"
+            )),
+            "{}",
+            s.log()
+        );
+    }
+    q::<()>(&mut c, &["MODULE", "LOAD", path, "rl.all-max-keys", "3"]);
+    assert_eq!(
+        q::<Vec<String>>(&mut c, &["CONFIG", "GET", "rl.all-max-keys"])[1],
+        "3"
+    );
+    assert_eq!(error_of(&mut c, &many("m", 4)), too_many("4", 3));
+    assert!(s.log().contains("rl.all-max-keys 3)"), "{}", s.log());
+
+    let s2 = Server::builder().no_module().start();
+    let mut c2 = s2.conn();
+    q::<()>(
+        &mut c2,
+        &["MODULE", "LOADEX", path, "CONFIG", "rl.all-max-keys", "7"],
+    );
+    assert_eq!(
+        q::<Vec<String>>(&mut c2, &["CONFIG", "GET", "rl.all-max-keys"])[1],
+        "7"
+    );
+    assert_eq!(error_of(&mut c2, &many("x", 8)), too_many("8", 7));
+
+    let s3 = Server::builder()
+        .words(&["--loadmodule", path, "ALL-MAX-KEYS", "9"])
+        .no_module()
+        .start();
+    let mut c3 = s3.conn();
+    assert_eq!(
+        q::<Vec<String>>(&mut c3, &["CONFIG", "GET", "rl.all-max-keys"])[1],
+        "9"
+    );
+}

@@ -74,7 +74,7 @@ fn command_docs_describe_every_command() {
         ("RL.REFUND", &["quantity"][..]),
         (
             "RL.LEASE",
-            &["limit", "lease", "token", "QUANTITY", "PEEK"][..],
+            &["limit", "lease", "token", "QUANTITY", "PEEK", "RENEW"][..],
         ),
         ("RL.RELEASE", &["token"][..]),
         (

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{err_s, info_field, q, rl, snapshot, wait_until, Clock, Server};
+use common::{err, err_s, info_field, now_ns, q, rl, snapshot, wait_until, Clock, Server};
 
 fn all(c: &mut redis::Connection, args: &[&str]) -> ([i64; 5], Vec<[i64; 5]>) {
     let mut cmd = redis::cmd("RL.ALL");
@@ -27,6 +27,36 @@ fn release(c: &mut redis::Connection, key: &str, token: &str) -> [i64; 3] {
 
 /// One second, in µs (the clock shim's unit).
 const SECOND_US: i64 = 1_000_000;
+/// One millisecond and one second, in ns (the frozen clock's unit).
+const MS_NS: u64 = 1_000_000;
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// Everything a call could change on `key`: its DUMP payload and absolute expiry, and its
+/// digest.
+fn untouched_state(c: &mut redis::Connection, key: &[u8]) -> (Option<Vec<u8>>, i64, Vec<String>) {
+    let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(c).unwrap();
+    let expiry: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+    let digest: Vec<String> = redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg(key)
+        .query(c)
+        .unwrap();
+    (dump, expiry, digest)
+}
+
+/// A server whose real-time clock is frozen at a round second of today, moved only by the
+/// test; None (the test skips) where the clock shim does not govern the server.
+fn frozen_server() -> Option<(Clock, Server, redis::Connection, u64)> {
+    let clock = Clock::new();
+    let s = Server::builder().clock(&clock).start();
+    let mut c = s.conn();
+    if !clock.governs(&mut c) {
+        return None;
+    }
+    let start = now_ns() / SECOND_NS * SECOND_NS;
+    clock.freeze_at(start);
+    Some((clock, s, c, start))
+}
 
 #[test]
 fn at_most_limit_slots_are_held_and_a_retried_acquire_renews() {
@@ -183,6 +213,14 @@ fn lease_errors_name_the_argument_and_change_nothing() {
         (
             &["RL.RELEASE", "g", "a"],
             "ERR key 'g' holds a GCRA limiter, not a LEASE limit",
+        ),
+        (
+            &["RL.LEASE", "g", "2", "30", "a", "RENEW"],
+            "ERR key 'g' holds a GCRA limiter, not a LEASE limit",
+        ),
+        (
+            &["RL.LEASE", "x", "2", "30", "a", "RENEW", "FORCE"],
+            "ERR FORCE cannot be used on a LEASE limit",
         ),
     ];
     for (args, prefix) in cases {
@@ -523,5 +561,337 @@ fn info_counts_leases_and_releases() {
     assert_eq!(
         info_field(&mut c, "rl", "rl_lease_keys").as_deref(),
         Some("1")
+    );
+}
+
+/// docs/reference.md#r-lease-9: a live lease renewed with RENEW moves its expiry and may
+/// change its size, exactly as a plain renewal; a denied renewal and RENEW with PEEK leave it
+/// as it was; once it has expired, RENEW is LEASELOST even with free slots.
+#[test]
+fn renew_renews_a_live_lease_like_a_plain_renewal() {
+    let Some((clock, _s, mut c, start)) = frozen_server() else {
+        return;
+    };
+    let at = |s: u64| clock.freeze_at(start + s * SECOND_NS);
+    let start_ms = i64::try_from(start / MS_NS).unwrap();
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "r", "3", "10", "A"]),
+        [1, 3, 2, -1, 10_000]
+    );
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "r", "3", "60", "D"]),
+        [1, 3, 1, -1, 60_000]
+    );
+    // 4 s later: renewed for 10 s more, and resized to 2 slots (D's 1 plus 2 fit in 3).
+    at(4);
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.LEASE", "r", "3", "10", "A", "QUANTITY", "2", "RENEW"]
+        ),
+        [1, 3, 0, -1, 56_000]
+    );
+    assert_eq!(q::<i64>(&mut c, &["PEXPIRETIME", "r"]), start_ms + 60_000);
+    // 11 s after the first acquire A would have lapsed; renewed at 4 s it lives until 14 s.
+    at(11);
+    let before = untouched_state(&mut c, b"r");
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "r", "3", "10", "A", "RENEW", "PEEK"]),
+        [1, 3, 1, -1, 49_000]
+    );
+    assert_eq!(untouched_state(&mut c, b"r"), before);
+    // Resizing past the limit is denied until D expires, and A stays as it was.
+    assert_eq!(
+        rl(
+            &mut c,
+            &["RL.LEASE", "r", "3", "10", "A", "renew", "QUANTITY", "3"]
+        ),
+        [0, 3, 0, 49_000, 49_000]
+    );
+    assert_eq!(untouched_state(&mut c, b"r"), before);
+    // Resizing down to 1 slot: renewed until 21 s.
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "r", "3", "10", "A", "RENEW"]),
+        [1, 3, 1, -1, 49_000]
+    );
+    // At 21 s A's lease has ended (a lease ending at now is gone): RENEW is LEASELOST, though
+    // two slots are free and a plain acquire would be granted.
+    at(21);
+    let before = untouched_state(&mut c, b"r");
+    assert_eq!(
+        err_s(&mut c, &["RL.LEASE", "r", "3", "10", "A", "RENEW"]),
+        "LEASELOST lease 'A' on key 'r' is not held"
+    );
+    assert_eq!(untouched_state(&mut c, b"r"), before);
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "r", "3", "10", "A", "PEEK"]),
+        [1, 3, 1, -1, 39_000]
+    );
+    // D, still live, renews with RENEW as ever.
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "r", "3", "60", "D", "RENEW"]),
+        [1, 3, 2, -1, 60_000]
+    );
+}
+
+/// docs/reference.md#r-lease-9: RENEW of a lease that was released or never taken, on a key
+/// that exists or not, with PEEK or without, answers LEASELOST (key and token shown as other
+/// errors show them) and writes nothing: no key created, no change of value or TTL, no
+/// aborted WATCH, no keyspace event, nothing replicated.
+#[test]
+fn renew_of_a_lease_not_held_is_leaselost_and_writes_nothing() {
+    let master = Server::builder()
+        .arg("notify-keyspace-events", "KA")
+        .arg("repl-ping-replica-period", "3600")
+        .start();
+    let replica = Server::builder().replica_of(&master).start();
+    let mut r = replica.conn();
+    wait_until("the replication link", Duration::from_secs(20), || {
+        info_field(&mut r, "replication", "master_link_status").as_deref() == Some("up")
+    });
+    let mut c = master.conn();
+    let long_key = "k".repeat(100);
+    let bin_key: &[u8] = b"bin\xff\xfe\xc3\xa9:key";
+    let bin_token: &[u8] = b"tok\xff\xc3\xa9";
+    for key in [&b"p"[..], long_key.as_bytes(), bin_key] {
+        for token in [&b"A"[..], b"B"] {
+            let _: Vec<i64> = redis::cmd("RL.LEASE")
+                .arg(key)
+                .arg(2)
+                .arg(60)
+                .arg(token)
+                .query(&mut c)
+                .unwrap();
+        }
+        let _: Vec<i64> = redis::cmd("RL.RELEASE")
+            .arg(key)
+            .arg("B")
+            .query(&mut c)
+            .unwrap();
+    }
+    assert_eq!(q::<i64>(&mut c, &["WAIT", "1", "5000"]), 1);
+    let keys: [&[u8]; 4] = [b"p", long_key.as_bytes(), bin_key, b"missing"];
+    let before: Vec<_> = keys.iter().map(|k| untouched_state(&mut c, k)).collect();
+    let offset = info_field(&mut c, "replication", "master_repl_offset");
+    let mut sub_con = master.conn();
+    let mut pubsub = sub_con.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_millis(2000)))
+        .unwrap();
+    let mut watcher = master.conn();
+    let mut watch = redis::cmd("WATCH");
+    for k in keys {
+        watch.arg(k);
+    }
+    let _: () = watch.query(&mut watcher).unwrap();
+    let shown_long = "k".repeat(64);
+    let cases: Vec<(Vec<&[u8]>, String)> = vec![
+        // Released.
+        (
+            vec![b"RL.LEASE", b"p", b"2", b"60", b"B", b"RENEW"],
+            "LEASELOST lease 'B' on key 'p' is not held".into(),
+        ),
+        (
+            vec![b"RL.LEASE", b"p", b"2", b"60", b"B", b"PEEK", b"RENEW"],
+            "LEASELOST lease 'B' on key 'p' is not held".into(),
+        ),
+        // Never taken, a slot free; a renewal that would also be too big.
+        (
+            vec![b"RL.LEASE", b"p", b"2", b"60", b"C", b"RENEW"],
+            "LEASELOST lease 'C' on key 'p' is not held".into(),
+        ),
+        (
+            vec![
+                b"RL.LEASE",
+                b"p",
+                b"2",
+                b"60",
+                b"C",
+                b"RENEW",
+                b"QUANTITY",
+                b"5",
+            ],
+            "LEASELOST lease 'C' on key 'p' is not held".into(),
+        ),
+        // No key at all.
+        (
+            vec![b"RL.LEASE", b"missing", b"2", b"60", b"A", b"RENEW"],
+            "LEASELOST lease 'A' on key 'missing' is not held".into(),
+        ),
+        (
+            vec![
+                b"RL.LEASE",
+                b"missing",
+                b"2",
+                b"60",
+                b"A",
+                b"RENEW",
+                b"PEEK",
+            ],
+            "LEASELOST lease 'A' on key 'missing' is not held".into(),
+        ),
+        // Keys and tokens as every error shows client bytes: lossy UTF-8, 64 characters.
+        (
+            vec![
+                b"RL.LEASE",
+                long_key.as_bytes(),
+                b"2",
+                b"60",
+                b"B",
+                b"RENEW",
+            ],
+            format!("LEASELOST lease 'B' on key '{shown_long}' is not held"),
+        ),
+        (
+            vec![b"RL.LEASE", bin_key, b"2", b"60", bin_token, b"RENEW"],
+            "LEASELOST lease 'tok\u{fffd}é' on key 'bin\u{fffd}\u{fffd}é:key' is not held".into(),
+        ),
+    ];
+    for (args, expected) in &cases {
+        assert_eq!(&err(&mut c, args), expected);
+    }
+    // The key is shown exactly as the wrong-algorithm error shows it.
+    let wrong = err(&mut c, &[b"RL.GCRA", bin_key, b"1", b"1", b"1"]);
+    assert!(
+        wrong.starts_with("ERR key 'bin\u{fffd}\u{fffd}é:key' holds a LEASE limit"),
+        "{wrong}"
+    );
+    let after: Vec<_> = keys.iter().map(|k| untouched_state(&mut c, k)).collect();
+    assert_eq!(after, before);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "missing"]), 0);
+    // Nothing was propagated (the replica link sends no PING for an hour).
+    assert_eq!(
+        info_field(&mut c, "replication", "master_repl_offset"),
+        offset
+    );
+    // No WATCH was aborted.
+    q::<()>(&mut watcher, &["MULTI"]);
+    q::<()>(&mut watcher, &["PING"]);
+    let exec: Option<Vec<String>> = q(&mut watcher, &["EXEC"]);
+    assert_eq!(exec, Some(vec!["PONG".to_owned()]));
+    // No keyspace event: the first one is the marker's.
+    q::<()>(&mut c, &["SET", "marker", "1"]);
+    let msg = pubsub.get_message().unwrap();
+    assert_eq!(msg.get_channel_name(), "__keyspace@0__:marker");
+    // Each is counted as an error.
+    let counts = info_field(&mut c, "rl", "rl_lease").unwrap();
+    assert!(
+        counts.ends_with(&format!("errors={}", cases.len())),
+        "{counts}"
+    );
+}
+
+/// Issue 23's lapse at command level (docs/reference.md#r-lease-9): A holds the only slot
+/// for 0.3 s and is stalled past it; B acquires and releases; A's late renewal arrives.
+/// Without RENEW it is granted as a fresh acquire and A never learns it ran unguarded; with
+/// RENEW it is LEASELOST, whether another holder has the slot at that moment or not.
+#[test]
+fn regression_a_lapsed_holder_renewing_learns_it_lost_its_lease() {
+    let Some((clock, _s, mut c, start)) = frozen_server() else {
+        return;
+    };
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "job", "1", "0.3", "A"]),
+        [1, 1, 0, -1, 300]
+    );
+    // A's event loop is blocked for 0.9 s; meanwhile B takes the slot.
+    clock.freeze_at(start + 900 * MS_NS);
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "job", "1", "0.3", "B"]),
+        [1, 1, 0, -1, 300]
+    );
+    assert_eq!(
+        err_s(&mut c, &["RL.LEASE", "job", "1", "0.3", "A", "RENEW"]),
+        "LEASELOST lease 'A' on key 'job' is not held"
+    );
+    assert_eq!(release(&mut c, "job", "B"), [1, 1, 0]);
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "job"]), 0);
+    // B is done and the slot is free: still LEASELOST, and nothing is created.
+    assert_eq!(
+        err_s(&mut c, &["RL.LEASE", "job", "1", "0.3", "A", "RENEW"]),
+        "LEASELOST lease 'A' on key 'job' is not held"
+    );
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "job"]), 0);
+    // What the old renewal did: a plain call takes the slot anew.
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "job", "1", "0.3", "A"]),
+        [1, 1, 0, -1, 300]
+    );
+}
+
+/// docs/reference.md#r-lease-10: RENEW with QUANTITY 0 is an error naming both; RENEW twice
+/// is a syntax error; RL.ALL refuses RENEW (after a LEASE spec, as a spec, or as an option);
+/// nothing is created.
+#[test]
+fn renew_errors_name_the_arguments_and_change_nothing() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let quantity_zero = "ERR RENEW cannot be used with QUANTITY 0: a renewal holds at least one \
+                         slot, QUANTITY 0 only reports";
+    let in_all = "ERR RENEW cannot be used in RL.ALL: renew a lease on its own with RL.LEASE key \
+                  limit lease token RENEW";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["RL.LEASE", "x", "2", "30", "a", "RENEW", "QUANTITY", "0"],
+            quantity_zero,
+        ),
+        (
+            &[
+                "RL.LEASE", "x", "2", "30", "a", "QUANTITY", "000", "renew", "PEEK",
+            ],
+            quantity_zero,
+        ),
+        (
+            &["RL.LEASE", "x", "2", "30", "a", "RENEW", "RENEW"],
+            "ERR syntax error: RENEW given more than once",
+        ),
+        (
+            &["RL.ALL", "1", "x", "LEASE", "2", "30", "a", "RENEW"],
+            in_all,
+        ),
+        (
+            &["RL.ALL", "1", "x", "LEASE", "2", "30", "a", "PEEK", "RENEW"],
+            in_all,
+        ),
+        (
+            &[
+                "RL.ALL", "2", "{x}1", "{x}2", "LEASE", "2", "30", "a", "RENEW", "GCRA", "1", "1",
+                "1",
+            ],
+            in_all,
+        ),
+        (
+            &[
+                "RL.ALL", "2", "{x}1", "{x}2", "LEASE", "2", "30", "a", "COST", "1", "RENEW",
+                "GCRA", "1", "1", "1",
+            ],
+            in_all,
+        ),
+        (
+            &["RL.ALL", "1", "x", "RENEW", "LEASE", "2", "30", "a"],
+            in_all,
+        ),
+        (
+            &["RL.GCRA", "x", "1", "1", "1", "RENEW"],
+            "ERR syntax error: unknown argument 'RENEW'",
+        ),
+        (
+            &["RL.WINDOW", "x", "1", "1", "RENEW"],
+            "ERR syntax error: unknown argument 'RENEW'",
+        ),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(err_s(&mut c, args), *expected, "{args:?}");
+    }
+    assert_eq!(q::<i64>(&mut c, &["EXISTS", "x", "{x}1", "{x}2"]), 0);
+    // A token named RENEW is a token like any other.
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "x", "2", "30", "RENEW"])[..3],
+        [1, 2, 1]
+    );
+    assert_eq!(
+        rl(&mut c, &["RL.LEASE", "x", "2", "30", "RENEW", "RENEW"])[..3],
+        [1, 2, 1]
     );
 }

@@ -16,10 +16,11 @@ and call it with exactly the module command's arguments, the key(s) moved into F
                 | WINDOW limit window [FIXED | SLIDING | LOG] [COST n]
                 | LEASE limit lease token [COST n]
     FCALL rl_refund  1 key quantity
-    FCALL rl_lease   1 key limit lease token [QUANTITY n] [PEEK]
+    FCALL rl_lease   1 key limit lease token [QUANTITY n] [PEEK] [RENEW]
     FCALL rl_release 1 key token
-    FCALL_RO rl_version 0          -> the library's version ("1.0.0")
-    FCALL_RO rl_config 0           -> {"log-max-limit", n, "lease-max-limit", n, "version", v}
+    FCALL_RO rl_version 0          -> the library's version ("1.1.0")
+    FCALL_RO rl_config 0           -> {"log-max-limit", n, "lease-max-limit", n,
+                                       "all-max-keys", n, "version", v}
 
 Replies and error texts are the module's (RL.GCRA, RL.WINDOW, RL.ALL, RL.REFUND, RL.LEASE,
 RL.RELEASE; see docs/reference.md and the README).
@@ -28,10 +29,11 @@ Servers without Functions (Redis 6.2): drop the first line of this file (the "#!
 SCRIPT LOAD the rest, and call EVALSHA sha numkeys key ... name arg ..., where ARGV[1] is the
 function's name (rl_gcra, ...) and the rest are its arguments. Same replies.
 
-Configuration. The two lines below starting "local LOG_MAX_LIMIT =" and "local LEASE_MAX_LIMIT ="
-are the fallback's rl.log-max-limit (largest LOG limit, 1 to 10000000, default 100000) and
-rl.lease-max-limit (largest LEASE limit, 1 to 1000000, default 10000). To change one, replace
-the number on that line and FUNCTION LOAD REPLACE the text: the setting then persists and
+Configuration. The three lines below starting "local LOG_MAX_LIMIT =", "local LEASE_MAX_LIMIT ="
+and "local ALL_MAX_KEYS =" are the fallback's rl.log-max-limit (largest LOG limit, 1 to 10000000,
+default 100000), rl.lease-max-limit (largest LEASE limit, 1 to 1000000, default 10000) and
+rl.all-max-keys (largest rl_all numkeys, 1 to 10000, default 64). To change one, replace the
+number on that line and FUNCTION LOAD REPLACE the text: the setting then persists and
 replicates with the library. rl_config reports the values in force.
 
 Time. The clock is the server's TIME (microseconds), read once per call; it must stay below
@@ -56,9 +58,10 @@ counts u64, burst and limit 7 bytes, instants 9 bytes (seconds: 5 bytes, nanosec
      7 bytes, and the nanoseconds past them, u16)
 ]]
 
-local VERSION = '1.0.0'
+local VERSION = '1.1.0'
 local LOG_MAX_LIMIT = 100000
 local LEASE_MAX_LIMIT = 10000
+local ALL_MAX_KEYS = 64
 
 -- A library's code runs at FUNCTION LOAD with no globals but `redis` (Redis 7.0): the standard
 -- libraries are bound on the first call instead (init).
@@ -69,6 +72,9 @@ if not (LOG_MAX_LIMIT % 1 == 0 and LOG_MAX_LIMIT >= 1 and LOG_MAX_LIMIT <= 10000
 end
 if not (LEASE_MAX_LIMIT % 1 == 0 and LEASE_MAX_LIMIT >= 1 and LEASE_MAX_LIMIT <= 1000000) then
   local _ = redis_rl_LEASE_MAX_LIMIT_must_be_an_integer_from_1_to_1000000
+end
+if not (ALL_MAX_KEYS % 1 == 0 and ALL_MAX_KEYS >= 1 and ALL_MAX_KEYS <= 10000) then
+  local _ = redis_rl_ALL_MAX_KEYS_must_be_an_integer_from_1_to_10000
 end
 
 ---------------------------------------------------------------------------------------------
@@ -420,6 +426,10 @@ local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of v
 local OVERFLOW = 'ERR arithmetic overflow: QUANTITY, period and rate would move the key\'s time past '
   .. '64-bit nanoseconds'
 local OOM = 'OOM command not allowed when used memory > \'maxmemory\'.'
+local RENEW_WITH_QUANTITY_ZERO = 'ERR RENEW cannot be used with QUANTITY 0: a renewal holds at '
+  .. 'least one slot, QUANTITY 0 only reports'
+local RENEW_IN_ALL = 'ERR RENEW cannot be used in RL.ALL: renew a lease on its own with RL.LEASE '
+  .. 'key limit lease token RENEW'
 local READONLY = 'READONLY You can\'t write against a read only replica.'
 
 -- Client bytes as errors show them: lossy UTF-8 (invalid sequences become U+FFFD), at most 64
@@ -1152,6 +1162,10 @@ local function lease_decide(key, p, st, now, n)
   local scan = st and lease_scan(st, now_us, p.token)
     or {held = 0, runs = {}, last_us = -1, last_rem = 0, all_us = -1, all_rem = 0}
   local held, own_n = scan.held, scan.own_n
+  -- docs/reference.md#r-lease-9: RENEW renews a live lease only; without one nothing is written.
+  if p.renew and own_n == nil then
+    fail('LEASELOST lease \'' .. shown(p.token) .. '\' on key \'' .. shown(key) .. '\' is not held')
+  end
   local function report(verdict, held_after, reset, extra)
     local d = extra or {}
     d.verdict, d.limit, d.remaining = verdict, p.limit, ssub(p.limit, held_after)
@@ -1314,15 +1328,25 @@ local function rl_lease(keys, args)
   local token = token_arg(a[4])
   check_lease_limit(limit, digits)
   local req = {quantity = 1}
+  local renew = false
   local o = Options(a, 5)
   for kw in o.next do
-    if not take_request_option(req, kw, o, true) then unknown(kw) end
+    if not take_request_option(req, kw, o, true) then
+      if string.upper(kw) == 'RENEW' then
+        if renew then duplicate('RENEW') end
+        renew = true
+      else
+        unknown(kw)
+      end
+    end
   end
   if req.force then
     fail('ERR FORCE cannot be used on a LEASE limit: its slots are taken with RL.LEASE and given '
       .. 'back with RL.RELEASE')
   end
-  return run_one(keys[1], {algo = 'E', limit = limit, lease = lease, token = token}, req)
+  if renew and req.quantity == 0 then fail(RENEW_WITH_QUANTITY_ZERO) end
+  return run_one(keys[1], {algo = 'E', limit = limit, lease = lease, token = token, renew = renew},
+    req)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -1333,6 +1357,11 @@ local function rl_all(keys, args)
   arity('RL.ALL', 2 + #keys + #args, -5)
   local n = #keys
   if n == 0 then not_positive('numkeys') end
+  -- docs/reference.md#r-all-9: numkeys is capped before any key or spec is looked at.
+  if n > ALL_MAX_KEYS then
+    fail('ERR numkeys ' .. n .. ' is above rl.all-max-keys (' .. ALL_MAX_KEYS .. '): give fewer '
+      .. 'keys per call, or raise rl.all-max-keys')
+  end
   -- numkeys that swallowed spec words as keys: the words after the keys cannot hold one spec
   -- per key (each has at least 3 words) and a spec keyword stands among the keys.
   if #args < 3 * n then
@@ -1363,6 +1392,7 @@ local function rl_all(keys, args)
         .. (i - 1))
     end
     local k = string.upper(kind)
+    if k == 'RENEW' then fail(RENEW_IN_ALL) end
     local spec
     if k == 'GCRA' then
       local burst = positive(spec_value('GCRA burst'), 'burst')
@@ -1399,7 +1429,10 @@ local function rl_all(keys, args)
   end
   local req = {quantity = 1}
   for kw in o.next do
-    if not take_request_option(req, kw, o, true) then unknown(kw) end
+    if not take_request_option(req, kw, o, true) then
+      if string.upper(kw) == 'RENEW' then fail(RENEW_IN_ALL) end
+      unknown(kw)
+    end
   end
   if req.force then
     if req.peek then fail('ERR FORCE cannot be used with PEEK: FORCE records usage, PEEK records nothing') end
@@ -1619,7 +1652,8 @@ end
 local function rl_version() return VERSION end
 
 local function rl_config()
-  return {'log-max-limit', LOG_MAX_LIMIT, 'lease-max-limit', LEASE_MAX_LIMIT, 'version', VERSION}
+  return {'log-max-limit', LOG_MAX_LIMIT, 'lease-max-limit', LEASE_MAX_LIMIT, 'all-max-keys',
+    ALL_MAX_KEYS, 'version', VERSION}
 end
 
 ---------------------------------------------------------------------------------------------

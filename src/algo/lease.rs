@@ -7,7 +7,9 @@
 //! gone; if `token` holds a live lease the call renews it (expiry `now + lease`, size `n`)
 //! provided the *other* live leases plus `n` fit in `limit`; otherwise a new lease
 //! `(token, n, now + lease)` is taken if the live leases plus `n` fit. A retried acquire whose
-//! reply was lost therefore renews instead of taking a second lease.
+//! reply was lost therefore renews instead of taking a second lease. A renewal only
+//! ([`renew`], `RENEW`) refuses to take a new lease: a holder whose lease lapsed learns that
+//! it lost its slots instead of being granted them again as a newcomer.
 //!
 //! Storage: one byte buffer of records `expiry_ns (u64 LE) · slots (u64 LE) · token length
 //! (u8) · token`, 17 bytes plus the token per lease, oldest write first.
@@ -342,6 +344,41 @@ pub fn decide(
     })
 }
 
+/// LeaseError is why a LEASE request cannot be decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseError {
+    /// `now + lease` leaves 64-bit nanoseconds.
+    Overflow(Overflow),
+    /// A renewal only ([`renew`]), and the token holds no live lease: it expired, was
+    /// released, or never existed.
+    Lost,
+}
+
+impl From<Overflow> for LeaseError {
+    fn from(e: Overflow) -> Self {
+        Self::Overflow(e)
+    }
+}
+
+/// Decides a renewal only (`RL.LEASE … RENEW`, `docs/reference.md#r-lease-9`): when `token`
+/// holds a live lease at `now`, exactly [`decide`] (a renewal, denied if the others plus
+/// `quantity` do not fit); otherwise [`LeaseError::Lost`], with nothing to write, even if a
+/// free slot would admit a new lease.
+///
+/// Errors: [`LeaseError::Lost`]; [`LeaseError::Overflow`] as for [`decide`].
+pub fn renew(
+    params: &LeaseParams,
+    stored: Option<&LeaseState>,
+    now: Instant,
+    token: &Token,
+    quantity: u64,
+) -> Result<Outcome<LeaseWrite>, LeaseError> {
+    if stored.and_then(|s| s.live(token, now)).is_none() {
+        return Err(LeaseError::Lost);
+    }
+    Ok(decide(params, stored, now, token, quantity)?)
+}
+
 /// Frees the lease of `token` at `now` (RL.RELEASE): returns the slots freed (0 when the
 /// token holds no live lease) and the write to make (None when nothing changes).
 pub fn release(state: &LeaseState, now: Instant, token: &Token) -> (u64, Option<LeaseWrite>) {
@@ -445,6 +482,75 @@ mod tests {
     }
 
     #[test]
+    fn a_renewal_only_renews_a_live_lease_and_reports_a_lost_one() {
+        let p = params(1, 10);
+        let mut s = None;
+        // Never held: lost, even with the slot free.
+        assert_eq!(
+            renew(&p, s.as_ref(), BASE, &t("a"), 1),
+            Err(LeaseError::Lost)
+        );
+        run(&p, &mut s, BASE, "a", 1);
+        // Live: exactly a renewal (expiry moves, size may change within the limit).
+        let out = renew(&p, s.as_ref(), at(4 * S), &t("a"), 1).unwrap();
+        assert_eq!(out, decide(&p, s.as_ref(), at(4 * S), &t("a"), 1).unwrap());
+        assert_eq!(out.decision.reset_after, span(10 * S));
+        s.as_mut().unwrap().apply(&out.write.unwrap());
+        let bigger = params(3, 10);
+        let out = renew(&bigger, s.as_ref(), at(5 * S), &t("a"), 2).unwrap();
+        assert_eq!((out.decision.remaining, out.write.is_some()), (1, true));
+        // A renewal past the limit is denied and writes nothing; one that can never pass too.
+        run(&bigger, &mut s, at(5 * S), "b", 2);
+        let out = renew(&bigger, s.as_ref(), at(5 * S), &t("a"), 2).unwrap();
+        assert_eq!(
+            (out.decision.verdict.is_allowed(), out.write),
+            (false, None)
+        );
+        let out = renew(&bigger, s.as_ref(), at(5 * S), &t("a"), 4).unwrap();
+        assert_eq!((out.decision.verdict, out.write), (Verdict::Never, None));
+        // Expired (at or after its end): lost, though a slot is free again.
+        assert_eq!(
+            renew(&p, s.as_ref(), at(14 * S), &t("a"), 1),
+            Err(LeaseError::Lost)
+        );
+        // Released: lost.
+        let state = s.as_ref().unwrap();
+        let (_, write) = release(state, at(6 * S), &t("b"));
+        let mut after = state.clone();
+        after.apply(&write.unwrap());
+        assert_eq!(
+            renew(&bigger, Some(&after), at(6 * S), &t("b"), 1),
+            Err(LeaseError::Lost)
+        );
+    }
+
+    /// The lapse: A holds the only slot for 0.3 s, is stalled past it, B acquires
+    /// and releases, then A's renewal arrives: lost, not granted as a newcomer.
+    #[test]
+    fn regression_a_lapsed_holder_is_told_it_lost_its_slot() {
+        let p = LeaseParams {
+            limit: 1,
+            lease: span(300 * MS),
+        };
+        let mut s = None;
+        assert!(run(&p, &mut s, BASE, "A", 1).verdict.is_allowed());
+        assert!(run(&p, &mut s, at(900 * MS), "B", 1).verdict.is_allowed());
+        let (freed, write) = release(s.as_ref().unwrap(), at(950 * MS), &t("B"));
+        assert_eq!(freed, 1);
+        s.as_mut().unwrap().apply(&write.unwrap());
+        assert_eq!(
+            renew(&p, s.as_ref(), at(MS * 1_000), &t("A"), 1),
+            Err(LeaseError::Lost)
+        );
+        // Without RENEW the same call is a fresh acquire, and is granted.
+        assert!(decide(&p, s.as_ref(), at(MS * 1_000), &t("A"), 1)
+            .unwrap()
+            .decision
+            .verdict
+            .is_allowed());
+    }
+
+    #[test]
     fn release_frees_the_slots_and_is_harmless_twice() {
         let p = params(2, 30);
         let mut s = None;
@@ -541,6 +647,40 @@ mod tests {
                     prop_assert!(st.len() as u64 <= limit);
                     let again = LeaseState::from_parts(st.limit, st.len() as u64, st.bytes());
                     prop_assert_eq!(again.as_ref(), Some(&*st));
+                }
+            }
+        }
+
+        /// A renewal only answers Lost exactly when the token holds no live lease, and
+        /// otherwise exactly what the plain call answers: it never takes a new lease.
+        #[test]
+        fn a_renewal_is_the_plain_call_on_a_live_lease_and_lost_otherwise(
+            limit in 1u64..5, lease_ms in 1u64..2000,
+            steps in prop::collection::vec((0u64..800_000_000, 0u8..4, 0u64..4, any::<bool>()), 1..60),
+        ) {
+            let p = LeaseParams { limit, lease: span(lease_ms * MS) };
+            let mut s: Option<LeaseState> = None;
+            let mut now = BASE;
+            for (gap, who, q, renewal) in steps {
+                now = now.saturating_add(span(gap));
+                let token = t(&format!("holder-{who}"));
+                let plain = decide(&p, s.as_ref(), now, &token, q).unwrap();
+                let held = s.as_ref().and_then(|st| st.live(&token, now)).is_some();
+                let out = match renew(&p, s.as_ref(), now, &token, q) {
+                    Err(e) => {
+                        prop_assert_eq!(e, LeaseError::Lost);
+                        prop_assert!(!held);
+                        continue;
+                    }
+                    Ok(out) => {
+                        prop_assert!(held);
+                        prop_assert_eq!(&out, &plain);
+                        out
+                    }
+                };
+                let chosen = if renewal { out } else { plain };
+                if let Some(w) = chosen.write {
+                    s.get_or_insert_with(LeaseState::default).apply(&w);
                 }
             }
         }

@@ -1,5 +1,6 @@
-//! Module configuration: `rl.log-max-limit` and `rl.lease-max-limit`, settable with `CONFIG
-//! SET`, `MODULE LOADEX … CONFIG`, and module arguments (`MODULE LOAD path log-max-limit N`).
+//! Module configuration: `rl.log-max-limit`, `rl.lease-max-limit` and `rl.all-max-keys`,
+//! settable with `CONFIG SET`, `MODULE LOADEX … CONFIG`, and module arguments (`MODULE LOAD
+//! path log-max-limit N`).
 
 use std::ffi::{c_char, c_int, c_longlong, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +29,7 @@ impl Config {
 
 const LOG: usize = 0;
 const LEASE: usize = 1;
+const ALL: usize = 2;
 
 /// The configurations, in registration order.
 ///
@@ -36,9 +38,12 @@ const LEASE: usize = 1;
 /// * `rl.lease-max-limit` (default 10,000, 1 to 1,000,000): the largest `limit` RL.LEASE (and
 ///   `LEASE` specs) accept; a LEASE key holds at most that many leases, 17 bytes plus the
 ///   token each.
-static CONFIGS: [Config; 2] = [
+/// * `rl.all-max-keys` (default 64, 1 to 10,000): the largest `numkeys` RL.ALL accepts, so
+///   that no single call holds the server for long.
+static CONFIGS: [Config; 3] = [
     Config::new(c"log-max-limit", 100_000, (1, 10_000_000)),
     Config::new(c"lease-max-limit", 10_000, (1, 1_000_000)),
+    Config::new(c"all-max-keys", 64, (1, 10_000)),
 ];
 
 /// The current `rl.log-max-limit`.
@@ -49,6 +54,11 @@ pub fn log_max_limit() -> u64 {
 /// The current `rl.lease-max-limit`.
 pub fn lease_max_limit() -> u64 {
     CONFIGS[LEASE].value.load(Ordering::Relaxed)
+}
+
+/// The current `rl.all-max-keys`.
+pub fn all_max_keys() -> u64 {
+    CONFIGS[ALL].value.load(Ordering::Relaxed)
 }
 
 extern "C" fn get<const I: usize>(_name: *const c_char, _priv: *mut c_void) -> c_longlong {
@@ -71,7 +81,7 @@ extern "C" fn set<const I: usize>(
     }
 }
 
-/// Reads the module arguments (`log-max-limit N`, `lease-max-limit N`; names
+/// Reads the module arguments (`log-max-limit N`, `lease-max-limit N`, `all-max-keys N`; names
 /// case-insensitive, optionally with the `rl.` prefix) into the defaults. Errors name the
 /// bad argument.
 pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
@@ -84,7 +94,8 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
             .find(|c| plain.eq_ignore_ascii_case(c.name.to_bytes()))
         else {
             return Err(format!(
-                "unknown module argument '{shown}' (known: log-max-limit N, lease-max-limit N)"
+                "unknown module argument '{shown}' (known: log-max-limit N, lease-max-limit N, \
+                 all-max-keys N)"
             ));
         };
         let value = rest
@@ -143,6 +154,7 @@ fn register_one<const I: usize>(ctx: *mut raw::RedisModuleCtx) -> Result<(), Str
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     register_one::<LOG>(ctx)?;
     register_one::<LEASE>(ctx)?;
+    register_one::<ALL>(ctx)?;
     // SAFETY: `ctx` is the load context, after every config is registered.
     let loaded = unsafe { raw::RedisModule_LoadConfigs.map(|load| load(ctx)) };
     if loaded.is_some_and(|status| status != raw::Status::Ok as c_int) {

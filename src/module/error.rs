@@ -51,6 +51,24 @@ pub enum CommandError {
     /// `FORCE` where usage cannot be recorded past the limit: with `LOG`, on a `LEASE`
     /// limit, with `PEEK` or `MAXWAIT`; the text says which, and why.
     CannotForce(&'static str),
+    /// `RENEW` where a renewal cannot be made: with `QUANTITY 0`, in RL.ALL; the text says
+    /// which, and why.
+    CannotRenew(&'static str),
+    /// RL.LEASE … RENEW whose token holds no live lease on the key (expired, released, never
+    /// taken): the `LEASELOST` error; nothing is written.
+    LeaseLost {
+        /// The key, for the message (lossy UTF-8, at most 64 characters).
+        key: String,
+        /// The token, shown the same way.
+        token: String,
+    },
+    /// RL.ALL with `numkeys` above `rl.all-max-keys`.
+    TooManyKeys {
+        /// The `numkeys` asked for.
+        numkeys: u64,
+        /// The configured maximum.
+        max: u64,
+    },
     /// RL.REFUND on a LEASE key.
     RefundOnLease {
         /// The key, for the message.
@@ -99,6 +117,12 @@ pub const FORCE_ON_LEASE: &str = "on a LEASE limit: its slots are taken with RL.
      back with RL.RELEASE";
 /// `FORCE` with `PEEK`.
 pub const FORCE_WITH_PEEK: &str = "with PEEK: FORCE records usage, PEEK records nothing";
+/// `RENEW` with `QUANTITY 0`.
+pub const RENEW_WITH_QUANTITY_ZERO: &str =
+    "with QUANTITY 0: a renewal holds at least one slot, QUANTITY 0 only reports";
+/// `RENEW` in RL.ALL.
+pub const RENEW_IN_ALL: &str =
+    "in RL.ALL: renew a lease on its own with RL.LEASE key limit lease token RENEW";
 /// `FORCE` with `MAXWAIT`.
 pub const FORCE_WITH_MAXWAIT: &str =
     "with MAXWAIT: FORCE records usage that already happened, MAXWAIT reserves a later start";
@@ -141,6 +165,14 @@ impl CommandError {
                  every lease: raise rl.lease-max-limit for larger concurrency limits"
             ),
             Self::CannotForce(reason) => format!("ERR FORCE cannot be used {reason}"),
+            Self::CannotRenew(reason) => format!("ERR RENEW cannot be used {reason}"),
+            Self::LeaseLost { key, token } => {
+                format!("LEASELOST lease '{token}' on key '{key}' is not held")
+            }
+            Self::TooManyKeys { numkeys, max } => format!(
+                "ERR numkeys {numkeys} is above rl.all-max-keys ({max}): give fewer keys per \
+                 call, or raise rl.all-max-keys"
+            ),
             Self::RefundOnLease { key } => format!(
                 "ERR key '{key}' holds a LEASE limit: give its slots back with RL.RELEASE key \
                  token"

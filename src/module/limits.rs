@@ -10,7 +10,7 @@ use super::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG};
 use super::keys::LimiterKey;
 use crate::codec;
 use crate::decision::{combine, Decision, Outcome};
-use crate::limit::{Limit, LimitError, Request};
+use crate::limit::{shown, Limit, LimitError, Request};
 use crate::module::config;
 use crate::state::{Algorithm, Event, Write};
 use crate::time::{Instant, Span};
@@ -39,6 +39,8 @@ pub struct Mode {
     pub force: bool,
     /// `MAXWAIT` (RL.GCRA only).
     pub max_wait: Option<Span>,
+    /// `RENEW` (RL.LEASE only): renew the token's live lease, never take a new one.
+    pub renew: bool,
 }
 
 /// Refuses a limit above its configured cap (`rl.log-max-limit`, `rl.lease-max-limit`).
@@ -58,6 +60,16 @@ pub fn check_caps(limit: &Limit) -> Result<(), CommandError> {
     }
 }
 
+/// Refuses an RL.ALL whose `numkeys` is above `rl.all-max-keys`: checked as soon as
+/// `numkeys` is read, before any key or spec is looked at, so a huge `numkeys` costs nothing.
+pub fn check_numkeys(numkeys: u64) -> Result<(), CommandError> {
+    let max = config::all_max_keys();
+    if numkeys > max {
+        return Err(CommandError::TooManyKeys { numkeys, max });
+    }
+    Ok(())
+}
+
 /// The outcome of one limiting call.
 pub struct Decided {
     /// The combined decision (the only key's own for a single key).
@@ -70,7 +82,8 @@ pub struct Decided {
 /// charged limit admits the request, emitting `event` for each key written.
 ///
 /// Errors (nothing is written): WRONGTYPE, a key of another algorithm, FORCE where it cannot
-/// apply, arithmetic overflow, a state that would not load back, out of memory for a write.
+/// apply, arithmetic overflow, a RENEW of a lease not held, a state that would not load
+/// back, out of memory for a write.
 pub fn decide<'a>(
     call: &Call<'a>,
     checks: &[Check<'a>],
@@ -181,6 +194,7 @@ fn decide_on(
         quantity: check.charge,
         max_wait: mode.max_wait,
         force: mode.force,
+        renew: mode.renew,
     };
     check
         .limit
@@ -194,6 +208,13 @@ fn decide_on(
             LimitError::Overflow(o) => CommandError::overflow(o, now),
             LimitError::CannotForce(Algorithm::Lease) => CommandError::CannotForce(FORCE_ON_LEASE),
             LimitError::CannotForce(_) => CommandError::CannotForce(FORCE_WITH_LOG),
+            LimitError::LeaseLost => CommandError::LeaseLost {
+                key: key.display_name(),
+                token: match &check.limit {
+                    Limit::Lease(_, token) => shown(token.as_bytes()),
+                    _ => String::new(),
+                },
+            },
         })
 }
 

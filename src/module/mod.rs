@@ -140,10 +140,12 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
                 ctx,
                 Level::Notice,
                 &format!(
-                    "redis-rl {} loaded (rl.log-max-limit {}, rl.lease-max-limit {})",
+                    "redis-rl {} loaded (rl.log-max-limit {}, rl.lease-max-limit {}, \
+                     rl.all-max-keys {})",
                     env!("CARGO_PKG_VERSION"),
                     config::log_max_limit(),
-                    config::lease_max_limit()
+                    config::lease_max_limit(),
+                    config::all_max_keys()
                 ),
             );
             raw::Status::Ok as c_int

@@ -1,7 +1,8 @@
 //! `RL.ALL numkeys key [key …] spec [spec …] [QUANTITY n] [PEEK] [FORCE]`: several limits,
 //! one atomic decision. Each spec is `GCRA burst rate period`, `WINDOW limit window
 //! [FIXED|SLIDING|LOG]` or `LEASE limit lease token`, optionally followed by `COST n`.
-//! Reply: `[combined five, [per-key five, …]]`.
+//! `numkeys` is at most `rl.all-max-keys`; `RENEW` is refused (a lease is renewed with
+//! RL.LEASE alone). Reply: `[combined five, [per-key five, …]]`.
 
 use super::{five, unknown, Options, RequestOptions};
 use crate::limit::{parse_spec, shown};
@@ -9,8 +10,8 @@ use crate::module::call::{Arg, Call};
 use crate::module::clock;
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
 use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, KEY, MULTIPLE, STRING};
-use crate::module::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG};
-use crate::module::limits::{self, check_caps, Check, Mode, PerKey};
+use crate::module::error::{CommandError, FORCE_ON_LEASE, FORCE_WITH_LOG, RENEW_IN_ALL};
+use crate::module::limits::{self, check_caps, check_numkeys, Check, Mode, PerKey};
 use crate::module::stats::Counters;
 use crate::params;
 use crate::state::Event;
@@ -63,6 +64,14 @@ fn specs_start_early(keys: &[Arg<'_>], words_after: usize) -> Option<usize> {
     keys.iter().position(|k| is_spec_kind(k.bytes()))
 }
 
+/// Whether the next word is `RENEW` (where a spec or an option of RL.ALL belongs).
+fn is_renew(words: &Options<'_>) -> bool {
+    words
+        .clone()
+        .next()
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"RENEW"))
+}
+
 /// A fully validated RL.ALL call.
 struct AllCall<'a> {
     checks: PerKey<Check<'a>>,
@@ -74,6 +83,8 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
         return Err(CommandError::Arity("rl.all"));
     };
     let n = params::positive(numkeys.bytes(), "numkeys")?;
+    // Before anything else: a huge numkeys is refused without a look at its arguments.
+    check_numkeys(n)?;
     let n = usize::try_from(n)
         .ok()
         .filter(|&n| n <= rest.len())
@@ -87,7 +98,7 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
              key(s) (give numkeys keys, then one spec per key)"
         )));
     }
-    // O(n): a hash set of the key bytes (n is bounded only by the argument count).
+    // O(n): a hash set of the key bytes (n is at most rl.all-max-keys).
     let mut seen = std::collections::HashSet::with_capacity(keys.len());
     for key in keys {
         if !seen.insert(key.bytes()) {
@@ -105,15 +116,22 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
                 "expected {n} specs (GCRA … or WINDOW … or LEASE …), got {i}"
             )));
         }
+        if is_renew(&words) {
+            return Err(CommandError::CannotRenew(RENEW_IN_ALL));
+        }
         let spec = parse_spec(&mut words, i + 1, n)?;
         check_caps(&spec.limit)?;
         specs.push((*key, spec));
     }
     let mut options = RequestOptions::default();
     while let Some(keyword) = words.next() {
-        if !options.take(keyword, &mut words)? {
-            return Err(unknown(keyword));
+        if options.take(keyword, &mut words)? {
+            continue;
         }
+        if keyword.eq_ignore_ascii_case(b"RENEW") {
+            return Err(CommandError::CannotRenew(RENEW_IN_ALL));
+        }
+        return Err(unknown(keyword));
     }
     options.check_force()?;
     if options.force {
@@ -138,6 +156,7 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<AllCall<'a>, CommandError> {
             peek: options.peek,
             force: options.force,
             max_wait: None,
+            renew: false,
         },
     })
 }
@@ -172,14 +191,15 @@ impl Command for All {
 
     /// The keys are arguments `2 ..= numkeys + 1` (Redis 7.0 routes movable keys in a
     /// cluster through this callback only). A call whose `numkeys` the arguments cannot hold,
-    /// or whose specs do not match it, has no keys: it fails with a syntax error wherever it
-    /// runs, and no spec word is reported as a key.
+    /// is above `rl.all-max-keys`, or whose specs do not match it, has no keys: it fails with
+    /// an error wherever it runs, and no spec word is reported as a key.
     fn key_positions(call: &Call<'_>) {
         let args = call.args();
         let rest = args.get(2..).unwrap_or(&[]);
         let n = args
             .get(1)
             .and_then(|a| crate::time::parse_count(a.bytes()))
+            .filter(|&n| check_numkeys(n).is_ok())
             .and_then(|n| usize::try_from(n).ok())
             .filter(|&n| n <= rest.len())
             .unwrap_or(0);

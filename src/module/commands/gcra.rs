@@ -74,6 +74,7 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<GcraCall<'a>, CommandError> {
             peek: options.peek,
             force: options.force,
             max_wait,
+            renew: false,
         },
     })
 }

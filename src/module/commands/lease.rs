@@ -1,15 +1,16 @@
-//! `RL.LEASE key limit lease token [QUANTITY n] [PEEK]`: a concurrency limit. At most `limit`
-//! slots are held at once, by named leases that end `lease` seconds after their last
-//! acquire unless renewed; the same `token` renews instead of taking a second lease. Reply:
-//! the five integers.
+//! `RL.LEASE key limit lease token [QUANTITY n] [PEEK] [RENEW]`: a concurrency limit. At most
+//! `limit` slots are held at once, by named leases that end `lease` seconds after their last
+//! acquire unless renewed; the same `token` renews instead of taking a second lease. `RENEW`
+//! makes the call a renewal only: a token that holds no live lease gets the `LEASELOST` error
+//! and nothing is written. Reply: the five integers.
 
-use super::{decide_and_reply, unknown, Options, RequestOptions};
+use super::{decide_and_reply, once, unknown, Options, RequestOptions};
 use crate::algo::lease::LeaseParams;
 use crate::limit::Limit;
 use crate::module::call::{Arg, Call};
 use crate::module::command::{Command, CommandSpec, Counted, Keys};
-use crate::module::docs::{self, arg, Arg as DocArg, INTEGER, STRING};
-use crate::module::error::{CommandError, FORCE_ON_LEASE};
+use crate::module::docs::{self, arg, opt, Arg as DocArg, INTEGER, STRING, TOKEN};
+use crate::module::error::{CommandError, FORCE_ON_LEASE, RENEW_WITH_QUANTITY_ZERO};
 use crate::module::limits::{check_caps, Check, Mode};
 use crate::module::stats::Counters;
 use crate::params;
@@ -27,6 +28,12 @@ const ARGS: &[DocArg] = &[
     arg(c"token", STRING, c"the holder's name, 1 to 64 bytes"),
     docs::QUANTITY,
     docs::PEEK,
+    opt(
+        c"renew",
+        TOKEN,
+        c"RENEW",
+        c"renew the token's live lease only: LEASELOST when it holds none",
+    ),
 ];
 
 /// A fully validated RL.LEASE call.
@@ -34,6 +41,8 @@ struct LeaseCall<'a> {
     key: Arg<'a>,
     limit: Limit,
     options: RequestOptions,
+    /// `RENEW`: a renewal only.
+    renew: bool,
 }
 
 fn parse<'a>(args: &'a [Arg<'a>]) -> Result<LeaseCall<'a>, CommandError> {
@@ -45,19 +54,29 @@ fn parse<'a>(args: &'a [Arg<'a>]) -> Result<LeaseCall<'a>, CommandError> {
     let limit = Limit::Lease(params, Box::new(token));
     check_caps(&limit)?;
     let mut options = RequestOptions::default();
+    let mut renew = false;
     let mut words = Options::new(rest);
     while let Some(keyword) = words.next() {
-        if !options.take(keyword, &mut words)? {
-            return Err(unknown(keyword));
+        if options.take(keyword, &mut words)? {
+            continue;
         }
+        if keyword.eq_ignore_ascii_case(b"RENEW") {
+            once(&mut renew, "RENEW")?;
+            continue;
+        }
+        return Err(unknown(keyword));
     }
     if options.force {
         return Err(CommandError::CannotForce(FORCE_ON_LEASE));
+    }
+    if renew && options.quantity == 0 {
+        return Err(CommandError::CannotRenew(RENEW_WITH_QUANTITY_ZERO));
     }
     Ok(LeaseCall {
         key: *key,
         limit,
         options,
+        renew,
     })
 }
 
@@ -85,6 +104,7 @@ impl Command for Lease {
         };
         let mode = Mode {
             peek: c.options.peek,
+            renew: c.renew,
             ..Mode::default()
         };
         decide_and_reply(call, &check, mode, Event::Lease)

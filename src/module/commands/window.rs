@@ -105,6 +105,7 @@ impl Command for Window {
             peek: c.options.peek,
             force: c.options.force,
             max_wait: None,
+            renew: false,
         };
         decide_and_reply(call, &check, mode, Event::Window)
     }
