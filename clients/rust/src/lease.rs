@@ -56,6 +56,9 @@ pub enum LostReason {
     /// A renewal found that the token no longer held a lease (`LEASELOST`): it lapsed while
     /// no renewal reached Redis, and another holder may have had the slots meanwhile.
     NotHeld,
+    /// No renewal reached Redis within the lease time, judged by this process's clock
+    /// (a server that predates `RENEW` would grant the lapsed lease again).
+    Lapsed,
     /// A renewal was denied: the limit was lowered below what is held.
     Denied,
     /// No renewal reached Redis for a whole lease time (Redis unreachable).
@@ -80,6 +83,7 @@ impl std::fmt::Display for LeaseLost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let why = match self.reason {
             LostReason::NotHeld => "it lapsed before a renewal reached Redis (LEASELOST)",
+            LostReason::Lapsed => "no renewal reached Redis within the lease time",
             LostReason::Denied => "a renewal was denied (the limit is below what is held)",
             LostReason::Unreachable => "no renewal reached Redis for a whole lease time",
         };
@@ -351,7 +355,7 @@ impl GuardState {
                 // Without RENEW the server would grant a lapsed lease again as a fresh one:
                 // judge by this clock instead (the last renewal's reply came after Redis
                 // extended the lease, so the lease has certainly ended by now).
-                return Err(self.lost_error(LostReason::NotHeld));
+                return Err(self.lost_error(LostReason::Lapsed));
             }
             outcome = self
                 .limiter

@@ -185,26 +185,13 @@ impl Memory {
         let mut outcomes = Vec::with_capacity(items.len());
         for (item, limit) in items.iter().zip(&limits) {
             let stored = states.get(item.key);
-            if options.renew {
-                if let (CoreLimit::Lease(_, token), held) = (limit, stored) {
-                    let live = match held {
-                        Some(State::Lease(s)) => s.live(token, at).is_some(),
-                        _ => false,
-                    };
-                    if !live {
-                        return Err(Error::Usage(format!(
-                            "LEASELOST lease on key '{}' is not held (in memory)",
-                            item.key
-                        )));
-                    }
-                }
-            }
             let request = Request {
                 quantity: item.cost,
                 max_wait: options
                     .max_wait
                     .map(|w| Span::from_ns(w.as_nanos().min(u128::from(u64::MAX)) as u64)),
                 force: options.force,
+                renew: options.renew,
             };
             let outcome = limit
                 .decide(stored.map(State::as_ref), at, request)

@@ -128,13 +128,13 @@ fn client_ip_reads_forwarded_only_when_configured() {
     let r = req(Some("10.0.0.1"), "/", &[("forwarded", fwd)]);
     assert_eq!(key_of(&only_xff, &r).unwrap(), "10.0.0.1");
     let key = Key::client_ip_with(["10.0.0.0/8"], Forwarding::Forwarded).unwrap();
-    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::1");
+    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
     let r = req(
         Some("10.0.0.1"),
         "/",
         &[("forwarded", fwd), ("x-forwarded-for", "9.9.9.9")],
     );
-    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::1");
+    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
 }
 
 #[test]
@@ -151,12 +151,20 @@ fn client_ip_normalises_ports_and_ipv6() {
         "/",
         &[("x-forwarded-for", "[2001:DB8:0::1]:80")],
     );
-    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::1");
+    // IPv6 clients are keyed by their /64 (docs/clients.md#client-ip).
+    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
     let any = Key::client_ip(Vec::<&str>::new()).unwrap();
     assert_eq!(
-        key_of(&any, &req(Some("2001:db8:0:0::1"), "/", &[])).unwrap(),
+        key_of(&any, &req(Some("2001:db8:0:0:9:8:7:6"), "/", &[])).unwrap(),
+        "2001:db8::/64"
+    );
+    let exact = Key::client_ip_from(ClientIp::new().ipv6_prefix(128).unwrap());
+    assert_eq!(
+        key_of(&exact, &req(Some("2001:db8::1"), "/", &[])).unwrap(),
         "2001:db8::1"
     );
+    assert!(ClientIp::new().ipv6_prefix(47).is_err());
+    assert!(ClientIp::new().ipv6_prefix(129).is_err());
     // An IPv4 client on a dual-stack socket is the IPv4 address.
     assert_eq!(
         key_of(&any, &req(Some("::ffff:192.0.2.7"), "/", &[])).unwrap(),
