@@ -20,8 +20,8 @@ use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
 use crate::memory::{LocalItem, LocalOptions, Memory};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
-    all_reply, command_exists, frame, ints, is_missing_function, is_unknown_command,
-    library_matches, Connection, Mode, Op, LIBRARY_NAME, LUA_LIBRARY,
+    all_reply, command_exists, frame, ints, is_missing_function, is_unknown_command, library_plan,
+    library_version, listed_version, Connection, LibraryPlan, Mode, Op, LIBRARY_NAME, LUA_LIBRARY,
 };
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -1013,20 +1013,33 @@ impl Limiter {
             .await
             .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?
             .map_err(Error::Redis)?;
-        let states: Vec<Option<bool>> = listings
+        let ours = library_version(LUA_LIBRARY).unwrap_or("");
+        let plans: Vec<LibraryPlan> = listings
             .iter()
-            .map(|l| library_matches(l, LUA_LIBRARY))
+            .map(|l| library_plan(listed_version(l).as_deref(), ours))
             .collect();
-        if states.iter().all(|s| *s == Some(true)) {
+        if plans.contains(&LibraryPlan::Newer) {
+            // A newer client loaded it (a rolling deploy): it answers our calls too.
+            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library is newer than this client's ({ours}): left in place");
+        }
+        if plans
+            .iter()
+            .all(|p| matches!(p, LibraryPlan::Keep | LibraryPlan::Newer))
+        {
             return Ok(());
         }
         if !self.inner.load_library {
-            if states.contains(&None) {
+            if plans.contains(&LibraryPlan::Load) {
                 return Err(Error::Library(
                     "the redis_rl Functions library is not loaded and load_library is false".into(),
                 ));
             }
-            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library differs from ours");
+            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library is older than this client's ({ours})");
+            return Ok(());
+        }
+        if plans.contains(&LibraryPlan::Newer) {
+            // Some masters run a newer library: FUNCTION LOAD REPLACE goes to every master,
+            // so ours is not loaded at all rather than over the newer one.
             return Ok(());
         }
         let mut load = redis::cmd("FUNCTION");

@@ -562,3 +562,64 @@ async fn counters_and_hook(kind: Kind) {
     assert_eq!(seen.get("redis_calls"), Some(&2));
     assert_eq!(lim.counters().get("denied_locally"), Some(1));
 }
+
+/// docs/clients.md#the-fallback-where-users-are: a client never replaces a newer library
+/// with an older one (a rolling deploy runs two versions at once), and keeps working beside
+/// it; an older one is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_library_is_left_in_place_and_an_older_one_replaced() {
+    let server = Kind::Fallback.server();
+    let mut con = server.conn();
+    let ours = redis_rl_client::LUA_LIBRARY;
+    let version = ours
+        .split("local VERSION = '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .unwrap()
+        .to_owned();
+    let load = |con: &mut redis::Connection, code: &str| {
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(code)
+            .query(con)
+            .unwrap();
+    };
+    let listed = |con: &mut redis::Connection| -> String {
+        redis::cmd("FCALL_RO")
+            .arg("rl_version")
+            .arg(0)
+            .query(con)
+            .unwrap()
+    };
+    let newer = ours.replace(
+        &format!("local VERSION = '{version}'"),
+        "local VERSION = '99.0.0'",
+    );
+    load(&mut con, &newer);
+    let lim = limiter(&server).await;
+    assert!(
+        lim.check("n", Gcra::new(1, 1, 1).unwrap())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(listed(&mut con), "99.0.0", "the newer library stays");
+    let older = ours.replace(
+        &format!("local VERSION = '{version}'"),
+        "local VERSION = '0.0.1'",
+    );
+    load(&mut con, &older);
+    let lim = limiter(&server).await;
+    assert!(
+        lim.check("o", Gcra::new(1, 1, 1).unwrap())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(
+        listed(&mut con),
+        version,
+        "the older library is replaced by ours"
+    );
+}
