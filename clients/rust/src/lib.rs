@@ -24,7 +24,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The crate implements the project's client contract (`CLIENTS.md`): the same limits,
+//! The crate implements the project's client contract (`docs/clients.md` in the repository): the same limits,
 //! decisions, failure policy, fast path and HTTP answers as the Python package
 //! (`clients/python`), so services in both languages can share keys. See the crate's
 //! README for the decisions, the measured figures, and the comparison with

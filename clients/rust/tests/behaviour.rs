@@ -1,4 +1,4 @@
-//! The client per CLIENTS.md against a real `redis-server`, in both modes (the module, and a
+//! The client per docs/clients.md against a real `redis-server`, in both modes (the module, and a
 //! server without it where `Mode::Auto` must pick the Lua fallback): decisions, check_all,
 //! refund, the deny cache and batching.
 

@@ -38,17 +38,18 @@ struct Instance {
 impl Instance {
     fn start(url: String, prefix: String, name: &str) -> Instance {
         let open = (FailurePolicy::Open, Duration::from_millis(300));
-        Instance::start_on(vec![url], false, prefix, name, open)
+        Instance::start_on(vec![url], false, prefix, name, Some(open))
     }
 
     /// An instance whose limiter talks to `urls` (one server, or a Redis Cluster's nodes)
-    /// with this failure policy and timeout.
+    /// with this failure policy and timeout, or (`None`) the limiter the example's `main`
+    /// builds.
     fn start_on(
         urls: Vec<String>,
         cluster: bool,
         prefix: String,
         name: &str,
-        (policy, timeout): (FailurePolicy, Duration),
+        settings: Option<(FailurePolicy, Duration)>,
     ) -> Instance {
         let (tx, rx) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -60,18 +61,23 @@ impl Instance {
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                let builder = if cluster {
-                    Limiter::cluster_builder(urls)
-                } else {
-                    Limiter::builder(urls[0].clone())
+                let limiter = match settings {
+                    None => example::limiter(urls[0].clone(), prefix, 1).await.unwrap(),
+                    Some((policy, timeout)) => {
+                        let builder = if cluster {
+                            Limiter::cluster_builder(urls)
+                        } else {
+                            Limiter::builder(urls[0].clone())
+                        };
+                        builder
+                            .prefix(prefix)
+                            .on_error(policy)
+                            .timeout(timeout)
+                            .build()
+                            .await
+                            .unwrap()
+                    }
                 };
-                let limiter = builder
-                    .prefix(prefix)
-                    .on_error(policy)
-                    .timeout(timeout)
-                    .build()
-                    .await
-                    .unwrap();
                 let app = example::app(limiter, name).unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap().port()).unwrap();
@@ -175,6 +181,7 @@ both_modes!(
     rotating_api_keys_from_one_ip_are_held_to_the_per_ip_limit,
     rotating_api_keys_on_a_cluster_are_held_to_the_per_ip_limit,
     zero_units_are_charged,
+    the_example_keeps_limiting_while_redis_is_down,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -198,7 +205,8 @@ async fn rotating_keys_against(port: u16) -> usize {
 
 /// Decided by Redis only: a timeout on this loaded machine is a 503 (and fails the test),
 /// never a silent fail-open admission.
-const STRICT: (FailurePolicy, Duration) = (FailurePolicy::Closed, Duration::from_secs(5));
+const STRICT: Option<(FailurePolicy, Duration)> =
+    Some((FailurePolicy::Closed, Duration::from_secs(5)));
 
 async fn rotating_api_keys_from_one_ip_are_held_to_the_per_ip_limit(kind: Kind) {
     let server = kind.server();
@@ -504,4 +512,56 @@ async fn plain_hyper_service(kind: Kind) {
     assert_eq!(got[0].body, "remaining 1");
     assert_eq!(got[0].header("ratelimit"), "\"hyper\";r=1;t=60");
     assert_eq!(got[2].header("retry-after"), "60");
+}
+
+/// The example's own limiter (`main`'s: FailurePolicy::Local): with Redis stopped the
+/// instance keeps answering and keeps limiting, from memory, with real RateLimit fields, and
+/// goes back to Redis when it is started again.
+async fn the_example_keeps_limiting_while_redis_is_down(kind: Kind) {
+    let mut server = kind.server();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        support::prefix(),
+        "a",
+        None,
+    );
+    let up = http(a.port, "POST", "/upload", &[]).await;
+    assert_eq!(up.status, StatusCode::OK);
+    server.stop();
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.push(http(a.port, "POST", "/upload", &[]).await);
+    }
+    assert_eq!(
+        got.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [200, 200, 200, 200, 200, 429],
+        "the local limiter's own 5 units"
+    );
+    assert!(
+        got[0].header("ratelimit").starts_with("\"upload\";r=4;"),
+        "{:?}",
+        got[0].headers
+    );
+    assert_eq!(got[5].header("retry-after"), "60");
+    let m = http(a.port, "GET", "/metrics", &[]).await;
+    assert!(!m.body.contains("\"local\": 0,"), "{}", m.body);
+    server.restart();
+    // The local bucket is empty for a minute, so the first 200 is Redis's, and the
+    // restarted server (no persistence) starts the key afresh.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let back = loop {
+        let r = http(a.port, "POST", "/upload", &[]).await;
+        if r.status == StatusCode::OK {
+            break r;
+        }
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(Instant::now() < deadline, "did not return to Redis");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        back.header("ratelimit").starts_with("\"upload\";r=4;"),
+        "{:?}",
+        back.headers
+    );
 }
