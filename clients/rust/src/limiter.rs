@@ -20,8 +20,9 @@ use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
 use crate::memory::{LocalItem, LocalOptions, Memory};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
-    all_reply, command_exists, frame, ints, is_missing_function, is_unknown_command, library_plan,
-    library_version, listed_version, Connection, LibraryPlan, Mode, Op, LIBRARY_NAME, LUA_LIBRARY,
+    all_reply, command_exists, frame, frame_with, ints, is_missing_function, is_refused,
+    is_unknown_command, library_plan, library_version, listed_version, script_text, Connection,
+    LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
 };
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -296,6 +297,8 @@ impl LimiterBuilder {
                 memory: (self.on_error == FailurePolicy::Local)
                     .then(|| Memory::new(self.fleet_size)),
                 renew_plain: AtomicBool::new(false),
+                scripts: AtomicBool::new(false),
+                script_sha: Mutex::new(None),
                 batch: self.batch,
                 batch_hold: self.batch_hold,
                 credits: batching.then(Credits::new),
@@ -330,6 +333,9 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     memory: Option<Memory>,
     renew_plain: AtomicBool,
+    /// The fallback runs as a script (no FUNCTION here), by this SHA1 if known.
+    scripts: AtomicBool,
+    script_sha: Mutex<Option<String>>,
     batch: Option<u64>,
     batch_hold: Duration,
     credits: Option<Credits>,
@@ -1009,10 +1015,16 @@ impl Limiter {
             .arg("LIBRARYNAME")
             .arg(LIBRARY_NAME)
             .arg("WITHCODE");
-        let listings = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(list))
+        let listed = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(list))
             .await
-            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?
-            .map_err(Error::Redis)?;
+            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?;
+        let listings = match listed {
+            Ok(l) => l,
+            // No FUNCTION here (Redis 6.x, an ACL or a service that disables it): the
+            // fallback runs as a script.
+            Err(e) if is_refused(&e) => return self.use_scripts().await,
+            Err(e) => return Err(Error::Redis(e)),
+        };
         let ours = library_version(LUA_LIBRARY).unwrap_or("");
         let plans: Vec<LibraryPlan> = listings
             .iter()
@@ -1049,10 +1061,48 @@ impl Limiter {
         Ok(())
     }
 
+    /// Switches the fallback to scripts: `SCRIPT LOAD` on every master for the SHA1 (if
+    /// `SCRIPT` is refused too, every call sends the text with `EVAL`).
+    async fn use_scripts(&self) -> Result<(), Error> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script_text());
+        let loaded = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(load))
+            .await
+            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?;
+        let sha = match loaded {
+            Ok(replies) => replies.iter().find_map(|v| match v {
+                Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                Value::SimpleString(s) => Some(s.clone()),
+                _ => None,
+            }),
+            Err(e) if is_refused(&e) => None,
+            Err(e) => return Err(Error::Redis(e)),
+        };
+        if !self.inner.scripts.swap(true, Ordering::AcqRel) {
+            tracing::info!(target: "redis_rl_client", "redis-rl: FUNCTION is not available here: the Lua fallback runs as a script (EVALSHA)");
+        }
+        *lock(&self.inner.script_sha) = sha;
+        Ok(())
+    }
+
+    /// The command for `op`: the module's, `FCALL`, or the script (`EVALSHA`, or `EVAL` when
+    /// `text` or no SHA1 is known).
+    fn command(&self, mode: Mode, op: Op, keys: &[&str], args: &[Vec<u8>], text: bool) -> Cmd {
+        if mode != Mode::Fallback || !self.inner.scripts.load(Ordering::Acquire) {
+            return frame(mode, op, keys, args);
+        }
+        let sha = lock(&self.inner.script_sha).clone();
+        let script = match (&sha, text) {
+            (Some(sha), false) => Script::Sha(sha),
+            _ => Script::Text,
+        };
+        frame_with(mode, script, op, keys, args)
+    }
+
     /// Runs one command in the resolved mode, detecting again once when the module
     /// disappeared or the library was flushed (a restart, a failover).
     async fn call(&self, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Result<(Value, Mode), Error> {
-        let (mut reconnected, mut redetected) = (false, false);
+        let (mut reconnected, mut redetected, mut as_text) = (false, false, false);
         loop {
             let (e, mode) = match self.mode().await {
                 Err(Error::Redis(e)) => (e, None),
@@ -1061,7 +1111,10 @@ impl Limiter {
                     self.inner.counters.add(Counter::RedisCalls, 1);
                     let sent = Instant::now();
                     match self
-                        .raw(&frame(mode, op, keys, args), keys.first().copied())
+                        .raw(
+                            &self.command(mode, op, keys, args, as_text),
+                            keys.first().copied(),
+                        )
                         .await
                     {
                         Ok(v) => {
@@ -1089,6 +1142,22 @@ impl Limiter {
                 redetected = true;
                 self.inner.resolved.store(2, Ordering::Release);
                 continue;
+            }
+            if mode == Some(Mode::Fallback) && self.inner.scripts.load(Ordering::Acquire) {
+                // A node without the script cached (a restart, a failover, a node added to
+                // a Cluster): once, with the text, which caches it there.
+                if !as_text && (e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT"))
+                {
+                    as_text = true;
+                    continue;
+                }
+                if is_refused(&e) {
+                    return Err(Error::Library(format!(
+                        "this server has no redis-rl module and refuses Lua scripts to this \
+                         client ({e}): load the module (MODULE LOAD), or allow FUNCTION or \
+                         EVAL/EVALSHA"
+                    )));
+                }
             }
             if !redetected && mode == Some(Mode::Fallback) && is_missing_function(&e) {
                 redetected = true;

@@ -81,6 +81,61 @@ impl Op {
     }
 }
 
+/// The fallback as a script, for servers where `FUNCTION` is not allowed (Redis 6.x,
+/// services that disable it): the library without its `#!lua` line, run with `EVAL` /
+/// `EVALSHA sha numkeys key … name arg …` (`ARGV[1]` names the function).
+pub(crate) fn script_text() -> &'static str {
+    LUA_LIBRARY
+        .split_once('\n')
+        .map_or(LUA_LIBRARY, |(_, rest)| rest)
+}
+
+/// How the fallback is called: the Functions library, or the script by its SHA1 (`EVALSHA`)
+/// or by its text (`EVAL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Script<'a> {
+    /// `FCALL` (the Functions library).
+    Functions,
+    /// `EVALSHA <sha>`.
+    Sha(&'a str),
+    /// `EVAL <text>` (loads it into the node's script cache too).
+    Text,
+}
+
+/// Builds the wire command for `op` in MODULE or FALLBACK mode (the fallback as `script`).
+pub(crate) fn frame_with(
+    mode: Mode,
+    script: Script<'_>,
+    op: Op,
+    keys: &[&str],
+    args: &[Vec<u8>],
+) -> Cmd {
+    if mode != Mode::Fallback || script == Script::Functions {
+        return frame(mode, op, keys, args);
+    }
+    let mut cmd = match script {
+        Script::Sha(sha) => {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(sha);
+            c
+        }
+        _ => {
+            let mut c = redis::cmd("EVAL");
+            c.arg(script_text());
+            c
+        }
+    };
+    cmd.arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    cmd.arg(op.function());
+    for a in args {
+        cmd.arg(a.as_slice());
+    }
+    cmd
+}
+
 /// Builds the wire command for `op` in MODULE or FALLBACK mode.
 pub(crate) fn frame(mode: Mode, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Cmd {
     let mut cmd;
@@ -313,6 +368,13 @@ pub(crate) fn listed_version(listing: &Value) -> Option<String> {
 pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
     let msg = e.to_string().to_lowercase();
     msg.contains("unknown command") && msg.contains("rl.")
+}
+
+/// The server refuses a command to this client: unknown (Redis 6.x, a renamed or disabled
+/// command) or not permitted by its ACL.
+pub(crate) fn is_refused(e: &RedisError) -> bool {
+    let msg = e.to_string().to_lowercase();
+    e.code() == Some("NOPERM") || msg.contains("unknown command") || msg.contains("noperm")
 }
 
 /// The Functions library is not (or no longer) loaded.

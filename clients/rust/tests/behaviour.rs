@@ -623,3 +623,76 @@ async fn a_newer_library_is_left_in_place_and_an_older_one_replaced() {
         "the older library is replaced by ours"
     );
 }
+
+/// docs/clients.md#the-fallback-where-users-are: where `FUNCTION` is not allowed (an ACL,
+/// Redis 6.x, a service that disables it) the fallback runs as a script (`EVALSHA`, the text
+/// with `EVAL` once on a node that lost it), chosen by asking the server; where no scripting
+/// is allowed either, one clear error names what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_function_the_fallback_runs_as_a_script() {
+    let server = Kind::Fallback.server();
+    let mut con = server.conn();
+    for (user, rules) in [
+        ("scripts", vec!["-function"]),
+        ("nothing", vec!["-function", "-eval", "-evalsha", "-script"]),
+    ] {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER")
+            .arg(user)
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("+@all");
+        for r in rules {
+            cmd.arg(r);
+        }
+        let _: () = cmd.query(&mut con).unwrap();
+    }
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}/", server.port);
+    let lim = redis_rl_client::Limiter::builder(url("scripts"))
+        .prefix(support::prefix())
+        .build()
+        .await
+        .unwrap();
+    let g = Gcra::new(2, 1, 60).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(lim.check("s", &g).await.unwrap());
+    }
+    assert_eq!(
+        got.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    assert!(got.iter().all(|d| d.source == Source::Fallback));
+    assert_eq!(
+        lim.resolved_mode().await.unwrap(),
+        redis_rl_client::Mode::Fallback
+    );
+    let listed: redis::Value = redis::cmd("FUNCTION").arg("LIST").query(&mut con).unwrap();
+    assert!(
+        matches!(&listed, redis::Value::Array(a) if a.is_empty()),
+        "no library was loaded: {listed:?}"
+    );
+    // The script cache flushed (as after a restart): recovered once with the text.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    assert!(lim.check("t", &g).await.unwrap().allowed);
+    let d = lim
+        .check_all([Entry::new("{u}:a", &g), Entry::new("{u}:b", &g)])
+        .await
+        .unwrap();
+    assert!(d.allowed && d.per_key.len() == 2);
+    let lease = redis_rl_client::Lease::new(1, 30).unwrap();
+    let held = lim.acquire("job", &lease).await.unwrap();
+    held.renew().await.unwrap();
+    held.release().await.unwrap();
+    // Neither FUNCTION nor EVAL: one clear error.
+    let none = redis_rl_client::Limiter::builder(url("nothing"))
+        .prefix(support::prefix())
+        .build()
+        .await
+        .unwrap();
+    match none.check("n", &g).await {
+        Err(Error::Library(m)) => assert!(m.contains("refuses Lua scripts"), "{m}"),
+        other => panic!("expected Error::Library, got {other:?}"),
+    }
+}
