@@ -187,6 +187,29 @@ impl RateLimitLayer {
 
     /// The rule for requests no other rule matches, including those that match no route
     /// (404s): default limits for every route.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use http::StatusCode;
+    /// use redis_rl_client::http::{ClientIp, Forwarding, Key, Missing, Rule};
+    /// use redis_rl_client::{Limiter, RateLimitLayer};
+    ///
+    /// let limiter = Limiter::builder("redis://127.0.0.1:6379/").build().await?; // connects lazily
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .client_ip(ClientIp::new().trusted(["10.0.0.0/8"])?.forwarding(Forwarding::Forwarded))
+    ///     .rule(Rule::new("/api/", "100/minute", Key::header("X-API-Key"))?)
+    ///     .default_rule(Rule::any("600/minute", Key::ip())?) // every other path
+    ///     .missing(Missing::Ip)                                // the default, said out loud
+    ///     .exempt("/health")
+    ///     .exempt_when(|req| req.header("x-internal-token").is_some())
+    ///     .deduct_when(|status| !status.is_server_error())      // a 5xx is not charged
+    ///     .exempt_preflights(true)
+    ///     .x_headers(true)
+    ///     .degraded_status(StatusCode::SERVICE_UNAVAILABLE);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn default_rule(self, rule: Rule) -> RateLimitLayer {
         self.edit(|c| c.default_rule = Some(rule))
     }

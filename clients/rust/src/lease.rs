@@ -69,6 +69,22 @@ pub enum LostReason {
 ///
 /// Passed to the [`on_lost`](Acquire::on_lost) hook, given by [`LeaseGuard::lost`], and
 /// returned by [`LeaseGuard::release`] as [`Error::LeaseLost`].
+///
+/// ```
+/// use redis_rl_client::{Error, LeaseLost, LostReason};
+///
+/// fn report(result: Result<(), Error>) -> String {
+///     match result {
+///         Err(Error::LeaseLost(lost)) if lost.reason == LostReason::NotHeld => lost.to_string(),
+///         _ => "guarded".into(),
+///     }
+/// }
+/// let lost = LeaseLost { key: "jobs".into(), token: b"t1".to_vec(), reason: LostReason::NotHeld };
+/// assert_eq!(
+///     report(Err(Error::LeaseLost(lost))),
+///     "lease 't1' on key 'jobs' was lost: it lapsed before a renewal reached Redis (LEASELOST)"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseLost {
     /// The key, as sent (with the limiter's prefix).

@@ -1625,7 +1625,8 @@ impl Limiter {
             want = cost.max((want - 1).min(d.remaining));
             last = Some(d);
         }
-        let d = last.expect("the loop ran at least once");
+        // The loop runs at least once; no panic path even so.
+        let d = last.ok_or_else(|| Error::Usage("batching made no call".into()))?;
         Ok(self.decided(d))
     }
 
