@@ -187,8 +187,8 @@ both_modes!(
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
 /// fresh per-key bucket each time, but the per-IP limit (100 per minute) still holds it
 /// (docs/clients.md#identities-stay-apart).
-async fn rotating_keys_against(port: u16) -> usize {
-    let mut ok = 0;
+async fn rotating_keys_against(port: u16) -> Vec<bool> {
+    let mut admitted = Vec::new();
     for i in 0..150 {
         let key = format!("k{i}");
         let r = http(port, "GET", "/api/thing", &[("X-API-Key", key.as_str())]).await;
@@ -198,9 +198,24 @@ async fn rotating_keys_against(port: u16) -> usize {
             r.status,
             r.body
         );
-        ok += usize::from(r.status == StatusCode::OK);
+        admitted.push(r.status == StatusCode::OK);
     }
-    ok
+    admitted
+}
+
+/// The per-key key of API key `k{i}` in the example's layout (prefix included).
+fn api_key_of(prefix: &str, i: usize) -> String {
+    format!("{prefix}{{hdr.x-api-key:k{i}}}:api:hdr.x-api-key:k{i}")
+}
+
+/// A denied request left no charge: the per-key buckets of the denied requests do not
+/// exist (RL.ALL wrote nothing, or the refund returned the key to idle, which deletes it);
+/// those of the admitted ones do.
+fn assert_no_charge_on_denial(admitted: &[bool], exists: impl Fn(&str) -> bool, prefix: &str) {
+    assert_eq!(admitted.iter().filter(|a| **a).count(), 100);
+    for (i, ok) in admitted.iter().enumerate() {
+        assert_eq!(exists(&api_key_of(prefix, i)), *ok, "k{i}");
+    }
 }
 
 /// Decided by Redis only: a timeout on this loaded machine is a 503 (and fails the test),
@@ -210,21 +225,29 @@ const STRICT: Option<(FailurePolicy, Duration)> =
 
 async fn rotating_api_keys_from_one_ip_are_held_to_the_per_ip_limit(kind: Kind) {
     let server = kind.server();
+    let prefix = support::prefix();
     let a = Instance::start_on(
         vec![support::url(&server)],
         false,
-        support::prefix(),
+        prefix.clone(),
         "a",
         STRICT,
     );
-    assert_eq!(rotating_keys_against(a.port).await, 100);
+    let admitted = rotating_keys_against(a.port).await;
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    assert_no_charge_on_denial(&admitted, exists, &prefix);
 }
 
 async fn rotating_api_keys_on_a_cluster_are_held_to_the_per_ip_limit(kind: Kind) {
     let cl = support::cluster(kind);
     let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
-    let a = Instance::start_on(urls, true, support::prefix(), "a", STRICT);
-    assert_eq!(rotating_keys_against(a.port).await, 100);
+    let prefix = support::prefix();
+    let a = Instance::start_on(urls, true, prefix.clone(), "a", STRICT);
+    let admitted = rotating_keys_against(a.port).await;
+    // On the cluster the per-key and per-IP keys live in different slots: the denied
+    // requests' per-key charges were refunded.
+    let exists = |k: &str| common::q::<i64>(&mut cl.owner(k).conn(), &["EXISTS", k]) == 1;
+    assert_no_charge_on_denial(&admitted, exists, &prefix);
 }
 
 /// `X-Units: 0` used to be a free pass: QUANTITY 0 only reports, so it was always admitted
