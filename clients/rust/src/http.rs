@@ -8,7 +8,7 @@
 //! [`respond`].
 //!
 //! Keys keep identities apart (`docs/clients.md#identities-stay-apart`): every key is
-//! `{<kind>:<value>}:<limit name>:<kind>:<value>`, where the kind names the identity (`ip`,
+//! `<limit name>:{<kind>:<value>}`, where the kind names the identity (`ip`,
 //! `hdr.x-api-key`, `user`, `route`, or the caller's) and the value is escaped, so a
 //! per-IP limit holds the IP alone and an API key equal to an IP address never shares its
 //! bucket. The braces are the identity's hash tag: all limits of one identity share a Redis
@@ -185,7 +185,7 @@ fn parse_network(text: &str) -> Result<IpNet, InvalidLimit> {
 ///   and the rightmost address not in the trusted set is the client; what a client writes at
 ///   the left is ignored.
 /// * An unusable value (garbage, a port-only entry, an `unknown` or obfuscated hop, an empty
-///   list) falls back to the peer address, and the layer counts it (`forwarded_invalid`).
+///   list) falls back to the peer address, and the layer counts it (`forwarded_unusable`).
 /// * An IPv4-mapped IPv6 address is IPv4. IPv6 clients are keyed by their network of
 ///   [`ipv6_prefix`](ClientIp::ipv6_prefix) bits (default /64: rotating addresses inside one
 ///   allocation gains nothing), written `2001:db8:1:2::/64`.
@@ -984,7 +984,7 @@ struct Part {
 ///
 /// One identity's limits ([`Rule::new`]) or several identities' ([`Rule::all`]: e.g. per
 /// API key and per IP), checked in one decision: admitted by all or charged to none. Each
-/// limit is keyed by its own identity only (`{<kind>:<value>}:<name>:<kind>:<value>`), so a
+/// limit is keyed by its own identity only (`<name>:{<kind>:<value>}`), so a
 /// client that changes one identity (rotating API keys) cannot reset another's limit (its
 /// IP's). On one server (or when every key shares a slot) the decision is one `RL.ALL`; on
 /// a Redis Cluster, keys of different identities usually live in different slots, and the
@@ -1265,7 +1265,7 @@ impl Rule {
                 "hash tag must be non-empty and hold no braces",
             ));
         }
-        self.hash_tag = Some(safe_key_part(tag));
+        self.hash_tag = Some(tag.to_owned());
         Ok(self)
     }
 
@@ -1318,7 +1318,7 @@ pub struct Plan {
     /// Limits not applied ([`Missing::Skip`]).
     pub skipped: u64,
     /// A forwarding header was unusable (the peer was taken as the client).
-    pub forwarded_invalid: bool,
+    pub forwarded_unusable: bool,
 }
 
 /// What a request gets from the rules ([`plan`]).
@@ -1379,7 +1379,7 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
         names: Vec::new(),
         cost,
         skipped: 0,
-        forwarded_invalid: false,
+        forwarded_unusable: false,
     };
     for part in &rule.parts {
         let limits = match part.limits.resolve(info) {
@@ -1393,7 +1393,7 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
             limit_names(&base, &limits)
         };
         let found = part.key.lookup(info);
-        p.forwarded_invalid |= found.bad_forwarding;
+        p.forwarded_unusable |= found.bad_forwarding;
         let (kind, value) = match found.value {
             Some(v) => (part.key.kind_name().to_owned(), v),
             None => match rule.missing.unwrap_or(missing) {
@@ -1409,12 +1409,12 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
             },
         };
         let value = safe_key_part(&value);
-        let tag = match &rule.hash_tag {
-            Some(t) => t.clone(),
-            None => format!("{kind}:{value}"),
-        };
         for (limit, name) in limits.into_iter().zip(names) {
-            let k = format!("{{{tag}}}:{name}:{kind}:{value}");
+            // The same layout as the Python package's, so services in both share keys.
+            let k = match &rule.hash_tag {
+                Some(tag) => format!("{{{tag}}}:{name}:{kind}:{value}"),
+                None => format!("{name}:{{{kind}:{value}}}"),
+            };
             p.names.push((k.clone(), name));
             p.keys.push((k, limit));
         }

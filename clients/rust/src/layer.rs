@@ -535,10 +535,10 @@ where
                     None => Planned::Exempt,
                     Some(r) => plan_rule(r, &info, config.missing),
                 };
-                let forwarded_invalid = bad_forwarding
-                    || matches!(&planned, Planned::Limited(p) if p.forwarded_invalid);
-                if forwarded_invalid {
-                    limiter.counters().add(Counter::ForwardedInvalid, 1);
+                let forwarded_unusable = bad_forwarding
+                    || matches!(&planned, Planned::Limited(p) if p.forwarded_unusable);
+                if forwarded_unusable {
+                    limiter.counters().add(Counter::ForwardedUnusable, 1);
                 }
                 match planned {
                     Planned::Exempt => None,

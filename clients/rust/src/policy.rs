@@ -62,11 +62,11 @@ pub const COUNTER_NAMES: [&str; 13] = [
     "errors",
     "redis_calls",
     "refunded",
+    "local",
     "skipped",
     "missing_denied",
-    "local",
     "leases_lost",
-    "forwarded_invalid",
+    "forwarded_unusable",
 ];
 
 /// A hook called as `hook(counter_name, n)` on every counter increment (for a metrics
@@ -89,7 +89,7 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 /// * `local`: decisions made by the in-memory limiter of [`FailurePolicy::Local`].
 /// * `leases_lost`: leases found lost (a `LEASELOST` renewal, or no renewal reaching Redis
 ///   for a whole lease time).
-/// * `forwarded_invalid`: requests whose forwarding header was unusable (the peer was taken
+/// * `forwarded_unusable`: requests whose forwarding header was unusable (the peer was taken
 ///   as the client).
 ///
 /// ```no_run
@@ -147,7 +147,7 @@ pub struct CounterSnapshot {
     /// Leases found lost.
     pub leases_lost: u64,
     /// Requests whose forwarding header was unusable.
-    pub forwarded_invalid: u64,
+    pub forwarded_unusable: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -160,11 +160,11 @@ pub(crate) enum Counter {
     Errors = 5,
     RedisCalls = 6,
     Refunded = 7,
-    Skipped = 8,
-    MissingDenied = 9,
-    Local = 10,
+    Local = 8,
+    Skipped = 9,
+    MissingDenied = 10,
     LeasesLost = 11,
-    ForwardedInvalid = 12,
+    ForwardedUnusable = 12,
 }
 
 impl Counters {
@@ -204,7 +204,7 @@ impl Counters {
             missing_denied: v(Counter::MissingDenied),
             local: v(Counter::Local),
             leases_lost: v(Counter::LeasesLost),
-            forwarded_invalid: v(Counter::ForwardedInvalid),
+            forwarded_unusable: v(Counter::ForwardedUnusable),
         }
     }
 

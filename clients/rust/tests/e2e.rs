@@ -205,7 +205,7 @@ async fn rotating_keys_against(port: u16) -> Vec<bool> {
 
 /// The per-key key of API key `k{i}` in the example's layout (prefix included).
 fn api_key_of(prefix: &str, i: usize) -> String {
-    format!("{prefix}{{hdr.x-api-key:k{i}}}:api:hdr.x-api-key:k{i}")
+    format!("{prefix}api:{{hdr.x-api-key:k{i}}}")
 }
 
 /// A denied request left no charge: the per-key buckets of the denied requests do not
