@@ -1530,7 +1530,7 @@ pub fn respond(
                 json_str(&policy)
             ),
         )
-    } else if decision.degraded && !decision.in_memory {
+    } else if decision.blind {
         (
             degraded_status,
             DenialReason::Unavailable,
@@ -1572,8 +1572,8 @@ pub fn identity_required(policy: &str) -> Verdict {
         reason: Some(DenialReason::IdentityRequired),
         headers,
         body: format!(
-            "{{\"error\": \"identity_required\", \"message\": \"this request must identify its \
-             client for the rate limit\", \"policy\": {}}}",
+            "{{\"error\": \"identity_required\", \"message\": \"this request must identify \
+             itself (e.g. with an API key) to be served\", \"policy\": {}}}",
             json_str(policy)
         ),
         policy: policy.to_owned(),
@@ -1612,7 +1612,7 @@ pub(crate) fn unavailable(retry: std::time::Duration) -> Decision {
         retry_after: RetryAfter::Wait(retry),
         reset_after: retry,
         degraded: true,
-        in_memory: false,
+        blind: true,
         source: crate::decision::Source::Local,
         policy: None,
         key: None,

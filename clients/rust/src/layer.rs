@@ -463,12 +463,12 @@ async fn settle(
                 None => continue,
             }
         };
-        if sub.degraded && !sub.in_memory {
+        if sub.blind {
             continue; // the open policy charged nothing
         }
         if target < charged {
             let n = charged - target;
-            if sub.in_memory {
+            if sub.degraded {
                 limiter.refund_in_memory(key, n);
             } else if let Err(e) = limiter.refund(key, n).await {
                 tracing::warn!(target: "redis_rl_client", "redis-rl: refund of '{key}' after the response failed: {e}");

@@ -548,7 +548,7 @@ impl LeaseGuard {
             return Err(Error::LeaseLost(lost));
         }
         if self.state.decision.degraded {
-            if self.state.decision.in_memory {
+            if !self.state.decision.blind {
                 self.state
                     .limiter
                     .release_in_memory(&self.state.key, &self.state.token);
@@ -572,7 +572,7 @@ impl Drop for LeaseGuard {
             return;
         }
         if self.state.decision.degraded {
-            if self.state.decision.in_memory {
+            if !self.state.decision.blind {
                 self.state
                     .limiter
                     .release_in_memory(&self.state.key, &self.state.token);

@@ -143,7 +143,7 @@ impl LimiterBuilder {
     ///     .await?;
     /// let per_user = Gcra::new(8, 4, 1)?;      // locally: 2 at once, then 1 per second
     /// let first = limiter.check("user:42", &per_user).await?;
-    /// assert!(first.allowed && first.degraded && first.in_memory);
+    /// assert!(first.allowed && first.degraded && !first.blind);
     /// assert_eq!((first.source, first.limit, first.remaining), (Source::Local, 2, 1));
     /// assert!(limiter.check("user:42", &per_user).await?.allowed);
     /// let third = limiter.check("user:42", &per_user).await?;
@@ -676,7 +676,7 @@ fn combine_decisions(per: Vec<Decision>, charges: &[u64]) -> Decision {
         retry_after,
         reset_after: Duration::from_nanos(c.reset_after.as_ns()),
         degraded: per.iter().any(|d| d.degraded),
-        in_memory: per.iter().any(|d| d.in_memory),
+        blind: per.iter().any(|d| d.blind),
         source: per.first().map_or(Source::Local, |d| d.source),
         policy: binding,
         key: None,
@@ -846,7 +846,7 @@ impl Limiter {
     }
 
     /// Gives back `n` units that this process's in-memory limiter took for `key` (a
-    /// decision with [`Decision::in_memory`]); returns the units given back.
+    /// degraded decision that is not [`Decision::blind`]); returns the units given back.
     pub(crate) fn refund_in_memory(&self, key: &str, n: u64) -> u64 {
         let Some(memory) = &self.inner.memory else {
             return 0;
@@ -1422,7 +1422,7 @@ impl Limiter {
             retry_after: RetryAfter::Wait(Duration::ZERO),
             reset_after: Duration::ZERO,
             degraded: false,
-            in_memory: false,
+            blind: false,
             source: Source::Local,
             policy: Some(limit.clone()),
             key: Some(full.to_owned()),
@@ -1544,7 +1544,7 @@ impl Limiter {
             retry_after: RetryAfter::Wait(Duration::from_micros(retry_us as u64)),
             reset_after: d.reset_after,
             degraded: false,
-            in_memory: false,
+            blind: false,
             source: d.source,
             policy: Some(limit.clone()),
             key: d.key.clone(),
@@ -1862,10 +1862,10 @@ impl Limiter {
             return;
         }
         let n = item.cost.unwrap_or(cost);
-        if n == 0 || decision.is_some_and(|d| d.degraded && !d.in_memory) {
+        if n == 0 || decision.is_some_and(|d| d.blind) {
             return; // nothing was charged
         }
-        if decision.is_some_and(|d| d.in_memory) {
+        if decision.is_some_and(|d| d.degraded) {
             if let Some(memory) = &self.inner.memory {
                 let refunded = memory.refund(&item.key, n);
                 self.inner.counters.add(Counter::Refunded, refunded);
@@ -1915,7 +1915,7 @@ impl Limiter {
             retry_after: first.retry_after,
             reset_after: first.reset_after,
             degraded: true,
-            in_memory: false,
+            blind: true,
             source: Source::Local,
             policy: None,
             key: None,

@@ -338,7 +338,7 @@ fn convert(
         retry_after,
         reset_after: ceil_ms(d.reset_after),
         degraded: true,
-        in_memory: true,
+        blind: false,
         source: Source::Local,
         policy,
         key,

@@ -45,7 +45,7 @@ pub enum FailurePolicy {
     /// Enforce the same limits in this process's memory, with the module's own algorithms,
     /// while Redis is unreachable (each limit divided by
     /// [`fleet_size`](crate::LimiterBuilder::fleet_size) if set, rounding down, at least 1):
-    /// decisions are `degraded` with [`Source::Local`] and [`Decision::in_memory`], and
+    /// decisions are `degraded` with [`Source::Local`] (not [`Decision::blind`]), and
     /// their numbers (and HTTP fields) are the local limiter's real ones. The first call
     /// after Redis answers again is decided by Redis. For limits that must keep holding
     /// through an outage without denying everyone: each process admits at most its share.
@@ -351,7 +351,7 @@ impl Health {
             retry_after: RetryAfter::Wait(wait),
             reset_after: wait,
             degraded: true,
-            in_memory: false,
+            blind: true,
             source: Source::Local,
             policy: limit.cloned(),
             key: key.map(str::to_owned),

@@ -395,7 +395,7 @@ async fn local_enforces_the_limits_in_memory_then_returns_to_redis(kind: Kind, c
     }
     assert!(got
         .iter()
-        .all(|d| d.degraded && d.in_memory && d.source == Source::Local));
+        .all(|d| d.degraded && !d.blind && d.source == Source::Local));
     assert_eq!(
         got.iter()
             .map(|d| (d.allowed, d.limit, d.remaining))
@@ -445,7 +445,7 @@ async fn local_enforces_the_limits_in_memory_then_returns_to_redis(kind: Kind, c
         assert!(Instant::now() < deadline, "did not return to Redis");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert!(back.allowed && !back.in_memory && back.source != Source::Local);
+    assert!(back.allowed && !back.degraded && back.source != Source::Local);
     assert_eq!(back.limit, 6, "Redis's limit, not the local share");
     assert_eq!(outage_events(&capture), (1, 1));
     // Built with a fleet size of 0: refused.

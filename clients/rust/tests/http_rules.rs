@@ -477,7 +477,7 @@ fn decision(allowed: bool, retry: RetryAfter, degraded: bool) -> Decision {
         retry_after: retry,
         reset_after: Duration::from_millis(7200),
         degraded,
-        in_memory: false,
+        blind: degraded,
         source: if degraded {
             Source::Local
         } else {
