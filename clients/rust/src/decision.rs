@@ -52,6 +52,7 @@ pub enum Source {
 ///     retry_after: RetryAfter::Wait(Duration::from_millis(1500)),
 ///     reset_after: Duration::from_secs(10),
 ///     degraded: false,
+///     blind: false,
 ///     source: Source::Module,
 ///     policy: None,
 ///     key: Some("api:alice".into()),
@@ -78,6 +79,13 @@ pub struct Decision {
     pub reset_after: Duration,
     /// Redis did not answer: the failure policy decided.
     pub degraded: bool,
+    /// The failure policy answered without counting anything ("open" or "closed": Redis
+    /// did not answer and nothing is known about the key), so the HTTP answer carries no
+    /// RateLimit fields. False for every other decision, including a degraded one of the
+    /// "local" policy ([`FailurePolicy::Local`](crate::FailurePolicy::Local)), whose
+    /// `limit`, `remaining`, `retry_after` and `reset_after` are its in-memory limiter's real
+    /// figures (the Python package's `blind`).
+    pub blind: bool,
     /// Who decided: the module, the fallback, or this process.
     pub source: Source,
     /// The limit this decision is about (for a combined decision, the binding limit).
@@ -145,8 +153,9 @@ impl Decision {
     ///   key order, in both fields.
     ///
     /// `policy_name` names a single limit (default: the limit's name, else `"default"`). A
-    /// degraded decision carries no `RateLimit` field (nothing is known about the key), only
-    /// `Retry-After` when it denies. See [`Decision::headers_with`] for the other options.
+    /// degraded decision of the open or closed policy carries no `RateLimit` field (nothing
+    /// is known about the key), only `Retry-After` when it denies; one of the local policy
+    /// (not [`Decision::blind`]) carries its limiter's figures. See [`Decision::headers_with`] for the other options.
     pub fn headers(&self, policy_name: Option<&str>) -> HeaderMap {
         self.headers_with(&HeaderOptions {
             policy_name: policy_name.map(str::to_owned),
@@ -196,7 +205,7 @@ impl Decision {
                 value(&policies.join(", ")),
             );
         }
-        if !self.degraded {
+        if !self.blind {
             let fields: Vec<String> = items
                 .iter()
                 .map(|(n, d)| {
@@ -275,6 +284,7 @@ pub(crate) fn decision_from_reply(
         retry_after,
         reset_after: Duration::from_millis(reply[4].max(0) as u64),
         degraded: false,
+        blind: false,
         source,
         policy,
         key,
@@ -315,6 +325,7 @@ mod tests {
             retry_after: RetryAfter::Wait(Duration::MAX),
             reset_after: Duration::MAX,
             degraded: false,
+            blind: false,
             source: Source::Module,
             policy: None,
             key: None,
@@ -339,6 +350,7 @@ mod tests {
             retry_after: RetryAfter::Wait(Duration::ZERO),
             reset_after: Duration::from_millis(7200),
             degraded: false,
+            blind: false,
             source: Source::Module,
             policy: Some(g),
             key: None,

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::decision::Decision;
+use crate::lease::LeaseLost;
 use crate::limits::InvalidLimit;
 
 /// What a limiter call can fail with.
@@ -32,6 +33,10 @@ pub enum Error {
     /// The fallback library is not loaded on the server and loading it is not allowed
     /// (`load_library(false)`).
     Library(String),
+    /// A lease was lost while held ([`LeaseGuard`](crate::LeaseGuard)): returned by
+    /// [`LeaseGuard::release`](crate::LeaseGuard::release) and `renew`, so that work that
+    /// ran without its slot is never reported as guarded.
+    LeaseLost(LeaseLost),
 }
 
 impl fmt::Display for Error {
@@ -46,6 +51,7 @@ impl fmt::Display for Error {
                 None => f.write_str("request can never pass: it asks for more than the limit"),
             },
             Error::Library(m) => f.write_str(m),
+            Error::LeaseLost(l) => l.fmt(f),
         }
     }
 }
@@ -55,6 +61,7 @@ impl std::error::Error for Error {
         match self {
             Error::InvalidLimit(e) => Some(e),
             Error::Unavailable(e) | Error::Redis(e) => Some(e),
+            Error::LeaseLost(l) => Some(l),
             _ => None,
         }
     }

@@ -1,10 +1,20 @@
-//! Framework-neutral HTTP pieces: request info, key functions, rules, and the 429/413 reply.
+//! Framework-neutral HTTP pieces: request info, the client address, key functions, rules,
+//! and the 429/413/401/503 reply.
 //!
 //! The [`RateLimitLayer`](crate::RateLimitLayer) builds a [`RequestInfo`], finds the
-//! [`Rule`] that applies (the first that matches), makes one limiter call (`check`, or
-//! `check_all` when a rule has several limits), and turns the [`Decision`] into a status,
-//! header fields and a JSON body with [`respond`].
+//! [`Rule`] that applies (the first that matches, else the default rule), builds the
+//! request's keys ([`plan`]), makes one decision (one `RL.ALL` whenever the keys can share a
+//! slot), and turns the [`Decision`] into a status, header fields and a JSON body with
+//! [`respond`].
+//!
+//! Keys keep identities apart (`docs/clients.md#identities-stay-apart`): every key is
+//! `<limit name>:{<kind>:<value>}`, where the kind names the identity (`ip`,
+//! `hdr.x-api-key`, `user`, `route`, or the caller's) and the value is escaped, so a
+//! per-IP limit holds the IP alone and an API key equal to an IP address never shares its
+//! bucket. The braces are the identity's hash tag: all limits of one identity share a Redis
+//! Cluster slot.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,14 +26,14 @@ use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 use crate::decision::{Decision, HeaderOptions, RetryAfter};
-use crate::limits::{InvalidLimit, Limit};
+use crate::limits::{parse_limits, Gcra, InvalidLimit, Lease, Limit, Window};
 
 /// What key functions and rules see of a request.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestInfo<'a> {
     /// The method.
     pub method: &'a Method,
-    /// The path (without the query).
+    /// The path (without the query), as received.
     pub path: &'a str,
     /// The header fields.
     pub headers: &'a HeaderMap,
@@ -33,7 +43,11 @@ pub struct RequestInfo<'a> {
     /// The socket peer's address, if the server put it in the extensions (see
     /// [`RateLimitLayer`](crate::RateLimitLayer)).
     pub peer: Option<IpAddr>,
-    /// The matched route (axum's `MatchedPath`, else the rule's path).
+    /// The client's address as the layer keys it ([`ClientIp`]: the peer, or what trusted
+    /// proxies forwarded; an IPv6 client as its /64 network by default), e.g. `"192.0.2.7"`
+    /// or `"2001:db8::/64"`. `None` without a peer address.
+    pub client_ip: Option<&'a str>,
+    /// The matched route (axum's `MatchedPath`), if the framework gave one.
     pub route: Option<&'a str>,
     /// The `Content-Length`, if sent.
     pub content_length: Option<u64>,
@@ -48,33 +62,69 @@ impl RequestInfo<'_> {
         let parts: Vec<String> = values.map(|v| latin1(v.as_bytes())).collect();
         Some(parts.join(", "))
     }
+
+    /// The path normalised: percent-decoded, `//` collapsed, no trailing `/` (except for
+    /// `/` itself), so that spellings of one path match one rule and share one bucket.
+    pub fn normalized_path(&self) -> String {
+        normalize_path(self.path)
+    }
+
+    /// Whether this is a CORS preflight: `OPTIONS` with `Origin` and
+    /// `Access-Control-Request-Method`.
+    pub fn is_cors_preflight(&self) -> bool {
+        self.method == Method::OPTIONS
+            && self.headers.contains_key(http::header::ORIGIN)
+            && self
+                .headers
+                .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
+    }
 }
 
 fn latin1(bytes: &[u8]) -> String {
     bytes.iter().map(|&b| char::from(b)).collect()
 }
 
-type KeyFn = dyn Fn(&RequestInfo<'_>) -> Option<String> + Send + Sync;
-
-/// A key function: the key's value for a request, or `None` when the limit does not apply
-/// to it (no API key sent, anonymous user, …).
-///
-/// ```
-/// use redis_rl_client::http::Key;
-///
-/// let by_ip = Key::client_ip(["10.0.0.0/8"]).unwrap();   // behind proxies in 10/8
-/// let by_api_key = Key::header_or("X-API-Key", "anonymous");
-/// let by_route = Key::route();                              // one shared limit per endpoint
-/// let by_tenant = Key::from_fn(|req| req.header("x-tenant"));
-/// # let _ = (by_ip, by_api_key, by_route, by_tenant);
-/// ```
-#[derive(Clone)]
-pub struct Key(Arc<KeyFn>);
-
-impl fmt::Debug for Key {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Key(..)")
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
     }
+}
+
+/// Percent-decodes `path`, collapses runs of `/`, and drops a trailing `/` (except for the
+/// root): `/api//Things/` and `/api/%54hings` both give `/api/Things`.
+pub fn normalize_path(path: &str) -> String {
+    let raw = path.as_bytes();
+    let mut decoded = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' && i + 2 < raw.len() {
+            if let (Some(h), Some(l)) = (hex_value(raw[i + 1]), hex_value(raw[i + 2])) {
+                decoded.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+        }
+        decoded.push(raw[i]);
+        i += 1;
+    }
+    let text = String::from_utf8_lossy(&decoded);
+    let mut out = String::with_capacity(text.len() + 1);
+    if !text.starts_with('/') {
+        out.push('/');
+    }
+    for c in text.chars() {
+        if c == '/' && out.ends_with('/') {
+            continue;
+        }
+        out.push(c);
+    }
+    if out.len() > 1 && out.ends_with('/') {
+        out.pop();
+    }
+    out
 }
 
 /// Which forwarding header trusted proxies write.
@@ -102,12 +152,18 @@ fn parse_addr(text: &str) -> Option<IpAddr> {
 fn forwarded_for(value: &str) -> Vec<String> {
     let mut out = Vec::new();
     for element in value.split(',') {
+        let mut found = false;
         for pair in element.split(';') {
             if let Some((name, v)) = pair.trim().split_once('=') {
                 if name.trim().eq_ignore_ascii_case("for") {
                     out.push(v.trim().to_owned());
+                    found = true;
                 }
             }
+        }
+        if !found {
+            // An element without `for=` is an unusable entry, not a skipped one.
+            out.push(String::new());
         }
     }
     out
@@ -120,23 +176,246 @@ fn parse_network(text: &str) -> Result<IpNet, InvalidLimit> {
         .map_err(|_| InvalidLimit::new(format!("trusted proxy '{t}' is not an address or network")))
 }
 
+/// The client address rule (`docs/clients.md#client-ip`): which peers are trusted proxies,
+/// which forwarding header they write, and how IPv6 clients are keyed.
+///
+/// * The socket peer is the client unless it is a trusted proxy (an address or CIDR
+///   network). Then exactly one forwarding header is read (`X-Forwarded-For` by default,
+///   or `Forwarded`; never both), every line of it counting (repeated fields are one list),
+///   and the rightmost address not in the trusted set is the client; what a client writes at
+///   the left is ignored.
+/// * An unusable value (garbage, a port-only entry, an `unknown` or obfuscated hop, an empty
+///   list) falls back to the peer address, and the layer counts it (`forwarded_unusable`).
+/// * An IPv4-mapped IPv6 address is IPv4. IPv6 clients are keyed by their network of
+///   [`ipv6_prefix`](ClientIp::ipv6_prefix) bits (default /64: rotating addresses inside one
+///   allocation gains nothing), written `2001:db8:1:2::/64`.
+///
+/// ```
+/// use redis_rl_client::http::{ClientIp, Forwarding};
+///
+/// let behind_proxies = ClientIp::new()
+///     .trusted(["10.0.0.0/8", "192.0.2.1"])?
+///     .forwarding(Forwarding::XForwardedFor)
+///     .ipv6_prefix(56)?;
+/// let headers = http::HeaderMap::from_iter([(
+///     http::header::HeaderName::from_static("x-forwarded-for"),
+///     http::HeaderValue::from_static("6.6.6.6, 198.51.100.7, 10.1.1.1"),
+/// )]);
+/// let peer = "10.0.0.5".parse().ok();
+/// assert_eq!(behind_proxies.resolve(peer, &headers).0.as_deref(), Some("198.51.100.7"));
+/// assert_eq!(ClientIp::new().key_of("2001:db8:1:2:3:4:5:6".parse()?), "2001:db8:1:2::/64");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIp {
+    trusted: Vec<IpNet>,
+    forwarding: Forwarding,
+    ipv6_prefix: u8,
+}
+
+impl Default for ClientIp {
+    fn default() -> ClientIp {
+        ClientIp::new()
+    }
+}
+
+impl ClientIp {
+    /// The socket peer is the client (no trusted proxies), IPv6 keyed by /64.
+    pub fn new() -> ClientIp {
+        ClientIp {
+            trusted: Vec::new(),
+            forwarding: Forwarding::XForwardedFor,
+            ipv6_prefix: 64,
+        }
+    }
+
+    /// Trusts these proxies (addresses or CIDR networks). Errors: an entry that is neither.
+    pub fn trusted<I, S>(mut self, proxies: I) -> Result<ClientIp, InvalidLimit>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.trusted = proxies
+            .into_iter()
+            .map(|t| parse_network(t.as_ref()))
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+
+    /// The one forwarding header trusted proxies write (default `X-Forwarded-For`).
+    pub fn forwarding(mut self, header: Forwarding) -> ClientIp {
+        self.forwarding = header;
+        self
+    }
+
+    /// How many leading bits of an IPv6 client address are its identity: 48 to 128 (default
+    /// 64; 128 keys each address). Errors: a value outside 48..=128.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Result<ClientIp, InvalidLimit> {
+        if !(48..=128).contains(&bits) {
+            return Err(InvalidLimit::new("ipv6_prefix must be 48 to 128"));
+        }
+        self.ipv6_prefix = bits;
+        Ok(self)
+    }
+
+    /// How an address is keyed: IPv4 (also IPv4-mapped IPv6) as is, IPv6 as its network of
+    /// `ipv6_prefix` bits (`2001:db8::/64`; the plain address at 128).
+    pub fn key_of(&self, addr: IpAddr) -> String {
+        match addr.to_canonical() {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) if self.ipv6_prefix >= 128 => v6.to_string(),
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6);
+                let mask = u128::MAX << (128 - u32::from(self.ipv6_prefix));
+                let net = std::net::Ipv6Addr::from(bits & mask);
+                format!("{net}/{}", self.ipv6_prefix)
+            }
+        }
+    }
+
+    /// The client's key for a request from `peer` with these `headers`, and whether a
+    /// forwarding header was unusable (then the peer is the client). `None` without a peer.
+    pub fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> (Option<String>, bool) {
+        let Some(peer) = peer.map(|p| p.to_canonical()) else {
+            return (None, false);
+        };
+        let (addr, bad) = self.client_addr(peer, headers);
+        (Some(self.key_of(addr)), bad)
+    }
+
+    fn client_addr(&self, peer: IpAddr, headers: &HeaderMap) -> (IpAddr, bool) {
+        let trusted = |a: &IpAddr| self.trusted.iter().any(|n| n.contains(a));
+        if self.trusted.is_empty() || !trusted(&peer) {
+            return (peer, false);
+        }
+        let name = match self.forwarding {
+            Forwarding::XForwardedFor => "x-forwarded-for",
+            Forwarding::Forwarded => "forwarded",
+        };
+        let mut lines = headers.get_all(name).iter().peekable();
+        if lines.peek().is_none() {
+            return (peer, false); // no header: the proxy is the client (a health check)
+        }
+        let raw: Vec<String> = lines.map(|v| latin1(v.as_bytes())).collect();
+        let raw = raw.join(", ");
+        let hops: Vec<String> = match self.forwarding {
+            Forwarding::Forwarded => forwarded_for(&raw),
+            Forwarding::XForwardedFor => raw.split(',').map(str::to_owned).collect(),
+        };
+        let mut leftmost = None;
+        for hop in hops.iter().rev() {
+            match parse_addr(hop) {
+                None => return (peer, true),
+                Some(a) if !trusted(&a) => return (a, false),
+                Some(a) => leftmost = Some(a),
+            }
+        }
+        // Every hop is a trusted proxy: the request started inside; the leftmost is it.
+        match leftmost {
+            Some(a) => (a, false),
+            None => (peer, true),
+        }
+    }
+}
+
+/// What a key function found: the identity's value, or nothing; and whether a forwarding
+/// header was unusable on the way.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Found {
+    pub(crate) value: Option<String>,
+    pub(crate) bad_forwarding: bool,
+}
+
+type KeyFn = dyn Fn(&RequestInfo<'_>) -> Found + Send + Sync;
+
+/// A key function: the identity a limit counts by (its **kind**, part of every key) and its
+/// value for a request, or nothing when the request does not carry it (no API key sent, an
+/// anonymous user: the rule's [`Missing`] policy decides).
+///
+/// Kinds: `ip` ([`Key::ip`], [`Key::client_ip`]), `hdr.<lower-case name>` ([`Key::header`]),
+/// `route` ([`Key::route`]), `user` ([`Key::extension`]), `fn` ([`Key::from_fn`]); rename
+/// with [`Key::kind`].
+///
+/// ```
+/// use redis_rl_client::http::Key;
+///
+/// let by_ip = Key::ip();                                   // the layer's client-IP rule
+/// let by_api_key = Key::header("X-API-Key");               // kind "hdr.x-api-key"
+/// let shared = Key::header_or("X-API-Key", "anonymous");   // keyless clients share one bucket
+/// let by_route = Key::route();                             // one shared limit per endpoint
+/// let by_tenant = Key::from_fn(|req| req.header("x-tenant")).kind("tenant")?;
+/// assert_eq!((by_api_key.kind_name(), by_tenant.kind_name()), ("hdr.x-api-key", "tenant"));
+/// # let _ = (by_ip, shared, by_route);
+/// # Ok::<(), redis_rl_client::InvalidLimit>(())
+/// ```
+#[derive(Clone)]
+pub struct Key {
+    kind: Arc<str>,
+    f: Arc<KeyFn>,
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", self.kind)
+    }
+}
+
+fn check_kind(kind: &str) -> Result<(), InvalidLimit> {
+    if kind.is_empty()
+        || kind.len() > 64
+        || !kind
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(InvalidLimit::new(
+            "a key kind must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'",
+        ));
+    }
+    Ok(())
+}
+
 impl Key {
-    /// The client's IP address, honouring `trusted_proxies` (addresses or CIDR networks)
-    /// for `X-Forwarded-For`.
+    fn new(
+        kind: impl Into<Arc<str>>,
+        f: impl Fn(&RequestInfo<'_>) -> Found + Send + Sync + 'static,
+    ) -> Key {
+        Key {
+            kind: kind.into(),
+            f: Arc::new(f),
+        }
+    }
+
+    /// The client's IP address as the layer finds it (its [`ClientIp`] setting:
+    /// [`RateLimitLayer::client_ip`](crate::RateLimitLayer::client_ip)), kind `ip`. Without
+    /// a peer address the limit does not apply, and one warning is logged.
+    pub fn ip() -> Key {
+        let warned = Arc::new(AtomicBool::new(false));
+        Key::new("ip", move |info: &RequestInfo<'_>| {
+            if info.client_ip.is_none() {
+                warn_no_peer(&warned);
+            }
+            Found {
+                value: info.client_ip.map(str::to_owned),
+                bad_forwarding: false,
+            }
+        })
+    }
+
+    /// The client's IP address with its own client-IP rule: `trusted_proxies` (addresses or
+    /// CIDR networks) for `X-Forwarded-For`, IPv6 by /64 (see [`ClientIp`]), kind `ip`.
     ///
-    /// The socket peer is the client unless it is a trusted proxy. Then the header is read
-    /// from the right, skipping trusted proxies; the first untrusted address is the client
-    /// (what a client writes at the left is ignored). With no trusted proxies the peer is
-    /// always the client. The peer comes from the request's extensions: axum's
-    /// `ConnectInfo<SocketAddr>` (serve with `into_make_service_with_connect_info`), or a
-    /// `SocketAddr` / `IpAddr` extension your hyper server inserts; without one, this key
-    /// does not apply (and a warning is logged once).
+    /// The peer comes from the request's extensions: axum's `ConnectInfo<SocketAddr>` (serve
+    /// with `into_make_service_with_connect_info`), or a `SocketAddr` / `IpAddr` extension
+    /// your hyper server inserts; without one, this key does not apply (and a warning is
+    /// logged once). Errors: a proxy entry that is not an address or network.
     pub fn client_ip<I, S>(trusted_proxies: I) -> Result<Key, InvalidLimit>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        Key::client_ip_with(trusted_proxies, Forwarding::XForwardedFor)
+        Ok(Key::client_ip_from(
+            ClientIp::new().trusted(trusted_proxies)?,
+        ))
     }
 
     /// [`Key::client_ip`] reading the header your proxies write: only that one is read
@@ -146,124 +425,131 @@ impl Key {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let nets: Vec<IpNet> = trusted_proxies
-            .into_iter()
-            .map(|t| parse_network(t.as_ref()))
-            .collect::<Result<_, _>>()?;
-        let warned = AtomicBool::new(false);
-        let name = match header {
-            Forwarding::XForwardedFor => "x-forwarded-for",
-            Forwarding::Forwarded => "forwarded",
-        };
-        Ok(Key(Arc::new(move |info: &RequestInfo<'_>| {
-            let Some(peer) = info.peer.map(|p| p.to_canonical()) else {
-                if !warned.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        target: "redis_rl_client",
-                        "redis-rl: no peer address in the request's extensions: the client-IP \
-                         limit does not apply (axum: serve with \
-                         into_make_service_with_connect_info::<SocketAddr>())"
-                    );
-                }
-                return None;
-            };
-            let trusted = |a: &IpAddr| nets.iter().any(|n| n.contains(a));
-            if nets.is_empty() || !trusted(&peer) {
-                return Some(peer.to_string());
-            }
-            let raw = match info.header(name) {
-                Some(r) if !r.is_empty() => r,
-                _ => return Some(peer.to_string()),
-            };
-            let hops: Vec<String> = match header {
-                Forwarding::Forwarded => forwarded_for(&raw),
-                Forwarding::XForwardedFor => raw.split(',').map(str::to_owned).collect(),
-            };
-            for hop in hops.iter().rev() {
-                match parse_addr(hop) {
-                    // An obfuscated or unknown hop written by a trusted proxy: stop here.
-                    None => {
-                        let t = hop.trim().trim_matches('"');
-                        return Some(if t.is_empty() {
-                            peer.to_string()
-                        } else {
-                            t.to_owned()
-                        });
-                    }
-                    Some(a) if !trusted(&a) => return Some(a.to_string()),
-                    Some(_) => {}
-                }
-            }
-            Some(
-                hops.first()
-                    .and_then(|h| parse_addr(h))
-                    .unwrap_or(peer)
-                    .to_string(),
-            )
-        })))
+        Ok(Key::client_ip_from(
+            ClientIp::new().trusted(trusted_proxies)?.forwarding(header),
+        ))
     }
 
-    /// A request header (e.g. an API key); the limit does not apply when it is absent.
+    /// The client's IP address by the given [`ClientIp`] rule, kind `ip`.
+    pub fn client_ip_from(rule: ClientIp) -> Key {
+        let warned = Arc::new(AtomicBool::new(false));
+        Key::new("ip", move |info: &RequestInfo<'_>| {
+            if info.peer.is_none() {
+                warn_no_peer(&warned);
+            }
+            let (value, bad_forwarding) = rule.resolve(info.peer, info.headers);
+            Found {
+                value,
+                bad_forwarding,
+            }
+        })
+    }
+
+    /// A request header (e.g. an API key), kind `hdr.<lower-case name>`. A request without
+    /// it (or with it empty) is handled by the rule's [`Missing`] policy: by default keyed
+    /// by its client IP instead, never unlimited and never in a bucket shared by every
+    /// keyless client.
     pub fn header(name: &str) -> Key {
         let name = name.to_ascii_lowercase();
-        Key(Arc::new(move |info: &RequestInfo<'_>| {
-            info.header(&name).filter(|v| !v.is_empty())
-        }))
+        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| Found {
+            value: info.header(&name).filter(|v| !v.is_empty()),
+            bad_forwarding: false,
+        })
     }
 
-    /// A request header, or `default` when it is absent.
+    /// A request header, or `default` when it is absent: every client without the header
+    /// shares the one bucket `default` (ask for this only when that is what you want; see
+    /// [`Key::header`]).
     pub fn header_or(name: &str, default: &str) -> Key {
         let name = name.to_ascii_lowercase();
         let default = default.to_owned();
-        Key(Arc::new(move |info: &RequestInfo<'_>| {
-            Some(
+        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| Found {
+            value: Some(
                 info.header(&name)
                     .filter(|v| !v.is_empty())
                     .unwrap_or_else(|| default.clone()),
-            )
-        }))
+            ),
+            bad_forwarding: false,
+        })
     }
 
-    /// The method and the matched route: one shared limit per endpoint (`"GET /users/{id}"`
-    /// with axum's `MatchedPath`, else the rule's path).
+    /// The method and the route: one shared limit per endpoint, kind `route`
+    /// (`"GET /users/{id}"` with axum's `MatchedPath`, else the normalised path, so that
+    /// `/users/7/` and `/users//7` are one endpoint).
     pub fn route() -> Key {
-        Key(Arc::new(|info: &RequestInfo<'_>| {
-            Some(format!(
-                "{} {}",
-                info.method,
-                info.route.unwrap_or(info.path)
-            ))
-        }))
+        Key::new("route", |info: &RequestInfo<'_>| {
+            let route = match info.route {
+                Some(r) => Cow::Borrowed(r),
+                None => Cow::Owned(info.normalized_path()),
+            };
+            Found {
+                value: Some(format!("{} {route}", info.method)),
+                bad_forwarding: false,
+            }
+        })
     }
 
     /// A value an earlier layer put in the request's extensions, e.g. the authenticated
-    /// user's id; anonymous requests (no such extension) are not limited by it.
+    /// user's id, kind `user`; a request without it is handled by the rule's [`Missing`]
+    /// policy.
     pub fn extension<T>() -> Key
     where
         T: fmt::Display + Send + Sync + 'static,
     {
-        Key(Arc::new(|info: &RequestInfo<'_>| {
-            info.extensions.get::<T>().map(ToString::to_string)
-        }))
+        Key::new("user", |info: &RequestInfo<'_>| Found {
+            value: info.extensions.get::<T>().map(ToString::to_string),
+            bad_forwarding: false,
+        })
     }
 
-    /// Any function of the request.
+    /// Any function of the request, kind `fn` (name it with [`Key::kind`]).
     pub fn from_fn<F>(f: F) -> Key
     where
         F: Fn(&RequestInfo<'_>) -> Option<String> + Send + Sync + 'static,
     {
-        Key(Arc::new(f))
+        Key::new("fn", move |info: &RequestInfo<'_>| Found {
+            value: f(info),
+            bad_forwarding: false,
+        })
     }
 
-    /// The key's value for a request.
+    /// The same key function under another identity kind (1 to 64 of `A-Za-z0-9._-`): keys
+    /// of different kinds never share a bucket. Errors: any other kind.
+    pub fn kind(mut self, kind: &str) -> Result<Key, InvalidLimit> {
+        check_kind(kind)?;
+        self.kind = Arc::from(kind);
+        Ok(self)
+    }
+
+    /// The identity kind (part of every key this function makes).
+    pub fn kind_name(&self) -> &str {
+        &self.kind
+    }
+
+    /// The key's value for a request (`None`: the request does not carry the identity).
     pub fn value(&self, info: &RequestInfo<'_>) -> Option<String> {
-        (self.0)(info)
+        (self.f)(info).value
+    }
+
+    pub(crate) fn lookup(&self, info: &RequestInfo<'_>) -> Found {
+        (self.f)(info)
     }
 }
 
-/// Makes a client-supplied value safe inside a Redis key: braces (hash tags), spaces and
-/// other bytes are percent-encoded, and values over 128 characters are hashed
-/// (`sha256:<hex>`), so a client cannot choose the hash tag or grow the key.
+fn warn_no_peer(warned: &AtomicBool) {
+    if !warned.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            target: "redis_rl_client",
+            "redis-rl: no peer address in the request's extensions: the client-IP limit does \
+             not apply (axum: serve with into_make_service_with_connect_info::<SocketAddr>())"
+        );
+    }
+}
+
+/// Makes a client-supplied value safe inside a Redis key: braces (hash tags), spaces,
+/// control and other bytes are percent-encoded, and values over 128 characters are hashed
+/// (`sha256:<hex>`), so a client cannot choose the hash tag, collide with another identity,
+/// or grow the key.
 pub fn safe_key_part(value: &str) -> String {
     if value.chars().count() > 128 {
         let digest = Sha256::digest(value.as_bytes());
@@ -289,7 +575,8 @@ pub fn safe_key_part(value: &str) -> String {
 
 type PathFn = dyn Fn(&str) -> bool + Send + Sync;
 
-/// Which paths a [`Rule`] (or an exemption) applies to.
+/// Which paths a [`Rule`] (or an exemption) applies to; matched against the normalised path
+/// ([`normalize_path`]), so `/login/` and `//login` are `/login`.
 ///
 /// From a string: a glob when it holds `*` (`"/users/*/avatar"`; `*` matches any run of
 /// characters, `?` one, `[abc]` one of a set), a prefix when it ends with `/` (`"/api/"`
@@ -336,7 +623,7 @@ impl From<String> for PathPattern {
 }
 
 impl PathPattern {
-    /// A pattern from a predicate over the path.
+    /// A pattern from a predicate over the (normalised) path.
     pub fn from_fn(f: impl Fn(&str) -> bool + Send + Sync + 'static) -> PathPattern {
         PathPattern::Fn(Arc::new(f))
     }
@@ -440,7 +727,245 @@ fn class(pattern: &[u8], start: usize, c: u8) -> Option<(bool, usize)> {
     None
 }
 
+type LimitsFn = dyn Fn(&RequestInfo<'_>) -> Result<Vec<Limit>, InvalidLimit> + Send + Sync;
+
+#[derive(Clone)]
+enum LimitsInner {
+    Fixed(Vec<Limit>),
+    Fn(Arc<LimitsFn>),
+}
+
+/// The limits of one identity in a [`Rule`]: one or several rate limits (a [`Gcra`], a
+/// [`Window`], a string such as `"20/minute; 200 per hour"`), or a function of the request
+/// that picks them (by plan, by tenant, …), evaluated per request.
+///
+/// ```
+/// use redis_rl_client::http::{Key, Limits, Rule};
+/// use redis_rl_client::Gcra;
+///
+/// #[derive(Clone, Copy, PartialEq)]
+/// enum Plan { Free, Pro }
+///
+/// let free: Limits = "100 per hour".parse()?;
+/// let pro = Limits::parse("1000/hour; 10000/day")?;
+/// let by_plan = Limits::from_fn(move |req| {
+///     if req.extensions.get::<Plan>() == Some(&Plan::Pro) { pro.clone() } else { free.clone() }
+/// });
+/// let rule = Rule::new("/api/", by_plan, Key::header("X-API-Key"))?;
+/// let burst = Rule::new("/burst", Gcra::new(20, 10, 1)?, Key::ip())?;
+/// # let _ = (rule, burst);
+/// # Ok::<(), redis_rl_client::InvalidLimit>(())
+/// ```
+#[derive(Clone)]
+pub struct Limits(LimitsInner);
+
+impl fmt::Debug for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            LimitsInner::Fixed(v) => f.debug_tuple("Limits").field(v).finish(),
+            LimitsInner::Fn(_) => f.write_str("Limits(fn)"),
+        }
+    }
+}
+
+impl Limits {
+    /// Limits from a string ([`parse_limits`](crate::parse_limits)'s grammar). Errors: the
+    /// bad part, named.
+    pub fn parse(text: &str) -> Result<Limits, InvalidLimit> {
+        Ok(Limits(LimitsInner::Fixed(parse_limits(text)?)))
+    }
+
+    /// Limits computed per request: `f` returns anything [`IntoLimits`] (a limit, a string,
+    /// a `Vec<Limit>`, `Limits`, or a `Result` of one). A request whose function gives no
+    /// usable limit (an error, an empty list, a [`Lease`]) is answered 500
+    /// (`limiter_error`) with an error event.
+    pub fn from_fn<F, L>(f: F) -> Limits
+    where
+        F: Fn(&RequestInfo<'_>) -> L + Send + Sync + 'static,
+        L: IntoLimits,
+    {
+        Limits(LimitsInner::Fn(Arc::new(move |info: &RequestInfo<'_>| {
+            f(info).into_limits()?.resolve_depth(info, 0)
+        })))
+    }
+
+    /// The limits for this request (a function's are evaluated now). Errors: a function's
+    /// error, an empty list, a [`Lease`].
+    pub fn resolve(&self, info: &RequestInfo<'_>) -> Result<Vec<Limit>, InvalidLimit> {
+        self.resolve_depth(info, 0)
+    }
+
+    fn resolve_depth(
+        &self,
+        info: &RequestInfo<'_>,
+        depth: usize,
+    ) -> Result<Vec<Limit>, InvalidLimit> {
+        let limits = match &self.0 {
+            LimitsInner::Fixed(v) => v.clone(),
+            LimitsInner::Fn(_) if depth > 4 => {
+                return Err(InvalidLimit::new(
+                    "a limit function returned functions more than 4 deep",
+                ))
+            }
+            LimitsInner::Fn(f) => f(info)?,
+        };
+        check_rates(&limits)?;
+        Ok(limits)
+    }
+}
+
+/// A rule's limits are request rates: a lease would fail every request it applies to.
+fn check_rates(limits: &[Limit]) -> Result<(), InvalidLimit> {
+    if limits.is_empty() {
+        return Err(InvalidLimit::new("a rule needs at least one limit"));
+    }
+    if limits.iter().any(|l| matches!(l, Limit::Lease(_))) {
+        return Err(InvalidLimit::new(
+            "a Rule takes Gcra or Window limits, not a Lease: take a concurrency limit with \
+             Limiter::acquire in the handler",
+        ));
+    }
+    Ok(())
+}
+
+impl std::str::FromStr for Limits {
+    type Err = InvalidLimit;
+
+    fn from_str(text: &str) -> Result<Limits, InvalidLimit> {
+        Limits::parse(text)
+    }
+}
+
+impl From<Gcra> for Limits {
+    fn from(g: Gcra) -> Limits {
+        Limits(LimitsInner::Fixed(vec![g.into()]))
+    }
+}
+
+impl From<Window> for Limits {
+    fn from(w: Window) -> Limits {
+        Limits(LimitsInner::Fixed(vec![w.into()]))
+    }
+}
+
+impl From<Limit> for Limits {
+    fn from(l: Limit) -> Limits {
+        Limits(LimitsInner::Fixed(vec![l]))
+    }
+}
+
+impl From<Vec<Limit>> for Limits {
+    fn from(v: Vec<Limit>) -> Limits {
+        Limits(LimitsInner::Fixed(v))
+    }
+}
+
+/// What a [`Rule`] accepts as its limits (and a [`Limits::from_fn`] function may return):
+/// [`Limits`], [`Limit`], [`Gcra`], [`Window`], `&str` / `String` (parsed), `Vec<Limit>`,
+/// `[Limit; N]`, and a `Result` of any of them. A [`Lease`] converts to an error.
+pub trait IntoLimits {
+    /// Converts, validating. Errors: a string that does not parse, a [`Lease`], no limit.
+    fn into_limits(self) -> Result<Limits, InvalidLimit>;
+}
+
+impl IntoLimits for Limits {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Ok(self)
+    }
+}
+
+impl IntoLimits for Limit {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        check_rates(std::slice::from_ref(&self))?;
+        Ok(self.into())
+    }
+}
+
+impl IntoLimits for Gcra {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Ok(self.into())
+    }
+}
+
+impl IntoLimits for Window {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Ok(self.into())
+    }
+}
+
+impl IntoLimits for &Gcra {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Ok(self.clone().into())
+    }
+}
+
+impl IntoLimits for &Window {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Ok(self.clone().into())
+    }
+}
+
+impl IntoLimits for &Limit {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        self.clone().into_limits()
+    }
+}
+
+impl IntoLimits for Lease {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Limit::Lease(self).into_limits()
+    }
+}
+
+impl IntoLimits for &str {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Limits::parse(self)
+    }
+}
+
+impl IntoLimits for String {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Limits::parse(&self)
+    }
+}
+
+impl IntoLimits for Vec<Limit> {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        check_rates(&self)?;
+        Ok(self.into())
+    }
+}
+
+impl<const N: usize> IntoLimits for [Limit; N] {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        Vec::from(self).into_limits()
+    }
+}
+
+impl<L: IntoLimits> IntoLimits for Result<L, InvalidLimit> {
+    fn into_limits(self) -> Result<Limits, InvalidLimit> {
+        self?.into_limits()
+    }
+}
+
+/// What a rule does with a request whose key function finds nothing (no API key header, no
+/// authenticated user): `docs/clients.md#a-missing-identity-is-never-no-limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Missing {
+    /// Apply the limit keyed by the client IP instead (kind `ip`, the layer's
+    /// [`ClientIp`] rule): keyless clients of one IP share one bucket of that limit, apart
+    /// from every other IP and from the rule's own per-IP limit (another limit name).
+    #[default]
+    Ip,
+    /// Answer 401 with `{"error": "identity_required", …}` (counted `missing_denied`).
+    Deny,
+    /// Do not apply this limit to the request (an explicit opt-in, counted `skipped`).
+    Skip,
+}
+
 type CostFn = dyn Fn(&RequestInfo<'_>) -> u64 + Send + Sync;
+type Predicate = dyn Fn(&RequestInfo<'_>) -> bool + Send + Sync;
+type StatusPredicate = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 #[derive(Clone)]
 enum Cost {
@@ -448,38 +973,59 @@ enum Cost {
     Fn(Arc<CostFn>),
 }
 
+#[derive(Clone)]
+struct Part {
+    name: String,
+    limits: Limits,
+    key: Key,
+}
+
 /// Limits the requests whose path matches (and whose method is one of `methods`, if set).
 ///
-/// One limit with its key function ([`Rule::new`]), or several checked together in one
-/// atomic call ([`Rule::all`]: e.g. per API key and per IP; the request is admitted by all
-/// or charged to none). Keys are `<name>:<value>`; several limits share the first value as
-/// hash tag (`{value}:<name>:<value2>`), so the call works on a Redis Cluster, and the later
-/// limits are scoped under the first.
+/// One identity's limits ([`Rule::new`]) or several identities' ([`Rule::all`]: e.g. per
+/// API key and per IP), checked in one decision: admitted by all or charged to none. Each
+/// limit is keyed by its own identity only (`<name>:{<kind>:<value>}`), so a
+/// client that changes one identity (rotating API keys) cannot reset another's limit (its
+/// IP's). On one server (or when every key shares a slot) the decision is one `RL.ALL`; on
+/// a Redis Cluster, keys of different identities usually live in different slots, and the
+/// limits are checked in the rule's order, what earlier ones took being refunded when a
+/// later one denies ([`CheckAll::across_slots`](crate::CheckAll::across_slots)); give the
+/// rule a [`hash_tag`](Rule::hash_tag) to make it one `RL.ALL` there too.
+///
+/// Building a rule never panics: every constructor returns a `Result`.
 ///
 /// ```
-/// use redis_rl_client::http::{Key, Rule};
+/// use redis_rl_client::http::{Key, Missing, Rule};
 /// use redis_rl_client::{Algorithm, Gcra, Window};
 ///
-/// let login = Rule::new("/login", Window::new(5, 300, Algorithm::Log)?, Key::client_ip(["10.0.0.0/8"])?)
+/// let login = Rule::new("/login", Window::new(5, 300, Algorithm::Log)?, Key::ip())?
 ///     .methods(["POST"])
 ///     .name("login")?;
 /// let api = Rule::all("/api/", [
-///     ("api", Gcra::new(100, 10, 1)?.into(), Key::header_or("X-API-Key", "anonymous")),
-///     ("ip", Window::sliding(300, 60)?.into(), Key::client_ip(["10.0.0.0/8"])?),
-/// ]);
-/// let upload = Rule::new("/upload", Gcra::new(50, 1, 1)?, Key::header("X-User"))
+///     ("key", "100/minute; 1000/hour".parse()?, Key::header("X-API-Key")),
+///     ("ip", Window::sliding(300, 60)?.into(), Key::ip()),
+/// ])?
+/// .missing(Missing::Deny)                      // 401 without an API key
+/// .exempt_when(|req| req.header("x-internal").is_some())
+/// .deduct_when(|status| status.as_u16() < 500); // a server error is not charged
+/// let upload = Rule::new("/upload", Gcra::new(50, 1, 1)?, Key::header("X-User"))?
 ///     .cost_fn(|req| req.content_length.unwrap_or(0) / 1_000_000);
+/// assert!(Rule::new("/x", redis_rl_client::Lease::new(2, 30)?, Key::ip()).is_err());
 /// # let _ = (login, api, upload);
 /// # Ok::<(), redis_rl_client::InvalidLimit>(())
 /// ```
 #[derive(Clone)]
 pub struct Rule {
     path: PathPattern,
-    named: Vec<(String, Limit, Key)>,
+    parts: Vec<Part>,
     single: bool,
     name: Option<String>,
     methods: Option<Vec<Method>>,
     cost: Cost,
+    missing: Option<Missing>,
+    exempt_when: Option<Arc<Predicate>>,
+    deduct_when: Option<Arc<StatusPredicate>>,
+    hash_tag: Option<String>,
 }
 
 impl fmt::Debug for Rule {
@@ -489,13 +1035,15 @@ impl fmt::Debug for Rule {
             .field(
                 "limits",
                 &self
-                    .named
+                    .parts
                     .iter()
-                    .map(|(n, l, _)| (n, l))
+                    .map(|p| (&p.name, &p.limits, &p.key))
                     .collect::<Vec<_>>(),
             )
             .field("name", &self.name)
             .field("methods", &self.methods)
+            .field("missing", &self.missing)
+            .field("hash_tag", &self.hash_tag)
             .finish_non_exhaustive()
     }
 }
@@ -513,77 +1061,125 @@ fn path_name(p: &PathPattern) -> String {
     }
 }
 
-/// A rule's limits are request rates: a lease would fail every request it applies to.
-fn refuse_lease(limit: &Limit) {
-    assert!(
-        !matches!(limit, Limit::Lease(_)),
-        "a Rule takes a Gcra or a Window limit, not a Lease: take a concurrency limit with \
-         Limiter::acquire in the handler"
-    );
+fn check_name(name: &str) -> Result<(), InvalidLimit> {
+    if name.is_empty() || !name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(InvalidLimit::new(
+            "name must be non-empty printable ASCII (it is sent in HTTP headers)",
+        ));
+    }
+    Ok(())
+}
+
+/// Names several limits of one identity: each its own name if it has one, else
+/// `<base>-<window seconds>s`, with `-2`, `-3` appended when two names are equal.
+fn limit_names(base: &str, limits: &[Limit]) -> Vec<String> {
+    if let [only] = limits {
+        return vec![only.name().map_or_else(|| base.to_owned(), str::to_owned)];
+    }
+    let mut out: Vec<String> = Vec::with_capacity(limits.len());
+    for l in limits {
+        let first = match l.name() {
+            Some(n) => n.to_owned(),
+            None => {
+                let secs = l.policy_window().map_or(0, crate::decision::ceil_seconds);
+                format!("{base}-{secs}s")
+            }
+        };
+        let mut name = first.clone();
+        let mut n = 2;
+        while out.contains(&name) {
+            name = format!("{first}-{n}");
+            n += 1;
+        }
+        out.push(name);
+    }
+    out
 }
 
 impl Rule {
-    /// One limit, keyed by `key`. Its name (in keys and headers) is the rule's
-    /// [`name`](Rule::name), else the limit's, else one made from the path.
+    /// One identity's limits (one or several: a limit, a string, [`Limits`]), keyed by
+    /// `key`. The name (in keys and headers) is the rule's [`name`](Rule::name), else the
+    /// limit's, else one made from the path; several limits are named
+    /// `<name>-<window seconds>s`.
     ///
-    /// # Panics
-    ///
-    /// When `limit` is a [`Lease`](crate::Lease): the layer limits request rates
-    /// ([`Gcra`](crate::Gcra), [`Window`](crate::Window)); a concurrency limit is taken with
-    /// [`Limiter::acquire`](crate::Limiter::acquire) in the handler.
-    pub fn new(path: impl Into<PathPattern>, limit: impl Into<Limit>, key: Key) -> Rule {
-        let limit = limit.into();
-        refuse_lease(&limit);
-        Rule {
-            path: path.into(),
-            named: vec![(String::new(), limit, key)],
-            single: true,
-            name: None,
-            methods: None,
-            cost: Cost::Fixed(1),
+    /// Errors: a string that does not parse, a [`Lease`] (the layer limits request rates; a
+    /// concurrency limit is taken with [`Limiter::acquire`](crate::Limiter::acquire) in the
+    /// handler).
+    pub fn new(
+        path: impl Into<PathPattern>,
+        limits: impl IntoLimits,
+        key: Key,
+    ) -> Result<Rule, InvalidLimit> {
+        let limits = limits.into_limits()?;
+        if let LimitsInner::Fixed(v) = &limits.0 {
+            check_rates(v)?;
         }
+        Ok(Rule::build(
+            path.into(),
+            vec![Part {
+                name: String::new(),
+                limits,
+                key,
+            }],
+            true,
+        ))
     }
 
-    /// Several named limits checked together (`RL.ALL`).
+    /// Several identities' limits, each named, checked together as one decision (e.g.
+    /// `("key", …, Key::header("X-API-Key"))` and `("ip", …, Key::ip())`).
     ///
-    /// # Panics
-    ///
-    /// When `limits` is empty or holds a [`Lease`](crate::Lease) (see [`Rule::new`]).
-    pub fn all<I, N>(path: impl Into<PathPattern>, limits: I) -> Rule
+    /// Errors: no limits, an empty or non-ASCII name, two parts with one name, a [`Lease`].
+    pub fn all<I, N>(path: impl Into<PathPattern>, limits: I) -> Result<Rule, InvalidLimit>
     where
-        I: IntoIterator<Item = (N, Limit, Key)>,
+        I: IntoIterator<Item = (N, Limits, Key)>,
         N: Into<String>,
     {
-        let named: Vec<(String, Limit, Key)> = limits
-            .into_iter()
-            .map(|(n, l, k)| (n.into(), l, k))
-            .collect();
-        assert!(!named.is_empty(), "a Rule needs at least one limit");
-        for (_, limit, _) in &named {
-            refuse_lease(limit);
+        let mut parts: Vec<Part> = Vec::new();
+        for (name, limits, key) in limits {
+            let name = name.into();
+            check_name(&name)?;
+            if parts.iter().any(|p| p.name == name) {
+                return Err(InvalidLimit::new(format!(
+                    "two limits of one rule are named '{name}'"
+                )));
+            }
+            if let LimitsInner::Fixed(v) = &limits.0 {
+                check_rates(v)?;
+            }
+            parts.push(Part { name, limits, key });
         }
+        if parts.is_empty() {
+            return Err(InvalidLimit::new("a rule needs at least one limit"));
+        }
+        Ok(Rule::build(path.into(), parts, false))
+    }
+
+    /// A rule for every path (for a layer on one route, e.g. axum's `route_layer`, or as the
+    /// layer's [`default_rule`](crate::RateLimitLayer::default_rule)). Errors: as
+    /// [`Rule::new`].
+    pub fn any(limits: impl IntoLimits, key: Key) -> Result<Rule, InvalidLimit> {
+        Rule::new("*", limits, key)
+    }
+
+    fn build(path: PathPattern, parts: Vec<Part>, single: bool) -> Rule {
         Rule {
-            path: path.into(),
-            named,
-            single: false,
+            path,
+            parts,
+            single,
             name: None,
             methods: None,
             cost: Cost::Fixed(1),
+            missing: None,
+            exempt_when: None,
+            deduct_when: None,
+            hash_tag: None,
         }
     }
 
-    /// A rule for every path (for a layer on one route, e.g. axum's `route_layer`).
-    pub fn any(limit: impl Into<Limit>, key: Key) -> Rule {
-        Rule::new("*", limit, key)
-    }
-
-    /// Names the policy in keys and the RateLimit fields (printable ASCII).
+    /// Names the policy in keys and the RateLimit fields (printable ASCII). Errors: an
+    /// empty or non-printable name.
     pub fn name(mut self, name: &str) -> Result<Rule, InvalidLimit> {
-        if name.is_empty() || !name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-            return Err(InvalidLimit::new(
-                "name must be non-empty printable ASCII (it is sent in HTTP headers)",
-            ));
-        }
+        check_name(name)?;
         self.name = Some(name.to_owned());
         Ok(self)
     }
@@ -603,20 +1199,77 @@ impl Rule {
         self
     }
 
-    /// Units each request costs (default 1).
+    /// Units each request costs (default 1; 0 makes requests free: admitted, not charged).
     pub fn cost(mut self, n: u64) -> Rule {
         self.cost = Cost::Fixed(n);
         self
     }
 
     /// Units each request costs, from the request (e.g. by size). A request costing more
-    /// than the limit can never pass: 413.
+    /// than a limit can never pass: 413. Return `u64::MAX` for a cost too large to count
+    /// (it is a 413 too). A cost of 0 is a free request (admitted, not charged): never let a
+    /// client choose 0 (see [`Rule::cost_header`]).
     pub fn cost_fn(mut self, f: impl Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static) -> Rule {
         self.cost = Cost::Fn(Arc::new(f));
         self
     }
 
-    /// Whether the rule applies to this method and path.
+    /// Units each request costs, read from the request header `name` as a client declares
+    /// its cost: absent, empty or not a number → 1; `0` → 1 (a client cannot make its
+    /// request free); a number of 2^64 or more → can never pass (413).
+    ///
+    /// ```
+    /// # use redis_rl_client::http::{Key, Rule};
+    /// # use redis_rl_client::Gcra;
+    /// let upload = Rule::new("/upload", Gcra::new(5, 1, 60)?, Key::ip())?.cost_header("X-Units");
+    /// # let _ = upload;
+    /// # Ok::<(), redis_rl_client::InvalidLimit>(())
+    /// ```
+    pub fn cost_header(self, name: &str) -> Rule {
+        let name = name.to_ascii_lowercase();
+        self.cost_fn(move |req| header_cost(req.header(&name).as_deref()))
+    }
+
+    /// What to do when a key function finds nothing (default: the layer's, [`Missing::Ip`]).
+    pub fn missing(mut self, policy: Missing) -> Rule {
+        self.missing = Some(policy);
+        self
+    }
+
+    /// Requests for which `f` is true are not limited by this rule: no Redis call, no
+    /// RateLimit fields.
+    pub fn exempt_when(
+        mut self,
+        f: impl Fn(&RequestInfo<'_>) -> bool + Send + Sync + 'static,
+    ) -> Rule {
+        self.exempt_when = Some(Arc::new(f));
+        self
+    }
+
+    /// Charge only the responses whose status (the one actually sent) makes `f` true: the
+    /// request is charged up front (so a denial still denies), and the charge is refunded
+    /// (`RL.REFUND`) after a response for which `f` is false. A request whose client went
+    /// away before a status was sent stays charged. Default: the layer's, else every
+    /// response is charged.
+    pub fn deduct_when(mut self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Rule {
+        self.deduct_when = Some(Arc::new(f));
+        self
+    }
+
+    /// One hash tag for every key of the rule (`{<tag>}:…`, replacing the per-identity
+    /// tags), so the rule is one `RL.ALL` on a Redis Cluster too, at the price of putting
+    /// all its keys (of every client) in one slot. Errors: an empty tag or one with braces.
+    pub fn hash_tag(mut self, tag: &str) -> Result<Rule, InvalidLimit> {
+        if tag.is_empty() || tag.contains('{') || tag.contains('}') {
+            return Err(InvalidLimit::new(
+                "hash tag must be non-empty and hold no braces",
+            ));
+        }
+        self.hash_tag = Some(tag.to_owned());
+        Ok(self)
+    }
+
+    /// Whether the rule applies to this method and (normalised) path.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         if let Some(ms) = &self.methods {
             if !ms.contains(method) {
@@ -626,15 +1279,34 @@ impl Rule {
         self.path.matches(path)
     }
 
-    fn single_name(&self) -> String {
-        self.name
-            .clone()
-            .or_else(|| self.named[0].1.name().map(str::to_owned))
-            .unwrap_or_else(|| path_name(&self.path))
+    pub(crate) fn is_exempt(&self, info: &RequestInfo<'_>) -> bool {
+        self.exempt_when.as_ref().is_some_and(|f| f(info))
+    }
+
+    pub(crate) fn deduct_rule(&self) -> Option<&Arc<StatusPredicate>> {
+        self.deduct_when.as_ref()
+    }
+
+    fn base_name(&self, part: &Part) -> String {
+        if !self.single {
+            return part.name.clone();
+        }
+        self.name.clone().unwrap_or_else(|| path_name(&self.path))
     }
 }
 
-/// The one limiter call a request needs.
+/// Reads a declared cost: absent / not a number → 1, `0` → 1, ≥ 2^64 → `u64::MAX`.
+pub(crate) fn header_cost(value: Option<&str>) -> u64 {
+    let Some(v) = value.map(str::trim) else {
+        return 1;
+    };
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return 1;
+    }
+    v.parse::<u64>().map_or(u64::MAX, |n| n.max(1))
+}
+
+/// The one decision a request needs: its keys, each with its limit and name.
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// Keys (without the limiter's prefix) and their limits, in rule order.
@@ -643,57 +1315,114 @@ pub struct Plan {
     pub names: Vec<(String, String)>,
     /// Units this request costs.
     pub cost: u64,
+    /// Limits not applied ([`Missing::Skip`]).
+    pub skipped: u64,
+    /// A forwarding header was unusable (the peer was taken as the client).
+    pub forwarded_unusable: bool,
 }
 
-/// Finds the first rule for the request and builds its keys (`None`: not limited).
-pub fn plan(rules: &[Rule], info: &RequestInfo<'_>, exempt: &[PathPattern]) -> Option<Plan> {
-    if exempt.iter().any(|p| p.matches(info.path)) {
-        return None;
+/// What a request gets from the rules ([`plan`]).
+#[derive(Debug, Clone)]
+pub enum Planned {
+    /// No rule applies (no match, an exempt path, `exempt_when`, a CORS preflight).
+    Exempt,
+    /// A rule applies, but none of its limits does ([`Missing::Skip`], or no peer address).
+    Unlimited {
+        /// Limits skipped.
+        skipped: u64,
+    },
+    /// Decide these keys.
+    Limited(Plan),
+    /// A key function found nothing and the rule's policy is [`Missing::Deny`]: 401.
+    IdentityRequired {
+        /// The limit that needs the identity.
+        policy: String,
+    },
+    /// The rule's limit function gave no usable limit (answered 500).
+    Failed(InvalidLimit),
+}
+
+/// Finds the rule for the request (the first that matches its method and normalised path,
+/// else `default`) and builds its keys. `exempt` paths are never limited.
+pub fn plan(
+    rules: &[Rule],
+    default: Option<&Rule>,
+    info: &RequestInfo<'_>,
+    exempt: &[PathPattern],
+) -> Planned {
+    let path = info.normalized_path();
+    if exempt.iter().any(|p| p.matches(&path)) {
+        return Planned::Exempt;
     }
-    let rule = rules.iter().find(|r| r.matches(info.method, info.path))?;
-    plan_rule(rule, info)
+    let Some(rule) = rules
+        .iter()
+        .find(|r| r.matches(info.method, &path))
+        .or(default)
+    else {
+        return Planned::Exempt;
+    };
+    plan_rule(rule, info, Missing::Ip)
 }
 
-/// Builds a matched rule's keys for this request (`None`: no key applies).
-pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>) -> Option<Plan> {
-    let info = RequestInfo {
-        route: info.route.or_else(|| rule.path.text()),
-        ..*info
-    };
-    let present: Vec<(String, &Limit, String)> = rule
-        .named
-        .iter()
-        .filter_map(|(n, l, k)| k.value(&info).map(|v| (n.clone(), l, safe_key_part(&v))))
-        .collect();
-    if present.is_empty() {
-        return None;
+/// Builds a matched rule's keys for this request; `missing` is the policy of rules without
+/// their own.
+pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Planned {
+    if rule.is_exempt(info) {
+        return Planned::Exempt;
     }
     let cost = match &rule.cost {
         Cost::Fixed(n) => *n,
-        Cost::Fn(f) => f(&info),
+        Cost::Fn(f) => f(info),
     };
-    let mut keys = Vec::with_capacity(present.len());
-    let mut names = Vec::with_capacity(present.len());
-    if rule.single {
-        let n = rule.single_name();
-        let (_, lim, v) = &present[0];
-        let k = format!("{n}:{v}");
-        keys.push((k.clone(), (*lim).clone()));
-        names.push((k, n));
-    } else if present.len() == 1 {
-        let (n, lim, v) = &present[0];
-        let k = format!("{n}:{v}");
-        keys.push((k.clone(), (*lim).clone()));
-        names.push((k, n.clone()));
-    } else {
-        let tag = present[0].2.clone();
-        for (n, lim, v) in &present {
-            let k = format!("{{{tag}}}:{n}:{v}");
-            keys.push((k.clone(), (*lim).clone()));
-            names.push((k, n.clone()));
+    let mut p = Plan {
+        keys: Vec::new(),
+        names: Vec::new(),
+        cost,
+        skipped: 0,
+        forwarded_unusable: false,
+    };
+    for part in &rule.parts {
+        let limits = match part.limits.resolve(info) {
+            Ok(l) => l,
+            Err(e) => return Planned::Failed(e),
+        };
+        let base = rule.base_name(part);
+        let names = if limits.len() == 1 && (rule.name.is_some() || !rule.single) {
+            vec![base.clone()]
+        } else {
+            limit_names(&base, &limits)
+        };
+        let found = part.key.lookup(info);
+        p.forwarded_unusable |= found.bad_forwarding;
+        let (kind, value) = match found.value {
+            Some(v) => (part.key.kind_name().to_owned(), v),
+            None => match rule.missing.unwrap_or(missing) {
+                Missing::Ip => match info.client_ip {
+                    Some(ip) => ("ip".to_owned(), ip.to_owned()),
+                    None => continue, // no peer address: warned by the layer
+                },
+                Missing::Deny => return Planned::IdentityRequired { policy: base },
+                Missing::Skip => {
+                    p.skipped += limits.len() as u64;
+                    continue;
+                }
+            },
+        };
+        let value = safe_key_part(&value);
+        for (limit, name) in limits.into_iter().zip(names) {
+            // The same layout as the Python package's, so services in both share keys.
+            let k = match &rule.hash_tag {
+                Some(tag) => format!("{{{tag}}}:{name}:{kind}:{value}"),
+                None => format!("{name}:{{{kind}:{value}}}"),
+            };
+            p.names.push((k.clone(), name));
+            p.keys.push((k, limit));
         }
     }
-    Some(Plan { keys, names, cost })
+    if p.keys.is_empty() {
+        return Planned::Unlimited { skipped: p.skipped };
+    }
+    Planned::Limited(p)
 }
 
 /// What to answer: `status` `None` lets the request through with `headers`.
@@ -701,13 +1430,31 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>) -> Option<Plan> {
 pub struct Verdict {
     /// `None`: pass; else the status to answer with.
     pub status: Option<StatusCode>,
+    /// Why the request is refused (`None` when it passes).
+    pub reason: Option<DenialReason>,
     /// The fields to set (on the admitted response, or on the denial).
     pub headers: HeaderMap,
     /// The JSON body of a denial (empty when admitted).
     pub body: String,
+    /// The name of the binding limit (`"default"` without one).
+    pub policy: String,
 }
 
-fn json_str(s: &str) -> String {
+/// Why the layer refuses a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenialReason {
+    /// Over the limit: 429 with `Retry-After`.
+    RateLimited,
+    /// The request's cost exceeds a limit and can never pass: 413.
+    TooLarge,
+    /// The limiter could not decide (failure policy "closed", or "error" with Redis down):
+    /// 503 with `Retry-After`.
+    Unavailable,
+    /// The rule's key function found no identity and its policy is [`Missing::Deny`]: 401.
+    IdentityRequired,
+}
+
+pub(crate) fn json_str(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {
@@ -727,7 +1474,8 @@ fn json_str(s: &str) -> String {
 /// `{"error": "rate_limited", "message": …, "policy": …, "retry_after": s}`. Never allowed
 /// (its cost exceeds the limit): 413 with `{"error": "request_too_large", …}`. Denied by the
 /// "closed" failure policy: `degraded_status` (503) with `Retry-After` and
-/// `{"error": "limiter_unavailable", …}`. `names` are the [`Plan`]'s (keys without the
+/// `{"error": "limiter_unavailable", …}`; a denial of the "local" policy's in-memory limiter
+/// is a 429 with that limiter's figures. `names` are the [`Plan`]'s (keys without the
 /// prefix), `prefix` the limiter's.
 pub fn respond(
     decision: &Decision,
@@ -762,26 +1510,30 @@ pub fn respond(
     if decision.allowed {
         return Verdict {
             status: None,
+            reason: None,
             headers,
             body: String::new(),
+            policy,
         };
     }
     let retry = headers
         .get(http::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let (status, body) = if decision.never() {
+    let (status, reason, body) = if decision.never() {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
+            DenialReason::TooLarge,
             format!(
                 "{{\"error\": \"request_too_large\", \"message\": \"this request asks for more \
                  than the limit allows and can never pass\", \"policy\": {}}}",
                 json_str(&policy)
             ),
         )
-    } else if decision.degraded {
+    } else if decision.blind {
         (
             degraded_status,
+            DenialReason::Unavailable,
             format!(
                 "{{\"error\": \"limiter_unavailable\", \"message\": \"the rate limiter is \
                  unavailable; retry shortly\", \"retry_after\": {}}}",
@@ -791,6 +1543,7 @@ pub fn respond(
     } else {
         (
             StatusCode::TOO_MANY_REQUESTS,
+            DenialReason::RateLimited,
             format!(
                 "{{\"error\": \"rate_limited\", \"message\": \"too many requests\", \"policy\": \
                  {}, \"retry_after\": {}}}",
@@ -802,8 +1555,28 @@ pub fn respond(
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Verdict {
         status: Some(status),
+        reason: Some(reason),
         headers,
         body,
+        policy,
+    }
+}
+
+/// The 401 of [`Missing::Deny`]: `{"error": "identity_required", "message": …, "policy": …}`,
+/// no RateLimit fields.
+pub fn identity_required(policy: &str) -> Verdict {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Verdict {
+        status: Some(StatusCode::UNAUTHORIZED),
+        reason: Some(DenialReason::IdentityRequired),
+        headers,
+        body: format!(
+            "{{\"error\": \"identity_required\", \"message\": \"this request must identify \
+             itself (e.g. with an API key) to be served\", \"policy\": {}}}",
+            json_str(policy)
+        ),
+        policy: policy.to_owned(),
     }
 }
 
@@ -839,6 +1612,7 @@ pub(crate) fn unavailable(retry: std::time::Duration) -> Decision {
         retry_after: RetryAfter::Wait(retry),
         reset_after: retry,
         degraded: true,
+        blind: true,
         source: crate::decision::Source::Local,
         policy: None,
         key: None,
@@ -871,5 +1645,48 @@ mod tests {
             safe_key_part(&"x".repeat(129)),
             format!("sha256:{:x}", Sha256::digest("x".repeat(129).as_bytes()))
         );
+    }
+
+    #[test]
+    fn paths_are_normalised() {
+        for (raw, want) in [
+            ("/", "/"),
+            ("", "/"),
+            ("/login/", "/login"),
+            ("//login", "/login"),
+            ("/api//x///y/", "/api/x/y"),
+            ("/a%2Fb", "/a/b"),
+            ("/%6Cogin", "/login"),
+            ("/bad%zz", "/bad%zz"),
+            ("/end%4", "/end%4"),
+        ] {
+            assert_eq!(normalize_path(raw), want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn declared_costs() {
+        assert_eq!(header_cost(None), 1);
+        assert_eq!(header_cost(Some("")), 1);
+        assert_eq!(header_cost(Some("abc")), 1);
+        assert_eq!(header_cost(Some("0")), 1);
+        assert_eq!(header_cost(Some(" 7 ")), 7);
+        assert_eq!(header_cost(Some("18446744073709551615")), u64::MAX);
+        assert_eq!(header_cost(Some("18446744073709551616")), u64::MAX);
+        assert_eq!(header_cost(Some("-3")), 1);
+    }
+
+    #[test]
+    fn several_limits_are_named_by_window() {
+        let limits = parse_limits("20/minute; 200 per hour; 30/60s").unwrap();
+        assert_eq!(
+            limit_names("api", &limits),
+            ["api-60s", "api-3600s", "api-60s-2"]
+        );
+        let named = vec![
+            Limit::from(Window::sliding(1, 1).unwrap().named("x").unwrap()),
+            Limit::from(Window::sliding(1, 1).unwrap()),
+        ];
+        assert_eq!(limit_names("r", &named), ["x", "r-1s"]);
     }
 }

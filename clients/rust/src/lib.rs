@@ -24,7 +24,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The crate implements the project's client contract (`CLIENTS.md`): the same limits,
+//! The crate implements the project's client contract (`docs/clients.md` in the repository): the same limits,
 //! decisions, failure policy, fast path and HTTP answers as the Python package
 //! (`clients/python`), so services in both languages can share keys. See the crate's
 //! README for the decisions, the measured figures, and the comparison with
@@ -42,16 +42,18 @@ mod lease;
 mod limiter;
 mod limits;
 mod local;
+mod memory;
 mod policy;
 mod protocol;
 
 pub use decision::{Decision, HeaderOptions, RetryAfter, Source};
 pub use error::Error;
-pub use layer::{request_info, RateLimit, RateLimitLayer};
-pub use lease::{Acquire, LeaseGuard};
+pub use layer::{request_info, Denial, RateLimit, RateLimitLayer, ReportedCost};
+pub use lease::{Acquire, LeaseGuard, LeaseLost, LostReason};
 pub use limiter::{Check, CheckAll, Entry, Limiter, LimiterBuilder, Refund, Release};
 pub use limits::{
-    format_seconds, Algorithm, Gcra, IntoSeconds, InvalidLimit, Lease, Limit, Window, MAX_SECONDS,
+    format_seconds, parse_limits, parse_limits_with, Algorithm, Gcra, IntoSeconds, InvalidLimit,
+    Lease, Limit, LimitAlgorithm, Window, MAX_SECONDS,
 };
 pub use policy::{CounterSnapshot, Counters, FailurePolicy, Hook, COUNTER_NAMES};
 pub use protocol::{Connection, Mode, LIBRARY_NAME, LUA_LIBRARY};

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
+use redis::cluster_routing::Slot;
 use redis::{Cmd, RedisError, Value};
 use tokio::task::JoinHandle;
 
@@ -16,10 +17,12 @@ use crate::decision::{decision_from_reply, Decision, RetryAfter, Source};
 use crate::error::{is_unavailable, Error};
 use crate::limits::{Algorithm, InvalidLimit, Limit, MAX_SECONDS};
 use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
+use crate::memory::{LocalItem, LocalOptions, Memory};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
-    all_reply, command_exists, frame, ints, is_missing_function, is_unknown_command,
-    library_matches, Connection, Mode, Op, LIBRARY_NAME, LUA_LIBRARY,
+    all_reply, command_exists, frame, frame_with, ints, is_missing_function, is_refused,
+    is_unknown_command, library_plan, library_version, listed_version, script_text, Connection,
+    LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
 };
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -87,6 +90,7 @@ pub struct LimiterBuilder {
     closed_retry_after: Duration,
     load_library: bool,
     hook: Option<Hook>,
+    fleet_size: u64,
 }
 
 impl LimiterBuilder {
@@ -104,6 +108,7 @@ impl LimiterBuilder {
             closed_retry_after: Duration::from_secs(1),
             load_library: true,
             hook: None,
+            fleet_size: 1,
         }
     }
 
@@ -117,6 +122,36 @@ impl LimiterBuilder {
     /// What a check answers when Redis does not (default [`FailurePolicy::Open`]).
     pub fn on_error(mut self, policy: FailurePolicy) -> Self {
         self.on_error = policy;
+        self
+    }
+
+    /// How many processes share the limits, for [`FailurePolicy::Local`]: while Redis is
+    /// away each process enforces `limit / n` (rounding down, at least 1; GCRA: its burst and
+    /// its rate), so the fleet as a whole stays near the limit (default 1). At least 1: 0 is
+    /// [`Error::Usage`] at [`build`](LimiterBuilder::build).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_rl_client::{FailurePolicy, Gcra, Limiter, Source};
+    ///
+    /// // Nothing listens on port 1: every decision comes from this process's memory.
+    /// let limiter = Limiter::builder("redis://127.0.0.1:1/")
+    ///     .on_error(FailurePolicy::Local)
+    ///     .fleet_size(4)                       // four replicas share each limit
+    ///     .build()
+    ///     .await?;
+    /// let per_user = Gcra::new(8, 4, 1)?;      // locally: 2 at once, then 1 per second
+    /// let first = limiter.check("user:42", &per_user).await?;
+    /// assert!(first.allowed && first.degraded && !first.blind);
+    /// assert_eq!((first.source, first.limit, first.remaining), (Source::Local, 2, 1));
+    /// assert!(limiter.check("user:42", &per_user).await?.allowed);
+    /// let third = limiter.check("user:42", &per_user).await?;
+    /// assert!(!third.allowed && third.headers(None).contains_key("ratelimit"));
+    /// # Ok(()) }
+    /// ```
+    pub fn fleet_size(mut self, n: u64) -> Self {
+        self.fleet_size = n;
         self
     }
 
@@ -209,6 +244,9 @@ impl LimiterBuilder {
         if self.batch == Some(0) {
             return Err(InvalidLimit::new("batch must be a positive integer").into());
         }
+        if self.fleet_size == 0 {
+            return Err(Error::Usage("fleet_size must be at least 1".into()));
+        }
         let conn = match self.target {
             Target::Connection(c) => c,
             Target::Url(url) => {
@@ -256,6 +294,11 @@ impl LimiterBuilder {
                 counters: Counters::new(self.hook),
                 health: Health::new(self.on_error, self.probe_interval, self.closed_retry_after),
                 deny_cache: self.deny_cache.then(|| DenyCache::new(10_000)),
+                memory: (self.on_error == FailurePolicy::Local)
+                    .then(|| Memory::new(self.fleet_size)),
+                renew_plain: AtomicBool::new(false),
+                scripts: AtomicBool::new(false),
+                script_sha: Mutex::new(None),
                 batch: self.batch,
                 batch_hold: self.batch_hold,
                 credits: batching.then(Credits::new),
@@ -288,6 +331,11 @@ struct Inner {
     counters: Counters,
     health: Health,
     deny_cache: Option<DenyCache>,
+    memory: Option<Memory>,
+    renew_plain: AtomicBool,
+    /// The fallback runs as a script (no FUNCTION here), by this SHA1 if known.
+    scripts: AtomicBool,
+    script_sha: Mutex<Option<String>>,
     batch: Option<u64>,
     batch_hold: Duration,
     credits: Option<Credits>,
@@ -470,6 +518,15 @@ impl Check<'_> {
         self.force = true;
         self
     }
+
+    fn local_options(&self) -> LocalOptions {
+        LocalOptions {
+            peek: self.peek,
+            force: self.force,
+            max_wait: self.max_wait,
+            renew: false,
+        }
+    }
 }
 
 impl<'a> IntoFuture for Check<'a> {
@@ -489,6 +546,7 @@ pub struct CheckAll<'a> {
     cost: u64,
     peek: bool,
     force: bool,
+    across_slots: bool,
 }
 
 impl CheckAll<'_> {
@@ -509,6 +567,43 @@ impl CheckAll<'_> {
         self.force = true;
         self
     }
+
+    /// On a Redis Cluster, accept keys in several slots: the limits are checked one slot
+    /// group at a time, in key order (one `RL.ALL` each), and when a later group denies,
+    /// what the earlier groups took is refunded (`RL.REFUND` with exactly the charge; a
+    /// lease is released), so a denied request leaves no charge; the later groups are then
+    /// peeked, and the decision is combined as `RL.ALL` combines. Not atomic: between the
+    /// charge and the refund another request may see the earlier limits charged (it can
+    /// only be denied for it, never admitted past a limit). Keys in one slot, and every call
+    /// on one server, are still one `RL.ALL`. Without this, keys in several slots are
+    /// [`Error::Redis`] (`CROSSSLOT`). The layer's rules use it.
+    ///
+    /// ```no_run
+    /// # async fn demo(cluster: redis_rl_client::Limiter) -> Result<(), redis_rl_client::Error> {
+    /// use redis_rl_client::{Entry, Gcra, Window};
+    ///
+    /// let per_key = Gcra::new(10, 1, 60)?;
+    /// let per_ip = Window::sliding(100, 60)?;
+    /// let d = cluster
+    ///     .check_all([Entry::new("{key:k1}:api", &per_key), Entry::new("{ip:192.0.2.7}:ip", &per_ip)])
+    ///     .across_slots()
+    ///     .await?;
+    /// # let _ = d;
+    /// # Ok(()) }
+    /// ```
+    pub fn across_slots(mut self) -> Self {
+        self.across_slots = true;
+        self
+    }
+
+    fn local_options(&self) -> LocalOptions {
+        LocalOptions {
+            peek: self.peek,
+            force: self.force,
+            max_wait: None,
+            renew: false,
+        }
+    }
 }
 
 impl<'a> IntoFuture for CheckAll<'a> {
@@ -526,11 +621,67 @@ pub(crate) enum Outcome {
     Down(RedisError),
 }
 
+#[derive(Clone)]
 struct Item {
     key: String,
     limit: Limit,
     cost: Option<u64>,
     token: Option<Vec<u8>>,
+}
+
+/// Combines per-key decisions as `RL.ALL` does (the project's core rule: the binding limit
+/// admits the fewest further calls of this shape; the longest wait among the denying ones;
+/// `Never` if any can never pass), each with the charge it was asked.
+fn combine_decisions(per: Vec<Decision>, charges: &[u64]) -> Decision {
+    use redis_rl::decision::{combine, Decision as Core, Verdict};
+    use redis_rl::time::Span;
+    let span = |d: Duration| Span::from_ns(d.as_nanos().min(u128::from(u64::MAX)) as u64);
+    let core: Vec<(Core, u64)> = per
+        .iter()
+        .zip(charges)
+        .map(|(d, &charge)| {
+            let verdict = match (d.allowed, d.retry_after) {
+                (true, _) => Verdict::Allowed,
+                (false, RetryAfter::Never) => Verdict::Never,
+                (false, RetryAfter::Wait(w)) => Verdict::Denied {
+                    retry_after: span(w),
+                },
+            };
+            let decision = Core {
+                verdict,
+                limit: d.limit,
+                remaining: d.remaining,
+                reset_after: span(d.reset_after),
+            };
+            (decision, charge)
+        })
+        .collect();
+    let c = combine(&core);
+    let (allowed, retry_after) = match c.verdict {
+        Verdict::Allowed | Verdict::Reserved { .. } => (true, RetryAfter::Wait(Duration::ZERO)),
+        Verdict::Never => (false, RetryAfter::Never),
+        Verdict::Denied { retry_after } => (
+            false,
+            RetryAfter::Wait(Duration::from_nanos(retry_after.as_ns())),
+        ),
+    };
+    let binding = per
+        .iter()
+        .find(|d| d.limit == c.limit && d.remaining == c.remaining)
+        .and_then(|d| d.policy.clone());
+    Decision {
+        allowed,
+        limit: c.limit,
+        remaining: c.remaining,
+        retry_after,
+        reset_after: Duration::from_nanos(c.reset_after.as_ns()),
+        degraded: per.iter().any(|d| d.degraded),
+        blind: per.iter().any(|d| d.blind),
+        source: per.first().map_or(Source::Local, |d| d.source),
+        policy: binding,
+        key: None,
+        per_key: per,
+    }
 }
 
 fn bytes(s: impl Into<String>) -> Vec<u8> {
@@ -633,6 +784,7 @@ impl Limiter {
             cost: 1,
             peek: false,
             force: false,
+            across_slots: false,
         }
     }
 
@@ -640,6 +792,11 @@ impl Limiter {
     /// denials of it.
     pub async fn refund(&self, key: &str, n: u64) -> Result<Refund, Error> {
         let full = self.full_key(key)?;
+        self.refund_full(&full, n).await
+    }
+
+    pub(crate) async fn refund_full(&self, full: &str, n: u64) -> Result<Refund, Error> {
+        let full = full.to_owned();
         if n == 0 {
             return Err(InvalidLimit::new("quantity must be a positive integer").into());
         }
@@ -654,6 +811,17 @@ impl Limiter {
                 self.inner
                     .health
                     .answer(None, Some(&full), cause.as_ref())?;
+                if let Some(memory) = &self.inner.memory {
+                    // Under the local policy, what the in-memory limiter took comes back.
+                    let refunded = memory.refund(&full, n);
+                    self.inner.counters.add(Counter::Refunded, refunded);
+                    return Ok(Refund {
+                        refunded,
+                        remaining: 0,
+                        reset_after: Duration::ZERO,
+                        degraded: true,
+                    });
+                }
                 Ok(Refund {
                     refunded: 0,
                     remaining: 0,
@@ -677,6 +845,18 @@ impl Limiter {
         }
     }
 
+    /// Gives back `n` units that this process's in-memory limiter took for `key` (a
+    /// degraded decision that is not [`Decision::blind`]); returns the units given back.
+    pub(crate) fn refund_in_memory(&self, key: &str, n: u64) -> u64 {
+        let Some(memory) = &self.inner.memory else {
+            return 0;
+        };
+        let full = format!("{}{key}", self.inner.prefix);
+        let refunded = memory.refund(&full, n);
+        self.inner.counters.add(Counter::Refunded, refunded);
+        refunded
+    }
+
     /// Frees the lease `token` holds on `key` (`RL.RELEASE`); harmless twice.
     pub async fn release(&self, key: &str, token: impl AsRef<[u8]>) -> Result<Release, Error> {
         let full = self.full_key(key)?;
@@ -691,8 +871,13 @@ impl Limiter {
         {
             Err(cause) => {
                 self.inner.health.answer(None, Some(full), cause.as_ref())?;
+                let released = self
+                    .inner
+                    .memory
+                    .as_ref()
+                    .map_or(0, |m| m.release(full, token));
                 Ok(Release {
-                    released: 0,
+                    released,
                     remaining: 0,
                     reset_after: Duration::ZERO,
                     degraded: true,
@@ -735,7 +920,13 @@ impl Limiter {
             {
                 Ok((v, _)) => {
                     if let Ok(r) = ints::<3>(&v) {
-                        total += r[0].max(0) as u64;
+                        // Counted as each reply lands, so the counter never lags Redis by
+                        // more than the reply in flight.
+                        let n = r[0].max(0) as u64;
+                        total += n;
+                        if n > 0 {
+                            self.inner.counters.add(Counter::Refunded, n);
+                        }
                     }
                 }
                 Err(Error::Redis(e)) if is_unavailable(&e) => {} // a lost refund only under-admits
@@ -743,9 +934,6 @@ impl Limiter {
                     tracing::warn!(target: "redis_rl_client", "redis-rl: refund of batch leftovers failed: {e}");
                 }
             }
-        }
-        if total > 0 {
-            self.inner.counters.add(Counter::Refunded, total);
         }
         total
     }
@@ -827,24 +1015,43 @@ impl Limiter {
             .arg("LIBRARYNAME")
             .arg(LIBRARY_NAME)
             .arg("WITHCODE");
-        let listings = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(list))
+        let listed = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(list))
             .await
-            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?
-            .map_err(Error::Redis)?;
-        let states: Vec<Option<bool>> = listings
+            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?;
+        let listings = match listed {
+            Ok(l) => l,
+            // No FUNCTION here (Redis 6.x, an ACL or a service that disables it): the
+            // fallback runs as a script.
+            Err(e) if is_refused(&e) => return self.use_scripts().await,
+            Err(e) => return Err(Error::Redis(e)),
+        };
+        let ours = library_version(LUA_LIBRARY).unwrap_or("");
+        let plans: Vec<LibraryPlan> = listings
             .iter()
-            .map(|l| library_matches(l, LUA_LIBRARY))
+            .map(|l| library_plan(listed_version(l).as_deref(), ours))
             .collect();
-        if states.iter().all(|s| *s == Some(true)) {
+        if plans.contains(&LibraryPlan::Newer) {
+            // A newer client loaded it (a rolling deploy): it answers our calls too.
+            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library is newer than this client's ({ours}): left in place");
+        }
+        if plans
+            .iter()
+            .all(|p| matches!(p, LibraryPlan::Keep | LibraryPlan::Newer))
+        {
             return Ok(());
         }
         if !self.inner.load_library {
-            if states.contains(&None) {
+            if plans.contains(&LibraryPlan::Load) {
                 return Err(Error::Library(
                     "the redis_rl Functions library is not loaded and load_library is false".into(),
                 ));
             }
-            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library differs from ours");
+            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library is older than this client's ({ours})");
+            return Ok(());
+        }
+        if plans.contains(&LibraryPlan::Newer) {
+            // Some masters run a newer library: FUNCTION LOAD REPLACE goes to every master,
+            // so ours is not loaded at all rather than over the newer one.
             return Ok(());
         }
         let mut load = redis::cmd("FUNCTION");
@@ -854,10 +1061,48 @@ impl Limiter {
         Ok(())
     }
 
+    /// Switches the fallback to scripts: `SCRIPT LOAD` on every master for the SHA1 (if
+    /// `SCRIPT` is refused too, every call sends the text with `EVAL`).
+    async fn use_scripts(&self) -> Result<(), Error> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script_text());
+        let loaded = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(load))
+            .await
+            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?;
+        let sha = match loaded {
+            Ok(replies) => replies.iter().find_map(|v| match v {
+                Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                Value::SimpleString(s) => Some(s.clone()),
+                _ => None,
+            }),
+            Err(e) if is_refused(&e) => None,
+            Err(e) => return Err(Error::Redis(e)),
+        };
+        if !self.inner.scripts.swap(true, Ordering::AcqRel) {
+            tracing::info!(target: "redis_rl_client", "redis-rl: FUNCTION is not available here: the Lua fallback runs as a script (EVALSHA)");
+        }
+        *lock(&self.inner.script_sha) = sha;
+        Ok(())
+    }
+
+    /// The command for `op`: the module's, `FCALL`, or the script (`EVALSHA`, or `EVAL` when
+    /// `text` or no SHA1 is known).
+    fn command(&self, mode: Mode, op: Op, keys: &[&str], args: &[Vec<u8>], text: bool) -> Cmd {
+        if mode != Mode::Fallback || !self.inner.scripts.load(Ordering::Acquire) {
+            return frame(mode, op, keys, args);
+        }
+        let sha = lock(&self.inner.script_sha).clone();
+        let script = match (&sha, text) {
+            (Some(sha), false) => Script::Sha(sha),
+            _ => Script::Text,
+        };
+        frame_with(mode, script, op, keys, args)
+    }
+
     /// Runs one command in the resolved mode, detecting again once when the module
     /// disappeared or the library was flushed (a restart, a failover).
     async fn call(&self, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Result<(Value, Mode), Error> {
-        let (mut reconnected, mut redetected) = (false, false);
+        let (mut reconnected, mut redetected, mut as_text) = (false, false, false);
         loop {
             let (e, mode) = match self.mode().await {
                 Err(Error::Redis(e)) => (e, None),
@@ -866,7 +1111,10 @@ impl Limiter {
                     self.inner.counters.add(Counter::RedisCalls, 1);
                     let sent = Instant::now();
                     match self
-                        .raw(&frame(mode, op, keys, args), keys.first().copied())
+                        .raw(
+                            &self.command(mode, op, keys, args, as_text),
+                            keys.first().copied(),
+                        )
                         .await
                     {
                         Ok(v) => {
@@ -894,6 +1142,22 @@ impl Limiter {
                 redetected = true;
                 self.inner.resolved.store(2, Ordering::Release);
                 continue;
+            }
+            if mode == Some(Mode::Fallback) && self.inner.scripts.load(Ordering::Acquire) {
+                // A node without the script cached (a restart, a failover, a node added to
+                // a Cluster): once, with the text, which caches it there.
+                if !as_text && (e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT"))
+                {
+                    as_text = true;
+                    continue;
+                }
+                if is_refused(&e) {
+                    return Err(Error::Library(format!(
+                        "this server has no redis-rl module and refuses Lua scripts to this \
+                         client ({e}): load the module (MODULE LOAD), or allow FUNCTION or \
+                         EVAL/EVALSHA"
+                    )));
+                }
             }
             if !redetected && mode == Some(Mode::Fallback) && is_missing_function(&e) {
                 redetected = true;
@@ -953,12 +1217,30 @@ impl Limiter {
             + Duration::from_nanos(3 * self.inner.rtt_ns.load(Ordering::Relaxed))
     }
 
+    /// The failure policy's answer for one limit; under [`FailurePolicy::Local`] the
+    /// in-memory limiter's decision for `cost` units with `opts`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn degraded(
         &self,
         limit: Option<&Limit>,
         key: &str,
         cause: Option<&RedisError>,
+        cost: u64,
+        opts: LocalOptions,
+        token: Option<&[u8]>,
     ) -> Result<Decision, Error> {
+        if let (Some(memory), Some(limit)) = (&self.inner.memory, limit) {
+            let item = LocalItem {
+                key,
+                limit,
+                cost,
+                token,
+            };
+            let d = memory.decide(&[item], opts)?;
+            self.inner.counters.add(Counter::Local, 1);
+            self.inner.counters.count_decision(&d);
+            return Ok(d);
+        }
         let d = self.inner.health.answer(limit, Some(key), cause)?;
         self.inner.counters.count_decision(&d);
         Ok(d)
@@ -968,6 +1250,30 @@ impl Limiter {
         self.inner.health.success();
         self.inner.counters.count_decision(&d);
         d
+    }
+
+    /// A reply arrived outside a decision (a renewal): ends an outage, counts nothing.
+    pub(crate) fn healthy(&self) {
+        self.inner.health.success();
+    }
+
+    /// Whether this server's module or library predates `RL.LEASE … RENEW`.
+    pub(crate) fn renew_unsupported(&self) -> bool {
+        self.inner.renew_plain.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mark_renew_unsupported(&self) {
+        if !self.inner.renew_plain.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target: "redis_rl_client", "redis-rl: the server predates RL.LEASE … RENEW: leases are renewed without it, so a lapsed lease is granted again instead of being reported lost (upgrade the module or the library)");
+        }
+    }
+
+    /// Frees, in this process's memory, the lease `token` holds on `full` (a guard taken by
+    /// the local failure policy).
+    pub(crate) fn release_in_memory(&self, full: &str, token: &[u8]) {
+        if let Some(memory) = &self.inner.memory {
+            memory.release(full, token);
+        }
     }
 
     pub(crate) fn skip(&self) -> bool {
@@ -1038,7 +1344,7 @@ impl Limiter {
             }
         }
         if self.skip() {
-            return self.degraded(Some(limit), &full, None);
+            return self.degraded(Some(limit), &full, None, c.cost, c.local_options(), None);
         }
         let mut args: Vec<Vec<u8>> = limit.args().into_iter().map(bytes).collect();
         if c.cost != 1 {
@@ -1059,7 +1365,16 @@ impl Limiter {
         }
         let sent = Instant::now();
         let (v, mode) = match self.guarded(op, &[&full], &args).await? {
-            Outcome::Down(e) => return self.degraded(Some(limit), &full, Some(&e)),
+            Outcome::Down(e) => {
+                return self.degraded(
+                    Some(limit),
+                    &full,
+                    Some(&e),
+                    c.cost,
+                    c.local_options(),
+                    None,
+                )
+            }
             Outcome::Reply(v, mode) => (v, mode),
         };
         let reply = ints::<5>(&v).map_err(Error::Redis)?;
@@ -1107,6 +1422,7 @@ impl Limiter {
             retry_after: RetryAfter::Wait(Duration::ZERO),
             reset_after: Duration::ZERO,
             degraded: false,
+            blind: false,
             source: Source::Local,
             policy: Some(limit.clone()),
             key: Some(full.to_owned()),
@@ -1228,6 +1544,7 @@ impl Limiter {
             retry_after: RetryAfter::Wait(Duration::from_micros(retry_us as u64)),
             reset_after: d.reset_after,
             degraded: false,
+            blind: false,
             source: d.source,
             policy: Some(limit.clone()),
             key: d.key.clone(),
@@ -1247,7 +1564,7 @@ impl Limiter {
             return Ok(d);
         }
         if self.skip() {
-            return self.degraded(Some(limit), full, None);
+            return self.degraded(Some(limit), full, None, cost, LocalOptions::default(), None);
         }
         let op = if matches!(limit, Limit::Gcra(_)) {
             Op::Gcra
@@ -1264,7 +1581,16 @@ impl Limiter {
             }
             let sent = Instant::now();
             let (v, mode) = match self.guarded(op, &[full], &args).await? {
-                Outcome::Down(e) => return self.degraded(Some(limit), full, Some(&e)),
+                Outcome::Down(e) => {
+                    return self.degraded(
+                        Some(limit),
+                        full,
+                        Some(&e),
+                        cost,
+                        LocalOptions::default(),
+                        None,
+                    )
+                }
                 Outcome::Reply(v, mode) => (v, mode),
             };
             let reply = ints::<5>(&v).map_err(Error::Redis)?;
@@ -1299,7 +1625,8 @@ impl Limiter {
             want = cost.max((want - 1).min(d.remaining));
             last = Some(d);
         }
-        let d = last.expect("the loop ran at least once");
+        // The loop runs at least once; no panic path even so.
+        let d = last.ok_or_else(|| Error::Usage("batching made no call".into()))?;
         Ok(self.decided(d))
     }
 
@@ -1330,6 +1657,8 @@ impl Limiter {
         if c.entries.is_empty() {
             return Err(Error::Usage("check_all needs at least one limit".into()));
         }
+        let opts = c.local_options();
+        let (cost, peek, force, across) = (c.cost, c.peek, c.force, c.across_slots);
         let mut items = Vec::with_capacity(c.entries.len());
         for e in c.entries {
             let full = self.full_key(&e.key)?;
@@ -1353,34 +1682,11 @@ impl Limiter {
                 token,
             });
         }
-        let mut args: Vec<Vec<u8>> = Vec::new();
-        for it in &items {
-            args.extend(it.limit.spec().into_iter().map(bytes));
-            if let Some(t) = &it.token {
-                args.push(t.clone());
-            }
-            if let Some(own) = it.cost {
-                if own != c.cost {
-                    args.push(bytes("COST"));
-                    args.push(bytes(own.to_string()));
-                }
-            }
-        }
-        if c.cost != 1 {
-            args.push(bytes("QUANTITY"));
-            args.push(bytes(c.cost.to_string()));
-        }
-        if c.peek {
-            args.push(bytes("PEEK"));
-        }
-        if c.force {
-            args.push(bytes("FORCE"));
-        }
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let plain = !(c.peek || c.force)
+        let plain = !(peek || force)
             && items
                 .iter()
-                .all(|i| i.cost.unwrap_or(c.cost) <= i.limit.capacity());
+                .all(|i| i.cost.unwrap_or(cost) <= i.limit.capacity());
         let ck = if plain {
             let mut ck = String::from("ALL");
             for i in &items {
@@ -1388,22 +1694,87 @@ impl Limiter {
                 ck.push_str(&Self::cache_key(&i.key, &i.limit));
                 ck.push_str(&format!("\0{:?}\0{:?}", i.cost, i.token));
             }
-            ck.push_str(&format!("\0{}", c.cost));
+            ck.push_str(&format!("\0{cost}"));
             ck
         } else {
             String::new()
         };
         if plain {
-            if let Some(d) = self.local_denial(&ck, c.cost) {
+            if let Some(d) = self.local_denial(&ck, cost) {
                 return Ok(d);
             }
         }
         if self.skip() {
-            return self.degraded_all(&items, None);
+            return self.degraded_all(&items, None, cost, opts);
         }
         let sent = Instant::now();
+        let all: Vec<&Item> = items.iter().collect();
+        let d = if across && self.spans_slots(&items) {
+            self.check_ordered(&items, cost, peek, force, opts).await?
+        } else {
+            self.all_once(&all, cost, peek, force, opts).await?
+        };
+        // A lease's retry_after assumes no holder releases early: it is no lower bound on
+        // when Redis admits again, so a denial a full lease took part in is not cached.
+        let lease_denied = items
+            .iter()
+            .zip(&d.per_key)
+            .any(|(i, p)| matches!(i.limit, Limit::Lease(_)) && !p.allowed);
+        if plain && !lease_denied && !d.degraded {
+            self.remember(&ck, &keys, cost, &d, sent);
+        }
+        Ok(d)
+    }
+
+    /// Whether the keys live in more than one Cluster slot (never on one server).
+    fn spans_slots(&self, items: &[Item]) -> bool {
+        if !matches!(self.inner.conn, Connection::Cluster(_)) {
+            return false;
+        }
+        let first = Slot::for_key(items[0].key.as_bytes());
+        items
+            .iter()
+            .any(|i| Slot::for_key(i.key.as_bytes()) != first)
+    }
+
+    /// One `RL.ALL` over `items` (counted, with the failure policy on an outage).
+    async fn all_once(
+        &self,
+        items: &[&Item],
+        cost: u64,
+        peek: bool,
+        force: bool,
+        opts: LocalOptions,
+    ) -> Result<Decision, Error> {
+        let mut args: Vec<Vec<u8>> = Vec::new();
+        for it in items {
+            args.extend(it.limit.spec().into_iter().map(bytes));
+            if let Some(t) = &it.token {
+                args.push(t.clone());
+            }
+            if let Some(own) = it.cost {
+                if own != cost {
+                    args.push(bytes("COST"));
+                    args.push(bytes(own.to_string()));
+                }
+            }
+        }
+        if cost != 1 {
+            args.push(bytes("QUANTITY"));
+            args.push(bytes(cost.to_string()));
+        }
+        if peek {
+            args.push(bytes("PEEK"));
+        }
+        if force {
+            args.push(bytes("FORCE"));
+        }
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         let (v, mode) = match self.guarded(Op::All, &keys, &args).await? {
-            Outcome::Down(e) => return self.degraded_all(&items, Some(&e)),
+            Outcome::Down(e) => {
+                let owned: Vec<Item> = items.iter().map(|i| (*i).clone()).collect();
+                return self.degraded_all(&owned, Some(&e), cost, opts);
+            }
             Outcome::Reply(v, mode) => (v, mode),
         };
         let (combined, each) = all_reply(&v).map_err(Error::Redis)?;
@@ -1419,21 +1790,115 @@ impl Limiter {
             .iter()
             .find(|d| d.limit as i64 == combined[1] && d.remaining as i64 == combined[2])
             .and_then(|d| d.policy.clone());
-        // A lease's retry_after assumes no holder releases early: it is no lower bound on
-        // when Redis admits again, so a denial a full lease took part in is not cached.
-        let lease_denied = items
-            .iter()
-            .zip(&per_key)
-            .any(|(i, p)| matches!(i.limit, Limit::Lease(_)) && !p.allowed);
         let mut d = decision_from_reply(combined, binding, None, src, false);
         d.per_key = per_key;
-        if plain && !lease_denied {
-            self.remember(&ck, &keys, c.cost, &d, sent);
-        }
         Ok(self.decided(d))
     }
 
-    fn degraded_all(&self, items: &[Item], cause: Option<&RedisError>) -> Result<Decision, Error> {
+    /// Keys in several Cluster slots: one `RL.ALL` per slot group, in key order; when a
+    /// group denies, what the earlier groups took is refunded (leases released) and the
+    /// later groups are only peeked, so a denied request leaves no charge, and its decision
+    /// is combined as `RL.ALL` combines.
+    async fn check_ordered(
+        &self,
+        items: &[Item],
+        cost: u64,
+        peek: bool,
+        force: bool,
+        opts: LocalOptions,
+    ) -> Result<Decision, Error> {
+        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let slot = Slot::for_key(it.key.as_bytes());
+            match groups.iter_mut().find(|g| g.0 == slot) {
+                Some(g) => g.1.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let mut per: Vec<Option<Decision>> = vec![None; items.len()];
+        let mut denied_at = None;
+        for (gi, (_, idx)) in groups.iter().enumerate() {
+            let group: Vec<&Item> = idx.iter().map(|&k| &items[k]).collect();
+            let d = self.all_once(&group, cost, peek, force, opts).await?;
+            let allowed = d.allowed;
+            for (&k, sub) in idx.iter().zip(d.per_key) {
+                per[k] = Some(sub);
+            }
+            if !allowed {
+                denied_at = Some(gi);
+                break;
+            }
+        }
+        if let Some(g) = denied_at {
+            if !peek {
+                for (_, idx) in &groups[..g] {
+                    for &k in idx {
+                        self.give_back(&items[k], cost, per[k].as_ref()).await;
+                    }
+                }
+            }
+            let peeked = LocalOptions { peek: true, ..opts };
+            for (_, idx) in &groups[g + 1..] {
+                let group: Vec<&Item> = idx.iter().map(|&k| &items[k]).collect();
+                let d = self.all_once(&group, cost, true, false, peeked).await?;
+                for (&k, sub) in idx.iter().zip(d.per_key) {
+                    per[k] = Some(sub);
+                }
+            }
+        }
+        let per: Vec<Decision> = per.into_iter().flatten().collect();
+        let charges: Vec<u64> = items.iter().map(|i| i.cost.unwrap_or(cost)).collect();
+        Ok(combine_decisions(per, &charges))
+    }
+
+    /// Undoes what a group that admitted took for `item` (a denied request elsewhere):
+    /// refunds its charge, or releases its lease. Its decision stays what it was, which is
+    /// what `RL.ALL` reports for a limit of a denied request (its answer without consuming).
+    async fn give_back(&self, item: &Item, cost: u64, decision: Option<&Decision>) {
+        if let (Limit::Lease(_), Some(token)) = (&item.limit, &item.token) {
+            if let Err(e) = self.release_full(&item.key, token).await {
+                tracing::warn!(target: "redis_rl_client", "redis-rl: releasing '{}' after a denial failed: {e}", item.key);
+            }
+            return;
+        }
+        let n = item.cost.unwrap_or(cost);
+        if n == 0 || decision.is_some_and(|d| d.blind) {
+            return; // nothing was charged
+        }
+        if decision.is_some_and(|d| d.degraded) {
+            if let Some(memory) = &self.inner.memory {
+                let refunded = memory.refund(&item.key, n);
+                self.inner.counters.add(Counter::Refunded, refunded);
+            }
+            return;
+        }
+        if let Err(e) = self.refund_full(&item.key, n).await {
+            tracing::warn!(target: "redis_rl_client", "redis-rl: refunding '{}' after a denial failed: {e}", item.key);
+        }
+    }
+
+    fn degraded_all(
+        &self,
+        items: &[Item],
+        cause: Option<&RedisError>,
+        cost: u64,
+        opts: LocalOptions,
+    ) -> Result<Decision, Error> {
+        if let Some(memory) = &self.inner.memory {
+            let local: Vec<LocalItem<'_>> = items
+                .iter()
+                .map(|i| LocalItem {
+                    key: &i.key,
+                    limit: &i.limit,
+                    cost: i.cost.unwrap_or(cost),
+                    token: i.token.as_deref(),
+                })
+                .collect();
+            let d = memory.decide(&local, opts)?;
+            self.inner.counters.add(Counter::Local, 1);
+            self.inner.counters.count_decision(&d);
+            return Ok(d);
+        }
         let per: Vec<Decision> = items
             .iter()
             .map(|i| {
@@ -1450,6 +1915,7 @@ impl Limiter {
             retry_after: first.retry_after,
             reset_after: first.reset_after,
             degraded: true,
+            blind: true,
             source: Source::Local,
             policy: None,
             key: None,

@@ -606,6 +606,174 @@ impl Limit {
     }
 }
 
+/// The algorithm [`parse_limits_with`] gives each limit of a string.
+///
+/// A window algorithm ([`Algorithm`] converts into this), or GCRA: `"10/minute"` as GCRA is
+/// `Gcra::new(10, 10, 60)` (10 at once, refilled at 10 per minute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LimitAlgorithm {
+    /// `Window::new(count, window, Algorithm::Sliding)` (the module's default window).
+    #[default]
+    Sliding,
+    /// `Window::new(count, window, Algorithm::Fixed)`.
+    Fixed,
+    /// `Window::new(count, window, Algorithm::Log)`.
+    Log,
+    /// `Gcra::new(count, count, window)`.
+    Gcra,
+}
+
+impl From<Algorithm> for LimitAlgorithm {
+    fn from(a: Algorithm) -> LimitAlgorithm {
+        match a {
+            Algorithm::Fixed => LimitAlgorithm::Fixed,
+            Algorithm::Sliding => LimitAlgorithm::Sliding,
+            Algorithm::Log => LimitAlgorithm::Log,
+        }
+    }
+}
+
+/// Seconds of a unit word of the limit grammar, or `None`.
+fn unit_seconds(word: &str) -> Option<u64> {
+    Some(match word {
+        "s" | "sec" | "second" | "seconds" => 1,
+        "m" | "min" | "minute" | "minutes" => 60,
+        "h" | "hr" | "hour" | "hours" => 3600,
+        "d" | "day" | "days" => 86_400,
+        _ => return None,
+    })
+}
+
+fn bad_part(part: &str, why: impl fmt::Display) -> InvalidLimit {
+    InvalidLimit(format!("limit '{part}': {why}"))
+}
+
+/// Splits the leading ASCII digits off `text`.
+fn leading_digits(text: &str) -> (&str, &str) {
+    let end = text.bytes().take_while(u8::is_ascii_digit).count();
+    text.split_at(end)
+}
+
+fn parse_one(part: &str, algorithm: LimitAlgorithm) -> Result<Limit, InvalidLimit> {
+    let lower = part.to_ascii_lowercase();
+    let (count, rest) = leading_digits(lower.trim());
+    if count.is_empty() {
+        return Err(bad_part(
+            part,
+            "expected '<count>/<unit>' or '<count> per <unit>', starting with the count",
+        ));
+    }
+    let count: u64 = count
+        .parse()
+        .map_err(|_| bad_part(part, "the count does not fit in 64 bits"))?;
+    let rest = rest.trim_start();
+    let rest = if let Some(r) = rest.strip_prefix('/') {
+        r
+    } else if let Some(r) = rest.strip_prefix("per") {
+        r
+    } else {
+        return Err(bad_part(
+            part,
+            "expected '/' or 'per' after the count, as in '10/minute' or '10 per minute'",
+        ));
+    };
+    let (multiplier, unit) = leading_digits(rest.trim_start());
+    let multiplier: u64 = if multiplier.is_empty() {
+        1
+    } else {
+        match multiplier.parse() {
+            Ok(0) | Err(_) => {
+                return Err(bad_part(
+                    part,
+                    "the number of units must be a positive integer",
+                ))
+            }
+            Ok(n) => n,
+        }
+    };
+    let unit = unit.trim();
+    let Some(seconds) = unit_seconds(unit) else {
+        return Err(bad_part(
+            part,
+            format!(
+                "unknown unit '{unit}' (s, sec, second(s), m, min, minute(s), h, hr, hour(s), \
+                 d, day(s))"
+            ),
+        ));
+    };
+    let window = multiplier
+        .checked_mul(seconds)
+        .filter(|w| *w <= MAX_SECONDS)
+        .ok_or_else(|| bad_part(part, format!("the window must be at most {MAX_SECONDS} s")))?;
+    let built = match algorithm {
+        LimitAlgorithm::Sliding => Window::new(count, window, Algorithm::Sliding).map(Limit::from),
+        LimitAlgorithm::Fixed => Window::new(count, window, Algorithm::Fixed).map(Limit::from),
+        LimitAlgorithm::Log => Window::new(count, window, Algorithm::Log).map(Limit::from),
+        LimitAlgorithm::Gcra => Gcra::new(count, count, window).map(Limit::from),
+    };
+    built.map_err(|e| bad_part(part, e))
+}
+
+/// Parses limits written as users write them: `"10/minute"`, `"100 per hour"`, `"5/10s"`,
+/// `"5 per 10 seconds"`, several joined by `;` or `,` (`"20/minute; 200 per hour"`).
+///
+/// Grammar, case-insensitive, spaces optional around the separators:
+/// `<count> ("/" | "per") [<multiplier>] <unit>`, units `s`, `sec`, `second(s)`, `m`, `min`,
+/// `minute(s)`, `h`, `hr`, `hour(s)`, `d`, `day(s)`. Each part is a SLIDING
+/// [`Window`]`(count, multiplier × unit)` (the module's default window; see
+/// [`parse_limits_with`] for another algorithm), in the order written.
+///
+/// Errors: [`InvalidLimit`] naming the bad part (`limit '10/fortnight': unknown unit …`): a
+/// count or multiplier that is not a positive integer, an unknown unit, a window over
+/// [`MAX_SECONDS`], an empty part.
+///
+/// ```
+/// use redis_rl_client::{parse_limits, Algorithm, Window};
+///
+/// let limits = parse_limits("100 per hour; 1000/day")?;
+/// assert_eq!(limits, [Window::new(100, 3600, Algorithm::Sliding)?.into(),
+///                     Window::new(1000, 86_400, Algorithm::Sliding)?.into()]);
+/// assert_eq!(parse_limits("5/10s")?, [Window::sliding(5, 10)?.into()]);
+/// let e = parse_limits("10/minute; 3/fortnight").unwrap_err();
+/// assert!(e.message().starts_with("limit '3/fortnight': unknown unit 'fortnight'"), "{e}");
+/// # Ok::<(), redis_rl_client::InvalidLimit>(())
+/// ```
+pub fn parse_limits(text: &str) -> Result<Vec<Limit>, InvalidLimit> {
+    parse_limits_with(text, LimitAlgorithm::Sliding)
+}
+
+/// [`parse_limits`] with another algorithm for every limit: FIXED, LOG or GCRA
+/// (`GCRA(count, count, window)`).
+///
+/// ```
+/// use redis_rl_client::{parse_limits_with, Algorithm, Gcra, LimitAlgorithm, Window};
+///
+/// assert_eq!(parse_limits_with("10/minute", LimitAlgorithm::Gcra)?, [Gcra::new(10, 10, 60)?.into()]);
+/// assert_eq!(parse_limits_with("5 per 300 s", Algorithm::Log)?,
+///            [Window::new(5, 300, Algorithm::Log)?.into()]);
+/// # Ok::<(), redis_rl_client::InvalidLimit>(())
+/// ```
+pub fn parse_limits_with(
+    text: &str,
+    algorithm: impl Into<LimitAlgorithm>,
+) -> Result<Vec<Limit>, InvalidLimit> {
+    let algorithm = algorithm.into();
+    if text.trim().is_empty() {
+        return Err(InvalidLimit(format!("no limit in '{text}'")));
+    }
+    text.split([';', ','])
+        .map(|part| {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(InvalidLimit(format!(
+                    "empty limit in '{text}' (limits are separated by ';' or ',')"
+                )));
+            }
+            parse_one(part, algorithm)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,6 +811,64 @@ mod tests {
         assert_eq!(0.000_000_001_5f64.into_nanos("p").unwrap(), 2);
         assert_eq!(0.000_000_002_5f64.into_nanos("p").unwrap(), 2);
         assert_eq!(1e-7f64.into_nanos("p").unwrap(), 100);
+    }
+
+    #[test]
+    fn limit_strings() {
+        let w = |n, s| Limit::from(Window::sliding(n, s).unwrap());
+        for (text, want) in [
+            ("10/minute", vec![w(10, 60)]),
+            ("10 / Minute", vec![w(10, 60)]),
+            ("100 per hour", vec![w(100, 3600)]),
+            ("100PER HOUR", vec![w(100, 3600)]),
+            ("5/10s", vec![w(5, 10)]),
+            ("5 per 10 seconds", vec![w(5, 10)]),
+            ("1/d", vec![w(1, 86_400)]),
+            ("3/2hr", vec![w(3, 7200)]),
+            ("20/minute; 200 per hour", vec![w(20, 60), w(200, 3600)]),
+            ("20/m,200/h", vec![w(20, 60), w(200, 3600)]),
+            ("7/sec", vec![w(7, 1)]),
+            ("7/mins", vec![]),
+        ] {
+            match parse_limits(text) {
+                Ok(got) => assert_eq!(got, want, "{text}"),
+                Err(e) => assert!(want.is_empty(), "{text}: {e}"),
+            }
+        }
+        for (text, starts) in [
+            ("", "no limit in ''"),
+            ("10/minute;", "empty limit in '10/minute;'"),
+            (
+                "0/minute",
+                "limit '0/minute': limit must be a positive integer",
+            ),
+            (
+                "ten/minute",
+                "limit 'ten/minute': expected '<count>/<unit>'",
+            ),
+            ("10 minute", "limit '10 minute': expected '/' or 'per'"),
+            ("10/0s", "limit '10/0s': the number of units must be"),
+            (
+                "10/fortnight",
+                "limit '10/fortnight': unknown unit 'fortnight'",
+            ),
+            (
+                "1/3651d",
+                "limit '1/3651d': the window must be at most 315360000 s",
+            ),
+            ("-1/s", "limit '-1/s': expected"),
+            (
+                "99999999999999999999/s",
+                "limit '99999999999999999999/s': the count does not",
+            ),
+        ] {
+            let e = parse_limits(text).unwrap_err();
+            assert!(e.message().starts_with(starts), "{text}: {e}");
+        }
+        assert_eq!(
+            parse_limits_with("4/s", LimitAlgorithm::Fixed).unwrap(),
+            [Limit::from(Window::new(4, 1, Algorithm::Fixed).unwrap())]
+        );
     }
 
     #[test]

@@ -42,10 +42,18 @@ pub enum FailurePolicy {
     Closed,
     /// Return [`Error::Unavailable`] and let the application decide.
     Error,
+    /// Enforce the same limits in this process's memory, with the module's own algorithms,
+    /// while Redis is unreachable (each limit divided by
+    /// [`fleet_size`](crate::LimiterBuilder::fleet_size) if set, rounding down, at least 1):
+    /// decisions are `degraded` with [`Source::Local`] (not [`Decision::blind`]), and
+    /// their numbers (and HTTP fields) are the local limiter's real ones. The first call
+    /// after Redis answers again is decided by Redis. For limits that must keep holding
+    /// through an outage without denying everyone: each process admits at most its share.
+    Local,
 }
 
 /// The counter names, in the order [`CounterSnapshot`] lists them.
-pub const COUNTER_NAMES: [&str; 8] = [
+pub const COUNTER_NAMES: [&str; 13] = [
     "allowed",
     "denied",
     "allowed_locally",
@@ -54,6 +62,11 @@ pub const COUNTER_NAMES: [&str; 8] = [
     "errors",
     "redis_calls",
     "refunded",
+    "local",
+    "skipped",
+    "missing_denied",
+    "leases_lost",
+    "forwarded_unusable",
 ];
 
 /// A hook called as `hook(counter_name, n)` on every counter increment (for a metrics
@@ -68,7 +81,16 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 /// * `degraded`: answered by the failure policy.
 /// * `errors`: Redis calls that failed (connect, timeout, OOM, failover).
 /// * `redis_calls`: Redis calls made (one per round trip).
-/// * `refunded`: units given back (`refund` and batch leftovers).
+/// * `refunded`: units given back (`refund`, batch leftovers, the layer's `deduct_when`
+///   and reported costs), counted before the refund is sent.
+/// * `skipped`: limits not applied to a request ([`Missing::Skip`](crate::http::Missing)).
+/// * `missing_denied`: requests answered 401 for want of an identity
+///   ([`Missing::Deny`](crate::http::Missing)).
+/// * `local`: decisions made by the in-memory limiter of [`FailurePolicy::Local`].
+/// * `leases_lost`: leases found lost (a `LEASELOST` renewal, or no renewal reaching Redis
+///   for a whole lease time).
+/// * `forwarded_unusable`: requests whose forwarding header was unusable (the peer was taken
+///   as the client).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), redis_rl_client::Error> {
@@ -87,7 +109,7 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 /// # Ok(()) }
 /// ```
 pub struct Counters {
-    values: [AtomicU64; 8],
+    values: [AtomicU64; 13],
     hook: Option<Hook>,
 }
 
@@ -116,6 +138,16 @@ pub struct CounterSnapshot {
     pub redis_calls: u64,
     /// Units given back.
     pub refunded: u64,
+    /// Limits not applied ([`Missing::Skip`](crate::http::Missing)).
+    pub skipped: u64,
+    /// Requests answered 401 for want of an identity.
+    pub missing_denied: u64,
+    /// Decisions of the in-memory limiter ([`FailurePolicy::Local`]).
+    pub local: u64,
+    /// Leases found lost.
+    pub leases_lost: u64,
+    /// Requests whose forwarding header was unusable.
+    pub forwarded_unusable: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -128,6 +160,11 @@ pub(crate) enum Counter {
     Errors = 5,
     RedisCalls = 6,
     Refunded = 7,
+    Local = 8,
+    Skipped = 9,
+    MissingDenied = 10,
+    LeasesLost = 11,
+    ForwardedUnusable = 12,
 }
 
 impl Counters {
@@ -163,6 +200,11 @@ impl Counters {
             errors: v(Counter::Errors),
             redis_calls: v(Counter::RedisCalls),
             refunded: v(Counter::Refunded),
+            skipped: v(Counter::Skipped),
+            missing_denied: v(Counter::MissingDenied),
+            local: v(Counter::Local),
+            leases_lost: v(Counter::LeasesLost),
+            forwarded_unusable: v(Counter::ForwardedUnusable),
         }
     }
 
@@ -297,7 +339,9 @@ impl Health {
                 });
                 return Err(Error::Unavailable(e));
             }
-            FailurePolicy::Open => (true, Duration::ZERO),
+            // Local decisions are made by the limiter; what reaches here (a refund, a
+            // release) reports nothing.
+            FailurePolicy::Open | FailurePolicy::Local => (true, Duration::ZERO),
             FailurePolicy::Closed => (false, self.closed_retry_after),
         };
         Ok(Decision {
@@ -307,6 +351,7 @@ impl Health {
             retry_after: RetryAfter::Wait(wait),
             reset_after: wait,
             degraded: true,
+            blind: true,
             source: Source::Local,
             policy: limit.cloned(),
             key: key.map(str::to_owned),

@@ -81,6 +81,61 @@ impl Op {
     }
 }
 
+/// The fallback as a script, for servers where `FUNCTION` is not allowed (Redis 6.x,
+/// services that disable it): the library without its `#!lua` line, run with `EVAL` /
+/// `EVALSHA sha numkeys key … name arg …` (`ARGV[1]` names the function).
+pub(crate) fn script_text() -> &'static str {
+    LUA_LIBRARY
+        .split_once('\n')
+        .map_or(LUA_LIBRARY, |(_, rest)| rest)
+}
+
+/// How the fallback is called: the Functions library, or the script by its SHA1 (`EVALSHA`)
+/// or by its text (`EVAL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Script<'a> {
+    /// `FCALL` (the Functions library).
+    Functions,
+    /// `EVALSHA <sha>`.
+    Sha(&'a str),
+    /// `EVAL <text>` (loads it into the node's script cache too).
+    Text,
+}
+
+/// Builds the wire command for `op` in MODULE or FALLBACK mode (the fallback as `script`).
+pub(crate) fn frame_with(
+    mode: Mode,
+    script: Script<'_>,
+    op: Op,
+    keys: &[&str],
+    args: &[Vec<u8>],
+) -> Cmd {
+    if mode != Mode::Fallback || script == Script::Functions {
+        return frame(mode, op, keys, args);
+    }
+    let mut cmd = match script {
+        Script::Sha(sha) => {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(sha);
+            c
+        }
+        _ => {
+            let mut c = redis::cmd("EVAL");
+            c.arg(script_text());
+            c
+        }
+    };
+    cmd.arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    cmd.arg(op.function());
+    for a in args {
+        cmd.arg(a.as_slice());
+    }
+    cmd
+}
+
 /// Builds the wire command for `op` in MODULE or FALLBACK mode.
 pub(crate) fn frame(mode: Mode, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Cmd {
     let mut cmd;
@@ -238,14 +293,52 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
-/// Reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`: `Some(true)` loaded with this code,
-/// `Some(false)` loaded with other code, `None` not loaded.
-pub(crate) fn library_matches(listing: &Value, code: &str) -> Option<bool> {
+/// The version a library's code declares (`local VERSION = '1.1.0'`), the one its
+/// `rl_version` function answers.
+pub(crate) fn library_version(code: &str) -> Option<&str> {
+    let rest = code.split("local VERSION = '").nth(1)?;
+    rest.split('\'').next()
+}
+
+/// What to do with one server's `redis_rl` library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LibraryPlan {
+    /// The server runs our version.
+    Keep,
+    /// Not loaded: load ours.
+    Load,
+    /// An older (or unreadable) version: replace it with ours.
+    Replace,
+    /// A newer version, loaded by a newer client (a rolling deploy): leave it.
+    Newer,
+}
+
+fn version_key(v: &str) -> Option<Vec<u64>> {
+    v.split('.').map(|p| p.parse().ok()).collect()
+}
+
+/// Compares the server's library version (`None`: no library) with ours, as the Python
+/// package does: never replace a newer library with an older one.
+pub(crate) fn library_plan(theirs: Option<&str>, ours: &str) -> LibraryPlan {
+    let Some(theirs) = theirs else {
+        return LibraryPlan::Load;
+    };
+    if theirs == ours {
+        return LibraryPlan::Keep;
+    }
+    match (version_key(theirs), version_key(ours)) {
+        (Some(t), Some(o)) if t > o => LibraryPlan::Newer,
+        _ => LibraryPlan::Replace,
+    }
+}
+
+/// Reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`: `Some(version)` of the loaded
+/// library (`Some("")` when its code declares none), `None` when it is not loaded.
+pub(crate) fn listed_version(listing: &Value) -> Option<String> {
     let entries: &[Value] = match listing {
         Value::Array(items) | Value::Set(items) => items,
         _ => return None,
     };
-    let mut found = false;
     for entry in entries {
         let fields: Vec<(String, &Value)> = match entry {
             Value::Array(flat) => flat
@@ -265,18 +358,23 @@ pub(crate) fn library_matches(listing: &Value, code: &str) -> Option<bool> {
         if get("library_name").and_then(text).as_deref() != Some(LIBRARY_NAME) {
             continue;
         }
-        found = true;
-        if get("library_code").and_then(text).as_deref() != Some(code) {
-            return Some(false);
-        }
+        let code = get("library_code").and_then(text).unwrap_or_default();
+        return Some(library_version(&code).unwrap_or("").to_owned());
     }
-    found.then_some(true)
+    None
 }
 
 /// The module is not (or no longer) loaded on this server.
 pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
     let msg = e.to_string().to_lowercase();
     msg.contains("unknown command") && msg.contains("rl.")
+}
+
+/// The server refuses a command to this client: unknown (Redis 6.x, a renamed or disabled
+/// command) or not permitted by its ACL.
+pub(crate) fn is_refused(e: &RedisError) -> bool {
+    let msg = e.to_string().to_lowercase();
+    e.code() == Some("NOPERM") || msg.contains("unknown command") || msg.contains("noperm")
 }
 
 /// The Functions library is not (or no longer) loaded.
@@ -296,6 +394,17 @@ mod tests {
         assert_eq!(m.args_iter().count(), 5, "RL.GCRA k 3 1 10 has five words");
         let f = frame(Mode::Fallback, Op::All, &["a", "b"], &args);
         assert_eq!(f.args_iter().count(), 3 + 2 + 3);
+    }
+
+    #[test]
+    fn a_newer_library_is_never_replaced() {
+        let ours = library_version(LUA_LIBRARY).expect("the library declares its version");
+        assert_eq!(library_plan(None, ours), LibraryPlan::Load);
+        assert_eq!(library_plan(Some(ours), ours), LibraryPlan::Keep);
+        assert_eq!(library_plan(Some("1.0.0"), "1.1.0"), LibraryPlan::Replace);
+        assert_eq!(library_plan(Some("1.10.0"), "1.9.0"), LibraryPlan::Newer);
+        assert_eq!(library_plan(Some(""), "1.1.0"), LibraryPlan::Replace);
+        assert_eq!(library_plan(Some("x"), "1.1.0"), LibraryPlan::Replace);
     }
 
     #[test]

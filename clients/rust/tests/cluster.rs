@@ -7,41 +7,14 @@
 mod common;
 mod support;
 
-use std::collections::HashSet;
-use std::process::Command;
-
-use common::{Cluster, Server};
+use common::Cluster;
 use redis_rl_client::{tag, Entry, Error, Gcra, Limiter, Window};
+use std::collections::HashSet;
+use std::time::Duration;
 use support::Kind;
 
 fn cluster(kind: Kind) -> Cluster {
-    support::init();
-    if kind == Kind::Module {
-        return Cluster::start(3);
-    }
-    // The harness's Cluster::start loads the module; the same, without it.
-    let nodes: Vec<Server> = (0..3)
-        .map(|_| {
-            Server::builder()
-                .no_module()
-                .arg("cluster-enabled", "yes")
-                .arg("cluster-config-file", "nodes.conf")
-                .arg("cluster-node-timeout", "5000")
-                .start()
-        })
-        .collect();
-    let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
-    args.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
-    args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
-    let out = Command::new("redis-cli").args(&args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let c = Cluster { nodes };
-    c.wait_ok();
-    c
+    support::cluster(kind)
 }
 
 async fn check_all_on_three_masters(kind: Kind) {
@@ -104,4 +77,82 @@ async fn module_check_all_on_three_masters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_check_all_on_three_masters() {
     check_all_on_three_masters(Kind::Fallback).await;
+}
+
+/// docs/clients.md#identities-stay-apart on a Cluster: keys in different slots are checked
+/// in order (`across_slots`), and a request the second limit denies leaves no charge on the
+/// first (refunded), its decision combined as RL.ALL would combine it.
+async fn a_denied_request_across_slots_leaves_no_charge(kind: Kind) {
+    let cl = cluster(kind);
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    let lim = Limiter::cluster_builder(urls)
+        .prefix("x:")
+        .build()
+        .await
+        .unwrap();
+    let (ka, ki) = ("{hdr.x-api-key:k1}:api", "{ip:192.0.2.7}:ip");
+    assert_ne!(
+        common::key_slot(&format!("x:{ka}")),
+        common::key_slot(&format!("x:{ki}"))
+    );
+    let api = Gcra::new(5, 1, 60).unwrap();
+    let ip = Window::sliding(2, 60).unwrap();
+    let entries = || [Entry::new(ka, &api), Entry::new(ki, &ip)];
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(lim.check_all(entries()).across_slots().await.unwrap());
+    }
+    assert_eq!(
+        got.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    let denied = &got[2];
+    assert!(!denied.never() && denied.retry_after.duration().unwrap() > Duration::ZERO);
+    assert_eq!(
+        (denied.limit, denied.remaining),
+        (2, 0),
+        "bound by the IP limit"
+    );
+    assert_eq!(denied.per_key.len(), 2);
+    // Per key, what each limit alone answers for this request (as RL.ALL reports a denial).
+    assert!(denied.per_key[0].allowed && !denied.per_key[1].allowed);
+    assert_eq!(denied.per_key[0].remaining, 2);
+    // The per-key limit was charged twice, not three times.
+    let left = lim.check(ka, &api).cost(0).await.unwrap();
+    assert_eq!(left.remaining, 3);
+    assert_eq!(lim.counters().snapshot().refunded, 1);
+    // The deny cache answers the same request again without a charge either.
+    let again = lim.check_all(entries()).across_slots().await.unwrap();
+    assert!(!again.allowed);
+    assert_eq!(lim.check(ka, &api).cost(0).await.unwrap().remaining, 3);
+    // When the first limit denies, nothing is charged and the second is only peeked.
+    let (kb, kj) = ("{hdr.x-api-key:k2}:api", "{ip:192.0.2.8}:ip");
+    let tiny = Gcra::new(1, 1, 60).unwrap();
+    assert!(lim.check(kb, &tiny).await.unwrap().allowed);
+    let d = lim
+        .check_all([Entry::new(kb, &tiny), Entry::new(kj, &ip)])
+        .across_slots()
+        .await
+        .unwrap();
+    assert!(!d.allowed);
+    assert_eq!(
+        d.per_key[1].remaining, 1,
+        "peeked: its answer for this request"
+    );
+    assert_eq!(lim.check(kj, &ip).cost(0).await.unwrap().remaining, 2);
+    // Without across_slots, keys in two slots are still a misuse (CROSSSLOT).
+    let cross = lim
+        .check_all([Entry::new("{a}:1", &api), Entry::new("{b}:2", &ip)])
+        .await;
+    assert!(matches!(cross, Err(Error::Redis(_))), "{cross:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_a_denied_request_across_slots_leaves_no_charge() {
+    a_denied_request_across_slots_leaves_no_charge(Kind::Module).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_a_denied_request_across_slots_leaves_no_charge() {
+    a_denied_request_across_slots_leaves_no_charge(Kind::Fallback).await;
 }

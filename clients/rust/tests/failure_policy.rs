@@ -61,6 +61,9 @@ both_modes_traced!(
     the_layer_answers_503_while_redis_is_down,
     the_first_probe_after_redis_returns_reaches_it,
     refund_and_release_inside_the_probe_interval_do_not_wait,
+    local_enforces_the_limits_in_memory_then_returns_to_redis,
+    local_through_the_layer_answers_429_with_real_fields,
+    a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost,
 );
 
 async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
@@ -299,10 +302,7 @@ async fn the_layer_answers_503_while_redis_is_down(kind: Kind, _capture: Capture
     for policy in [FailurePolicy::Closed, FailurePolicy::Error] {
         let lim = make(&server, |b| b.on_error(policy)).await;
         let svc = RateLimitLayer::new(lim)
-            .rule(Rule::any(
-                Gcra::new(5, 1, 60).unwrap(),
-                Key::header_or("x-k", "anon"),
-            ))
+            .rule(Rule::any(Gcra::new(5, 1, 60).unwrap(), Key::header_or("x-k", "anon")).unwrap())
             .layer(tower::service_fn(|_req: Request<String>| async {
                 Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
             }));
@@ -377,4 +377,153 @@ async fn refund_and_release_inside_the_probe_interval_do_not_wait(kind: Kind, _c
     assert!(d.degraded);
     assert!(refund.unwrap().degraded && release.unwrap().degraded);
     assert!(took < Duration::from_millis(150), "{took:?}");
+}
+
+/// docs/clients.md#failure-policy-local: with Redis stopped mid-run, each process enforces
+/// the same limits in memory (divided by the fleet size), with real figures, and the first
+/// call after Redis answers again is decided by Redis, which never saw the local decisions.
+async fn local_enforces_the_limits_in_memory_then_returns_to_redis(kind: Kind, capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local).fleet_size(2)).await;
+    let g: Limit = Gcra::new(6, 2, 60).unwrap().into(); // locally: burst 3, 1 per 60 s
+    let w: Limit = Window::new(4, 60, Algorithm::Fixed).unwrap().into(); // locally: 2
+    assert!(!lim.check("g", &g).await.unwrap().degraded);
+    server.stop();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(lim.check("g", &g).await.unwrap());
+    }
+    assert!(got
+        .iter()
+        .all(|d| d.degraded && !d.blind && d.source == Source::Local));
+    assert_eq!(
+        got.iter()
+            .map(|d| (d.allowed, d.limit, d.remaining))
+            .collect::<Vec<_>>(),
+        [(true, 3, 2), (true, 3, 1), (true, 3, 0), (false, 3, 0)]
+    );
+    let denied = &got[3];
+    let wait = denied.retry_after.duration().unwrap();
+    assert!(
+        wait > Duration::from_secs(50) && wait <= Duration::from_secs(60),
+        "{wait:?}"
+    );
+    let h = denied.headers(Some("g"));
+    assert_eq!(h["ratelimit-policy"], "\"g\";q=3;w=180");
+    assert!(
+        h["ratelimit"].to_str().unwrap().starts_with("\"g\";r=0;t="),
+        "{h:?}"
+    );
+    assert_eq!(h["retry-after"], "60");
+    // Several limits in memory: all or nothing, as RL.ALL.
+    let both = || [Entry::new("{u}:g", &g), Entry::new("{u}:w", &w)];
+    let mut all = Vec::new();
+    for _ in 0..3 {
+        all.push(lim.check_all(both()).await.unwrap());
+    }
+    assert_eq!(
+        all.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    assert_eq!(all[2].per_key[0].remaining, 0, "{:?}", all[2]);
+    assert_eq!(
+        all[1].per_key[0].remaining, 1,
+        "the GCRA was charged twice, not three times"
+    );
+    // A refund during the outage goes back to memory.
+    assert_eq!(lim.refund("g", 1).await.unwrap().refunded, 1);
+    assert!(lim.check("g", &g).await.unwrap().allowed);
+    let c = lim.counters().snapshot();
+    assert!(c.local >= 8 && c.degraded >= 8, "{c:?}");
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let back = loop {
+        let d = lim.check("g", &g).await.unwrap();
+        if !d.degraded {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "did not return to Redis");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(back.allowed && !back.degraded && back.source != Source::Local);
+    assert_eq!(back.limit, 6, "Redis's limit, not the local share");
+    assert_eq!(outage_events(&capture), (1, 1));
+    // Built with a fleet size of 0: refused.
+    let zero = Limiter::builder(support::url(&server))
+        .on_error(FailurePolicy::Local)
+        .fleet_size(0)
+        .build()
+        .await;
+    assert!(matches!(zero, Err(Error::Usage(_))));
+}
+
+async fn local_through_the_layer_answers_429_with_real_fields(kind: Kind, _capture: Capture) {
+    use http::{Request, Response, StatusCode};
+    use redis_rl_client::http::{Key, Rule};
+    use redis_rl_client::RateLimitLayer;
+
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let svc = RateLimitLayer::new(lim)
+        .rule(
+            Rule::any("2/minute", Key::header("x-k"))
+                .unwrap()
+                .name("local")
+                .unwrap(),
+        )
+        .layer(tower::service_fn(|_req: Request<String>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+        }));
+    let call = || {
+        let svc = svc.clone();
+        let req = Request::builder()
+            .header("x-k", "a")
+            .body(String::new())
+            .unwrap();
+        async move { svc.oneshot(req).await.unwrap() }
+    };
+    assert_eq!(call().await.status(), StatusCode::OK);
+    server.stop();
+    let got = [call().await, call().await, call().await];
+    assert_eq!(
+        got.iter().map(|r| r.status().as_u16()).collect::<Vec<_>>(),
+        [200, 200, 429],
+        "the local limiter holds: its own 2, not open, not 503"
+    );
+    assert_eq!(
+        got[0].headers()["ratelimit"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .nth(1),
+        Some("r=1")
+    );
+    assert!(
+        got[2].body().contains("\"error\": \"rate_limited\""),
+        "{}",
+        got[2].body()
+    );
+    assert!(got[2].headers().contains_key("retry-after"));
+    server.restart();
+}
+
+/// docs/clients.md#leases-that-know-they-are-lost: a renewal that cannot reach Redis for a
+/// whole lease time marks the lease lost.
+async fn a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost(kind: Kind, capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Open)).await;
+    let guard = lim
+        .acquire("held", &redis_rl_client::Lease::new(1, "0.6").unwrap())
+        .await
+        .unwrap();
+    server.stop();
+    let lost = tokio::time::timeout(Duration::from_secs(30), guard.lost())
+        .await
+        .expect("not reported lost");
+    assert_eq!(lost.reason, redis_rl_client::LostReason::Unreachable);
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release().await, Err(Error::LeaseLost(_))));
+    assert_eq!(lim.counters().snapshot().leases_lost, 1);
+    assert!(capture.count("was lost") >= 1);
+    server.restart();
 }

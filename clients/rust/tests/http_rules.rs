@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use redis_rl_client::http::{
-    plan, respond, safe_key_part, Forwarding, Key, PathPattern, RequestInfo, Rule,
+    plan, respond, safe_key_part, ClientIp, Forwarding, Key, Missing, PathPattern, Plan, Planned,
+    RequestInfo, Rule,
 };
 use redis_rl_client::{Algorithm, Decision, Gcra, Limit, RetryAfter, Source, Window};
 
@@ -17,6 +18,7 @@ struct Req {
     headers: HeaderMap,
     ext: Extensions,
     peer: Option<IpAddr>,
+    client_ip: Option<String>,
     route: Option<String>,
     length: Option<u64>,
 }
@@ -29,12 +31,14 @@ fn req(peer: Option<&str>, path: &str, headers: &[(&str, &str)]) -> Req {
             HeaderValue::from_str(v).unwrap(),
         );
     }
+    let peer: Option<IpAddr> = peer.map(|p| p.parse().unwrap());
     Req {
         method: Method::GET,
         path: path.to_owned(),
         headers: h,
         ext: Extensions::new(),
-        peer: peer.map(|p| p.parse().unwrap()),
+        peer,
+        client_ip: peer.map(|p| ClientIp::new().key_of(p)),
         route: None,
         length: None,
     }
@@ -48,6 +52,7 @@ impl Req {
             headers: &self.headers,
             extensions: &self.ext,
             peer: self.peer,
+            client_ip: self.client_ip.as_deref(),
             route: self.route.as_deref(),
             content_length: self.length,
         }
@@ -61,6 +66,14 @@ impl Req {
 
 fn key_of(k: &Key, r: &Req) -> Option<String> {
     k.value(&r.info())
+}
+
+/// The plan of a limited request, `None` for any other outcome.
+fn limited(rules: &[Rule], r: &Req, exempt: &[PathPattern]) -> Option<Plan> {
+    match plan(rules, None, &r.info(), exempt) {
+        Planned::Limited(p) => Some(p),
+        _ => None,
+    }
 }
 
 #[test]
@@ -115,13 +128,13 @@ fn client_ip_reads_forwarded_only_when_configured() {
     let r = req(Some("10.0.0.1"), "/", &[("forwarded", fwd)]);
     assert_eq!(key_of(&only_xff, &r).unwrap(), "10.0.0.1");
     let key = Key::client_ip_with(["10.0.0.0/8"], Forwarding::Forwarded).unwrap();
-    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::1");
+    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
     let r = req(
         Some("10.0.0.1"),
         "/",
         &[("forwarded", fwd), ("x-forwarded-for", "9.9.9.9")],
     );
-    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::1");
+    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
 }
 
 #[test]
@@ -138,12 +151,20 @@ fn client_ip_normalises_ports_and_ipv6() {
         "/",
         &[("x-forwarded-for", "[2001:DB8:0::1]:80")],
     );
-    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::1");
+    // IPv6 clients are keyed by their /64 (docs/clients.md#client-ip).
+    assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
     let any = Key::client_ip(Vec::<&str>::new()).unwrap();
     assert_eq!(
-        key_of(&any, &req(Some("2001:db8:0:0::1"), "/", &[])).unwrap(),
+        key_of(&any, &req(Some("2001:db8:0:0:9:8:7:6"), "/", &[])).unwrap(),
+        "2001:db8::/64"
+    );
+    let exact = Key::client_ip_from(ClientIp::new().ipv6_prefix(128).unwrap());
+    assert_eq!(
+        key_of(&exact, &req(Some("2001:db8::1"), "/", &[])).unwrap(),
         "2001:db8::1"
     );
+    assert!(ClientIp::new().ipv6_prefix(47).is_err());
+    assert!(ClientIp::new().ipv6_prefix(129).is_err());
     // An IPv4 client on a dual-stack socket is the IPv4 address.
     assert_eq!(
         key_of(&any, &req(Some("::ffff:192.0.2.7"), "/", &[])).unwrap(),
@@ -213,11 +234,150 @@ fn client_values_cannot_change_the_hash_tag() {
                 Key::client_ip(Vec::<&str>::new()).unwrap(),
             ),
         ],
-    );
+    )
+    .unwrap();
     let r = req(Some("203.0.113.9"), "/api/x", &[("x-api-key", "}{")]);
-    let p = plan(&[rule], &r.info(), &[]).unwrap();
+    let p = limited(&[rule], &r, &[]).unwrap();
     let keys: Vec<&str> = p.keys.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(keys, ["{%7D%7B}:api:%7D%7B", "{%7D%7B}:ip:203.0.113.9"]);
+    assert_eq!(keys, ["api:{hdr.x-api-key:%7D%7B}", "ip:{ip:203.0.113.9}"]);
+}
+
+/// docs/clients.md#identities-stay-apart: the per-IP key holds the IP alone (whatever API
+/// key came with it), and an API key equal to an IP address is another identity kind.
+#[test]
+fn identities_stay_apart() {
+    let rule = Rule::all(
+        "/",
+        [
+            (
+                "api",
+                "10/minute".parse().unwrap(),
+                Key::header("x-api-key"),
+            ),
+            ("ip", "100/minute".parse().unwrap(), Key::ip()),
+        ],
+    )
+    .unwrap();
+    let keys = |api_key: &str| {
+        let r = req(Some("198.51.100.7"), "/x", &[("x-api-key", api_key)]);
+        limited(std::slice::from_ref(&rule), &r, &[])
+            .unwrap()
+            .keys
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (keys("k1"), keys("k2"));
+    assert_ne!(a[0], b[0], "each API key its own bucket");
+    assert_eq!(a[1], b[1], "one per-IP bucket whatever the API key");
+    assert_eq!(a[1], "ip:{ip:198.51.100.7}");
+    let spoof = keys("198.51.100.7");
+    assert_eq!(spoof[0], "api:{hdr.x-api-key:198.51.100.7}");
+    assert_ne!(spoof[0], a[1]);
+    // An explicit hash tag puts every key of the rule in one slot.
+    let tagged = Rule::new("/", Gcra::new(1, 1, 1).unwrap(), Key::ip())
+        .unwrap()
+        .hash_tag("api")
+        .unwrap();
+    let p = limited(&[tagged], &req(Some("192.0.2.1"), "/", &[]), &[]).unwrap();
+    assert_eq!(p.keys[0].0, "{api}:default:ip:192.0.2.1");
+    assert!(Rule::any(Gcra::new(1, 1, 1).unwrap(), Key::ip())
+        .unwrap()
+        .hash_tag("a{b")
+        .is_err());
+}
+
+/// docs/clients.md#a-missing-identity-is-never-no-limit: without the header, the limit is
+/// keyed by the client IP (default), denied (401) or skipped (counted) as the rule says;
+/// no shared bucket unless asked for.
+#[test]
+fn a_missing_identity_is_never_no_limit() {
+    let rule = |m: Option<Missing>| {
+        let r = Rule::new("/", "5/minute", Key::header("x-api-key"))
+            .unwrap()
+            .name("api")
+            .unwrap();
+        match m {
+            Some(m) => r.missing(m),
+            None => r,
+        }
+    };
+    let keyless = req(Some("203.0.113.4"), "/", &[]);
+    let p = limited(&[rule(None)], &keyless, &[]).unwrap();
+    assert_eq!(p.keys[0].0, "api:{ip:203.0.113.4}");
+    let other = limited(&[rule(None)], &req(Some("203.0.113.5"), "/", &[]), &[]).unwrap();
+    assert_ne!(
+        p.keys[0].0, other.keys[0].0,
+        "keyless clients do not share one bucket"
+    );
+    match plan(&[rule(Some(Missing::Deny))], None, &keyless.info(), &[]) {
+        Planned::IdentityRequired { policy } => assert_eq!(policy, "api"),
+        other => panic!("{other:?}"),
+    }
+    match plan(&[rule(Some(Missing::Skip))], None, &keyless.info(), &[]) {
+        Planned::Unlimited { skipped } => assert_eq!(skipped, 1),
+        other => panic!("{other:?}"),
+    }
+    // header_or shares one bucket among keyless clients, as asked.
+    let shared = Rule::new("/", "5/minute", Key::header_or("x-api-key", "anonymous")).unwrap();
+    let p = limited(&[shared], &keyless, &[]).unwrap();
+    assert_eq!(p.keys[0].0, "default:{hdr.x-api-key:anonymous}");
+}
+
+/// docs/clients.md#limits-as-users-write-them: strings, and a function of the request.
+#[test]
+fn limits_from_strings_and_functions() {
+    let rule = Rule::new("/api/", "20/minute; 200 per hour", Key::ip())
+        .unwrap()
+        .name("api")
+        .unwrap();
+    let p = limited(&[rule], &req(Some("192.0.2.9"), "/api/x", &[]), &[]).unwrap();
+    let names: Vec<&str> = p.names.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["api-60s", "api-3600s"]);
+    assert_eq!(
+        p.keys[1],
+        (
+            "api-3600s:{ip:192.0.2.9}".to_owned(),
+            Window::sliding(200, 3600).unwrap().into()
+        )
+    );
+    let by_plan = redis_rl_client::http::Limits::from_fn(|req| {
+        if req.header("x-plan").as_deref() == Some("pro") {
+            "1000/minute"
+        } else {
+            "10/minute"
+        }
+    });
+    let rule = Rule::new("/", by_plan, Key::header("x-api-key")).unwrap();
+    let pro = req(None, "/", &[("x-api-key", "a"), ("x-plan", "pro")]);
+    let free = req(None, "/", &[("x-api-key", "b")]);
+    assert_eq!(
+        limited(std::slice::from_ref(&rule), &pro, &[])
+            .unwrap()
+            .keys[0]
+            .1
+            .capacity(),
+        1000
+    );
+    assert_eq!(
+        limited(std::slice::from_ref(&rule), &free, &[])
+            .unwrap()
+            .keys[0]
+            .1
+            .capacity(),
+        10
+    );
+    let broken = Rule::new(
+        "/",
+        redis_rl_client::http::Limits::from_fn(|_| "ten per minute"),
+        Key::ip(),
+    )
+    .unwrap();
+    assert!(matches!(
+        plan(&[broken], None, &free.info(), &[]),
+        Planned::Failed(_)
+    ));
+    assert!(Rule::new("/", "10/fortnight", Key::ip()).is_err());
 }
 
 #[test]
@@ -227,13 +387,15 @@ fn rules_match_by_path_and_method_first_match_wins() {
         Window::new(5, 60, Algorithm::Log).unwrap(),
         Key::client_ip(Vec::<&str>::new()).unwrap(),
     )
+    .unwrap()
     .methods(["post"]);
-    let users = Rule::new("/users/*/avatar", Gcra::new(2, 1, 1).unwrap(), Key::route());
+    let users = Rule::new("/users/*/avatar", Gcra::new(2, 1, 1).unwrap(), Key::route()).unwrap();
     let api = Rule::new(
         "/api/",
         Gcra::new(10, 1, 1).unwrap(),
         Key::header_or("x-api-key", "anonymous"),
     )
+    .unwrap()
     .name("api")
     .unwrap();
     let versioned = Rule::new(
@@ -245,34 +407,51 @@ fn rules_match_by_path_and_method_first_match_wins() {
         Gcra::new(3, 1, 1).unwrap(),
         Key::client_ip(Vec::<&str>::new()).unwrap(),
     )
+    .unwrap()
     .name("versioned")
     .unwrap();
     let rules = [login, users, api, versioned];
     let get = |path: &str| req(Some("192.0.2.1"), path, &[]);
-    assert!(plan(&rules, &get("/login").info(), &[]).is_none());
+    assert!(limited(&rules, &get("/login"), &[]).is_none());
     let post = get("/login").method(Method::POST);
     assert_eq!(
-        plan(&rules, &post.info(), &[]).unwrap().keys[0].0,
-        "login:192.0.2.1"
+        limited(&rules, &post, &[]).unwrap().keys[0].0,
+        "login:{ip:192.0.2.1}"
     );
-    let p = plan(&rules, &get("/users/3/avatar").info(), &[]).unwrap();
-    assert_eq!(p.keys[0].0, "users-*-avatar:GET%20/users/%2A/avatar");
-    let p = plan(&rules, &get("/api/things").info(), &[]).unwrap();
-    assert_eq!(p.keys[0].0, "api:anonymous");
-    assert_eq!(p.names, [("api:anonymous".to_owned(), "api".to_owned())]);
-    assert!(plan(&rules, &get("/api").info(), &[]).is_some());
+    // Spellings of one path are one path (docs/clients.md#routes).
+    let post2 = get("//login/").method(Method::POST);
+    assert!(
+        limited(&rules, &post2, &[]).is_some(),
+        "a trailing / is no way around a rule"
+    );
+    let p = limited(&rules, &get("/users/3/avatar"), &[]).unwrap();
+    assert_eq!(p.keys[0].0, "users-*-avatar:{route:GET%20/users/3/avatar}");
+    let p2 = limited(&rules, &get("/users/3//avatar/"), &[]).unwrap();
+    assert_eq!(p.keys[0].0, p2.keys[0].0, "one route, one bucket");
+    let p = limited(&rules, &get("/api/things"), &[]).unwrap();
+    let k = "api:{hdr.x-api-key:anonymous}";
+    assert_eq!(p.keys[0].0, k);
+    assert_eq!(p.names, [(k.to_owned(), "api".to_owned())]);
+    assert!(limited(&rules, &get("/api"), &[]).is_some());
     assert_eq!(
-        plan(&rules, &get("/v2/x").info(), &[]).unwrap().keys[0].0,
-        "versioned:192.0.2.1"
+        limited(&rules, &get("/v2/x"), &[]).unwrap().keys[0].0,
+        "versioned:{ip:192.0.2.1}"
     );
-    assert!(plan(&rules, &get("/health").info(), &[]).is_none());
-    assert!(plan(&rules, &get("/api/x").info(), &["/api/x".into()]).is_none());
+    assert!(limited(&rules, &get("/health"), &[]).is_none());
+    assert!(limited(&rules, &get("/api/x"), &["/api/x".into()]).is_none());
+    // The default rule takes what no rule matches (a 404 included).
+    let fallback = Rule::any(Gcra::new(9, 1, 1).unwrap(), Key::ip()).unwrap();
+    match plan(&rules, Some(&fallback), &get("/nowhere").info(), &[]) {
+        Planned::Limited(p) => assert_eq!(p.keys[0].1.capacity(), 9),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
 fn a_rule_whose_keys_do_not_apply_does_not_limit() {
-    let rule = Rule::any(Gcra::new(1, 1, 1).unwrap(), Key::header("authorization"));
-    assert!(plan(&[rule], &req(None, "/", &[]).info(), &[]).is_none());
+    // No peer address: the client IP is unknown, so neither the key nor its fallback applies.
+    let rule = Rule::any(Gcra::new(1, 1, 1).unwrap(), Key::header("authorization")).unwrap();
+    assert!(limited(&[rule], &req(None, "/", &[]), &[]).is_none());
 }
 
 #[test]
@@ -282,10 +461,11 @@ fn cost_function() {
         Gcra::new(10, 1, 1).unwrap(),
         Key::client_ip(Vec::<&str>::new()).unwrap(),
     )
+    .unwrap()
     .cost_fn(|i| i.content_length.unwrap_or(0) / 1000);
     let mut r = req(Some("1.2.3.4"), "/upload", &[]).method(Method::POST);
     r.length = Some(5000);
-    assert_eq!(plan(&[rule], &r.info(), &[]).unwrap().cost, 5);
+    assert_eq!(limited(&[rule], &r, &[]).unwrap().cost, 5);
 }
 
 fn decision(allowed: bool, retry: RetryAfter, degraded: bool) -> Decision {
@@ -297,6 +477,7 @@ fn decision(allowed: bool, retry: RetryAfter, degraded: bool) -> Decision {
         retry_after: retry,
         reset_after: Duration::from_millis(7200),
         degraded,
+        blind: degraded,
         source: if degraded {
             Source::Local
         } else {
@@ -365,25 +546,19 @@ fn never_gets_413_and_closed_degraded_gets_503() {
 fn names_are_validated() {
     assert!(Gcra::new(1, 1, 1).unwrap().named("bad\"\n").is_err());
     assert!(Rule::any(Gcra::new(1, 1, 1).unwrap(), Key::route())
+        .unwrap()
         .name("")
         .is_err());
 }
 
 #[test]
-#[should_panic(expected = "not a Lease")]
 fn a_lease_is_refused_when_the_rule_is_built() {
-    // Checked by the layer, a Lease failed every request with 500.
-    let _ = Rule::new(
-        "/export",
-        redis_rl_client::Lease::new(2, 30).unwrap(),
-        Key::header("x-user"),
-    );
-}
-
-#[test]
-#[should_panic(expected = "not a Lease")]
-fn a_lease_is_refused_in_a_combined_rule() {
-    let _ = Rule::all(
+    // Checked by the layer, a Lease failed every request with 500; a panic was no better
+    // (STYLE.md §8: no constructor panics): the rule is an error.
+    let lease = redis_rl_client::Lease::new(2, 30).unwrap();
+    let e = Rule::new("/export", lease.clone(), Key::header("x-user")).unwrap_err();
+    assert!(e.message().contains("not a Lease"), "{e}");
+    let e = Rule::all(
         "/export",
         [
             (
@@ -391,11 +566,19 @@ fn a_lease_is_refused_in_a_combined_rule() {
                 Gcra::new(5, 1, 1).unwrap().into(),
                 Key::header("x-user"),
             ),
-            (
-                "jobs",
-                redis_rl_client::Lease::new(2, 30).unwrap().into(),
-                Key::header("x-user"),
-            ),
+            ("jobs", Limit::from(lease).into(), Key::header("x-user")),
+        ],
+    )
+    .unwrap_err();
+    assert!(e.message().contains("not a Lease"), "{e}");
+    let none: [(&str, redis_rl_client::http::Limits, Key); 0] = [];
+    assert!(Rule::all("/", none).is_err());
+    let twice = Rule::all(
+        "/",
+        [
+            ("a", "1/s".parse().unwrap(), Key::ip()),
+            ("a", "2/s".parse().unwrap(), Key::route()),
         ],
     );
+    assert!(twice.is_err());
 }

@@ -23,6 +23,7 @@ both_modes!(
     check_all_with_a_lease_spec,
     a_released_slot_is_not_denied_locally,
     check_all_force,
+    a_lapsed_lease_is_reported_lost,
 );
 
 fn rate_limited(r: Result<redis_rl_client::LeaseGuard, Error>) -> Box<redis_rl_client::Decision> {
@@ -55,9 +56,10 @@ async fn acquire_holds_a_slot_and_releases_it(kind: Kind) {
 async fn acquire_renews_in_the_background(kind: Kind) {
     let server = kind.server();
     let lim = limiter(&server).await;
-    let lease = Lease::new(1, "0.3").unwrap();
+    // A lease time long enough that a loaded machine still renews in time (every 0.5 s).
+    let lease = Lease::new(1, "1.5").unwrap();
     let held = lim.acquire("long", &lease).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await; // three lease times: held only through renewals
+    tokio::time::sleep(Duration::from_millis(4500)).await; // three lease times: held only through renewals
     rate_limited(lim.acquire("long", &lease).await);
     assert!(!held.is_lost());
     held.release().await.unwrap();
@@ -266,4 +268,86 @@ async fn check_all_force(kind: Kind) {
         .await
         .unwrap();
     assert!(!after.allowed);
+}
+
+/// Issue 23, 3 (docs/clients.md#leases-that-know-they-are-lost): `Lease(1, 0.3 s)`; holder
+/// A's runtime is blocked, so its renewal task cannot run (a stalled event loop); B acquires
+/// once A's lease has lapsed, and releases; when A's runtime runs again its overdue
+/// renewal (`RENEW`) finds the lease gone: A is lost (flag, hook, `lost()`, counter), and
+/// `release()` says so instead of reporting the work as guarded. Before, the late renewal
+/// was granted as a fresh acquire and A never knew.
+async fn a_lapsed_lease_is_reported_lost(kind: Kind) {
+    use std::sync::{mpsc, Arc, Mutex};
+
+    use redis_rl_client::{Limiter, LostReason};
+
+    let server = kind.server();
+    let url = support::url(&server);
+    let prefix = support::prefix();
+    let (held_tx, held_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (url_a, prefix_a) = (url.clone(), prefix.clone());
+    let a = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let lim = Limiter::builder(url_a)
+                .prefix(prefix_a)
+                .build()
+                .await
+                .unwrap();
+            let hooked = Arc::new(Mutex::new(Vec::new()));
+            let seen = Arc::clone(&hooked);
+            let guard = lim
+                .acquire("job", &Lease::new(1, "0.3").unwrap())
+                .on_lost(move |lost| seen.lock().unwrap().push(lost.clone()))
+                .await
+                .unwrap();
+            assert!(!guard.is_lost());
+            held_tx.send(()).unwrap();
+            // Blocks this thread, and with it the whole runtime: the renewal task cannot run.
+            go_rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("B did not finish");
+            // The runtime runs again: the overdue renewal reaches Redis and finds no lease.
+            let lost = tokio::time::timeout(Duration::from_secs(30), guard.lost())
+                .await
+                .expect("the lease was not reported lost");
+            assert_eq!(lost.reason, LostReason::NotHeld);
+            assert!(guard.is_lost());
+            assert_eq!(
+                hooked.lock().unwrap().as_slice(),
+                std::slice::from_ref(&lost)
+            );
+            assert_eq!(lim.counters().snapshot().leases_lost, 1);
+            match guard.release().await {
+                Err(Error::LeaseLost(l)) => {
+                    assert_eq!(l, lost);
+                    assert!(l.to_string().contains("was lost"), "{l}");
+                }
+                other => panic!("release must report the loss, got {other:?}"),
+            }
+        });
+    });
+    held_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("A did not acquire");
+    let b = Limiter::builder(url).prefix(prefix).build().await.unwrap();
+    let lease = Lease::new(1, "0.3").unwrap();
+    // B gets the slot once A's lease lapses (A cannot renew while blocked).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let guard = loop {
+        match b.acquire("job", &lease).await {
+            Ok(g) => break g,
+            Err(Error::RateLimited(_)) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("B could not acquire: {e:?}"),
+        }
+    };
+    guard.release().await.unwrap();
+    go_tx.send(()).unwrap();
+    a.join().expect("holder A's checks failed");
 }

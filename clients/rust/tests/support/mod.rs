@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use redis_rl_client::{Limiter, LimiterBuilder, Mode};
 
-use crate::common::Server;
+use crate::common::{Cluster, Server};
 
 static INIT: Once = Once::new();
 
@@ -172,4 +172,38 @@ impl tracing::Subscriber for Capture {
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A three-master Redis Cluster for this mode (the harness's `Cluster::start` loads the
+/// module; the fallback's is the same without it).
+pub fn cluster(kind: Kind) -> Cluster {
+    init();
+    if kind == Kind::Module {
+        return Cluster::start(3);
+    }
+    let nodes: Vec<Server> = (0..3)
+        .map(|_| {
+            Server::builder()
+                .no_module()
+                .arg("cluster-enabled", "yes")
+                .arg("cluster-config-file", "nodes.conf")
+                .arg("cluster-node-timeout", "5000")
+                .start()
+        })
+        .collect();
+    let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+    args.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
+    args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+    let out = std::process::Command::new("redis-cli")
+        .args(&args)
+        .output()
+        .expect("run redis-cli --cluster create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let c = Cluster { nodes };
+    c.wait_ok();
+    c
 }

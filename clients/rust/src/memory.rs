@@ -1,0 +1,347 @@
+//! The in-memory limiter of [`FailurePolicy::Local`](crate::FailurePolicy::Local): while
+//! Redis is unreachable, this process decides with the module's own algorithms (the
+//! project's core crate, `redis-rl` without its Redis glue), each limit optionally divided by
+//! the fleet size.
+//!
+//! Keys are the keys as sent (with the prefix); state lives in a map bounded by
+//! [`MAX_KEYS`]: when full, keys idle by now are dropped first, then the map is cleared (which
+//! only forgets local usage, like a restart of the process).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_rl::algo::lease::LeaseParams;
+use redis_rl::decision::{combine, Decision as CoreDecision, Verdict};
+use redis_rl::limit::{Limit as CoreLimit, Request};
+use redis_rl::params::{GcraParams, WindowParams};
+use redis_rl::state::{RefundAction, State, Write};
+use redis_rl::time::{Instant as CoreInstant, Span};
+
+use crate::decision::{Decision, RetryAfter, Source};
+use crate::error::Error;
+use crate::limits::{Algorithm, Gcra, Lease, Limit, Window};
+
+/// The most keys one process keeps in memory during an outage.
+pub(crate) const MAX_KEYS: usize = 100_000;
+
+/// One limit of a local decision: the key as sent, the limit, what it is charged, and the
+/// holder's token for a lease.
+pub(crate) struct LocalItem<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) limit: &'a Limit,
+    pub(crate) cost: u64,
+    pub(crate) token: Option<&'a [u8]>,
+}
+
+/// What one local call asks (the same options as the Redis commands).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct LocalOptions {
+    pub(crate) peek: bool,
+    pub(crate) force: bool,
+    pub(crate) max_wait: Option<Duration>,
+    /// A lease renewal only (`RENEW`): a token holding no live lease is not granted anew.
+    pub(crate) renew: bool,
+}
+
+pub(crate) struct Memory {
+    fleet: u64,
+    states: Mutex<HashMap<String, State>>,
+}
+
+fn now() -> CoreInstant {
+    let ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64);
+    CoreInstant::from_ns(ns)
+}
+
+fn share(n: u64, fleet: u64) -> u64 {
+    (n / fleet).max(1)
+}
+
+fn usage(message: impl Into<String>) -> Error {
+    Error::Usage(message.into())
+}
+
+/// Rounds up to whole milliseconds, at least 1 ms (as the module replies).
+fn wait_ms(span: Span) -> Duration {
+    let ms = span.as_ns().div_ceil(1_000_000).max(1);
+    Duration::from_millis(ms)
+}
+
+fn ceil_ms(span: Span) -> Duration {
+    Duration::from_millis(span.as_ns().div_ceil(1_000_000))
+}
+
+impl Memory {
+    pub(crate) fn new(fleet: u64) -> Memory {
+        Memory {
+            fleet: fleet.max(1),
+            states: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, State>> {
+        self.states.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The limit this process enforces for `limit`: divided by the fleet size, rounding
+    /// down, at least 1 (GCRA: its burst and its rate).
+    pub(crate) fn local_limit(
+        &self,
+        limit: &Limit,
+        token: Option<&[u8]>,
+    ) -> Result<CoreLimit, Error> {
+        let bad = |e: redis_rl::params::ParamError| usage(format!("local limit: {e}"));
+        Ok(match limit {
+            Limit::Gcra(g) => {
+                let burst = share(g.burst(), self.fleet);
+                let rate = share(g.rate(), self.fleet);
+                let period = Span::from_ns(g.period().as_nanos() as u64);
+                CoreLimit::Gcra(GcraParams::new(burst, rate, period).map_err(bad)?)
+            }
+            Limit::Window(w) => {
+                let params = WindowParams::new(
+                    share(w.limit(), self.fleet),
+                    Span::from_ns(w.window().as_nanos() as u64),
+                )
+                .map_err(bad)?;
+                match w.algorithm() {
+                    Algorithm::Fixed => CoreLimit::Fixed(params),
+                    Algorithm::Sliding => CoreLimit::Sliding(params),
+                    Algorithm::Log => CoreLimit::Log(params),
+                }
+            }
+            Limit::Lease(l) => {
+                let token = token.ok_or_else(|| usage("a lease needs a token"))?;
+                let token = redis_rl::params::token(token).map_err(bad)?;
+                let params = LeaseParams {
+                    limit: share(l.limit(), self.fleet),
+                    lease: Span::from_ns(l.lease().as_nanos() as u64),
+                };
+                CoreLimit::Lease(params, Box::new(token))
+            }
+        })
+    }
+
+    /// The limit as this process enforces it (for the decision's `policy` and HTTP fields):
+    /// divided by the fleet size, its name kept.
+    fn share_of(&self, limit: &Limit) -> Limit {
+        if self.fleet == 1 {
+            return limit.clone();
+        }
+        let named = |l: Limit| match limit.name() {
+            Some(n) => match l {
+                Limit::Gcra(g) => g
+                    .clone()
+                    .named(n)
+                    .map(Limit::from)
+                    .unwrap_or(Limit::Gcra(g)),
+                Limit::Window(w) => w
+                    .clone()
+                    .named(n)
+                    .map(Limit::from)
+                    .unwrap_or(Limit::Window(w)),
+                Limit::Lease(e) => e
+                    .clone()
+                    .named(n)
+                    .map(Limit::from)
+                    .unwrap_or(Limit::Lease(e)),
+            },
+            None => l,
+        };
+        let shared = match limit {
+            Limit::Gcra(g) => Gcra::new(
+                share(g.burst(), self.fleet),
+                share(g.rate(), self.fleet),
+                g.period(),
+            )
+            .map(Limit::from),
+            Limit::Window(w) => {
+                Window::new(share(w.limit(), self.fleet), w.window(), w.algorithm())
+                    .map(Limit::from)
+            }
+            Limit::Lease(l) => Lease::new(share(l.limit(), self.fleet), l.lease()).map(Limit::from),
+        };
+        shared.map_or_else(|_| limit.clone(), named)
+    }
+
+    /// Decides `items` together, as `RL.ALL` does (one item: as the single command does):
+    /// the request is admitted only if every limit admits it, and then every limit is
+    /// charged; otherwise nothing is written. Returns the combined decision and the per-item
+    /// ones (empty `per_key` for one item).
+    pub(crate) fn decide(
+        &self,
+        items: &[LocalItem<'_>],
+        options: LocalOptions,
+    ) -> Result<Decision, Error> {
+        let at = now();
+        let limits: Vec<CoreLimit> = items
+            .iter()
+            .map(|i| self.local_limit(i.limit, i.token))
+            .collect::<Result<_, _>>()?;
+        let mut states = self.lock();
+        let mut outcomes = Vec::with_capacity(items.len());
+        for (item, limit) in items.iter().zip(&limits) {
+            let stored = states.get(item.key);
+            let request = Request {
+                quantity: item.cost,
+                max_wait: options
+                    .max_wait
+                    .map(|w| Span::from_ns(w.as_nanos().min(u128::from(u64::MAX)) as u64)),
+                force: options.force,
+                renew: options.renew,
+            };
+            let outcome = limit
+                .decide(stored.map(State::as_ref), at, request)
+                .map_err(|e| usage(format!("local limiter: {e:?}")))?;
+            outcomes.push(outcome);
+        }
+        let allowed = outcomes.iter().all(|o| o.decision.verdict.is_allowed());
+        if allowed && !options.peek {
+            if states.len() + items.len() > MAX_KEYS {
+                states.retain(|_, s| s.as_ref().idle_at().is_some_and(|t| t > at));
+                if states.len() + items.len() > MAX_KEYS {
+                    states.clear();
+                }
+            }
+            for (item, o) in items.iter().zip(&outcomes) {
+                if let Some(w) = &o.write {
+                    apply(&mut states, item.key, w);
+                }
+            }
+        }
+        drop(states);
+        let reservation = options.max_wait.is_some();
+        let per: Vec<Decision> = items
+            .iter()
+            .zip(&outcomes)
+            .map(|(i, o)| {
+                convert(
+                    &o.decision,
+                    Some(self.share_of(i.limit)),
+                    Some(i.key.to_owned()),
+                    reservation,
+                )
+            })
+            .collect();
+        if items.len() == 1 {
+            let mut d = per.into_iter().next().ok_or_else(|| usage("no limit"))?;
+            d.allowed = allowed;
+            return Ok(d);
+        }
+        let charged: Vec<(CoreDecision, u64)> = items
+            .iter()
+            .zip(&outcomes)
+            .map(|(i, o)| (o.decision, i.cost))
+            .collect();
+        let combined = combine(&charged);
+        let binding = per
+            .iter()
+            .find(|d| d.limit == combined.limit && d.remaining == combined.remaining)
+            .and_then(|d| d.policy.clone());
+        let mut d = convert(&combined, binding, None, false);
+        d.per_key = per;
+        Ok(d)
+    }
+
+    /// Gives back up to `n` units of `key` (as `RL.REFUND`); returns what was given back.
+    pub(crate) fn refund(&self, key: &str, n: u64) -> u64 {
+        let at = now();
+        let mut states = self.lock();
+        let Some(state) = states.get(key) else {
+            return 0;
+        };
+        let Some(refund) = state.as_ref().refund(at, n) else {
+            return 0;
+        };
+        match refund.action {
+            RefundAction::Nothing => {}
+            RefundAction::Delete => {
+                states.remove(key);
+            }
+            RefundAction::Store(w) => apply(&mut states, key, &w),
+        }
+        refund.refunded
+    }
+
+    /// Frees the lease `token` holds on `key`; returns the slots freed.
+    pub(crate) fn release(&self, key: &str, token: &[u8]) -> u64 {
+        let at = now();
+        let Some(token) = redis_rl::algo::lease::Token::new(token) else {
+            return 0;
+        };
+        let mut states = self.lock();
+        let Some(State::Lease(s)) = states.get(key) else {
+            return 0;
+        };
+        let (freed, write) = redis_rl::algo::lease::release(s, at, &token);
+        if let Some(w) = write {
+            apply(&mut states, key, &Write::Lease(Box::new(w)));
+        }
+        freed
+    }
+
+    /// Keys held in memory (for tests and metrics).
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+fn apply(states: &mut HashMap<String, State>, key: &str, w: &Write) {
+    match states.get_mut(key) {
+        Some(s) => {
+            if !s.apply(w) {
+                if let Some(fresh) = State::from_write(w) {
+                    *s = fresh;
+                }
+            }
+            if s.is_emptied() {
+                states.remove(key);
+            }
+        }
+        None => {
+            if let Some(fresh) = State::from_write(w) {
+                if !fresh.is_emptied() {
+                    states.insert(key.to_owned(), fresh);
+                }
+            }
+        }
+    }
+}
+
+fn convert(
+    d: &CoreDecision,
+    policy: Option<Limit>,
+    key: Option<String>,
+    reservation: bool,
+) -> Decision {
+    let (allowed, retry_after) = match d.verdict {
+        Verdict::Allowed => (true, RetryAfter::Wait(Duration::ZERO)),
+        Verdict::Reserved { delay } => (
+            true,
+            RetryAfter::Wait(if reservation {
+                ceil_ms(delay)
+            } else {
+                Duration::ZERO
+            }),
+        ),
+        Verdict::Denied { retry_after } => (false, RetryAfter::Wait(wait_ms(retry_after))),
+        Verdict::Never => (false, RetryAfter::Never),
+    };
+    Decision {
+        allowed,
+        limit: d.limit,
+        remaining: d.remaining,
+        retry_after,
+        reset_after: ceil_ms(d.reset_after),
+        degraded: true,
+        blind: false,
+        source: Source::Local,
+        policy,
+        key,
+        per_key: Vec::new(),
+    }
+}
