@@ -43,12 +43,16 @@ def admin(bare: RedisServer) -> Iterator[redis.Redis]:
     c.close()
 
 
-def variant(version: str, log_max_limit: int | None = None) -> str:
-    """variant is our library with another VERSION line (and LOG_MAX_LIMIT), as an older or
-    newer client, or an operator's edit, would have loaded it."""
+def variant(version: str, log_max_limit: int | None = None, **settings: int) -> str:
+    """variant is our library with another VERSION line (and LOG_MAX_LIMIT, or any setting
+    line named by its variable: ALL_MAX_KEYS=8), as an older or newer client, or an
+    operator's edit, would have loaded it."""
     code = re.sub(r"^local VERSION = '[^']+'$", f"local VERSION = '{version}'", library_code(), flags=re.M)
     if log_max_limit is not None:
-        code = re.sub(r"^local LOG_MAX_LIMIT = \d+$", f"local LOG_MAX_LIMIT = {log_max_limit}", code, flags=re.M)
+        settings["LOG_MAX_LIMIT"] = log_max_limit
+    for variable, value in settings.items():
+        code, n = re.subn(rf"^local {variable} = \d+$", f"local {variable} = {value}", code, flags=re.M)
+        assert n == 1, variable
     return code
 
 
@@ -101,13 +105,16 @@ async def test_the_library_is_loaded_when_missing(flavor: str, bare: RedisServer
 async def test_an_older_version_is_replaced_keeping_the_servers_settings(
     flavor: str, bare: RedisServer, admin: redis.Redis
 ) -> None:
-    admin.execute_command("FUNCTION", "LOAD", variant("0.9.0", log_max_limit=500))
+    admin.execute_command(
+        "FUNCTION", "LOAD", variant("0.9.0", log_max_limit=500, LEASE_MAX_LIMIT=700, ALL_MAX_KEYS=8)
+    )
     assert server_version(admin) == "0.9.0"
     d = await check_once(flavor, bare)
     assert d.allowed and d.source is Source.FALLBACK
     assert server_version(admin) == OURS
-    # The operator's rl.log-max-limit survived the upgrade.
-    assert server_config(admin)["log-max-limit"] == 500
+    # Every setting the operator edited survived the upgrade.
+    config = server_config(admin)
+    assert (config["log-max-limit"], config["lease-max-limit"], config["all-max-keys"]) == (500, 700, 8)
     with pytest.raises(redis.ResponseError, match="above rl.log-max-limit \\(500\\)"):
         admin.execute_command("FCALL", "rl_window", 1, "lib-log", 501, 60, "LOG")
 

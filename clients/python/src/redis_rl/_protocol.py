@@ -348,7 +348,11 @@ def _script() -> tuple[str, str]:
 _VERSION_LINE = re.compile(r"^local VERSION = '([^'\n]+)'$", re.M)
 
 #: The library's configuration lines (`local LOG_MAX_LIMIT = 100000`), by rl_config name.
-_CONFIG_LINES = {"log-max-limit": "LOG_MAX_LIMIT", "lease-max-limit": "LEASE_MAX_LIMIT"}
+_CONFIG_LINES = {
+    "log-max-limit": "LOG_MAX_LIMIT",
+    "lease-max-limit": "LEASE_MAX_LIMIT",
+    "all-max-keys": "ALL_MAX_KEYS",
+}
 
 
 def library_version(code: str) -> str:
@@ -401,7 +405,8 @@ def parse_config(reply: Any) -> dict[str, int]:
 def configured_code(code: str, config: dict[str, int]) -> str:
     """configured_code is our library's code with the server's settings kept.
 
-    An operator sets the fallback's limits (rl.log-max-limit, rl.lease-max-limit) by editing
+    An operator sets the fallback's limits (rl.log-max-limit, rl.lease-max-limit,
+    rl.all-max-keys) by editing
     their lines and loading the text; replacing an older library keeps those values rather
     than resetting them to the defaults.
     """
