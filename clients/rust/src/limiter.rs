@@ -20,9 +20,9 @@ use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
 use crate::memory::{LocalItem, LocalOptions, Memory};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
-    all_reply, command_exists, frame, frame_with, ints, is_missing_function, is_refused,
-    is_unknown_command, library_plan, library_version, listed_version, script_text, Connection,
-    LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
+    all_reply, command_exists, configured_code, frame, frame_with, ints, is_missing_function,
+    is_refused, is_unknown_command, library_plan, library_version, listed_library, script_text,
+    Connection, LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
 };
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -1026,9 +1026,10 @@ impl Limiter {
             Err(e) => return Err(Error::Redis(e)),
         };
         let ours = library_version(LUA_LIBRARY).unwrap_or("");
-        let plans: Vec<LibraryPlan> = listings
+        let listed: Vec<Option<(String, String)>> = listings.iter().map(listed_library).collect();
+        let plans: Vec<LibraryPlan> = listed
             .iter()
-            .map(|l| library_plan(listed_version(l).as_deref(), ours))
+            .map(|l| library_plan(l.as_ref().map(|(version, _)| version.as_str()), ours))
             .collect();
         if plans.contains(&LibraryPlan::Newer) {
             // A newer client loaded it (a rolling deploy): it answers our calls too.
@@ -1054,8 +1055,19 @@ impl Limiter {
             // so ours is not loaded at all rather than over the newer one.
             return Ok(());
         }
+        // An older library's settings (an operator's edited lines) are kept.
+        let code = plans
+            .iter()
+            .zip(&listed)
+            .find_map(|(plan, l)| match (plan, l) {
+                (LibraryPlan::Replace, Some((_, theirs))) => {
+                    Some(configured_code(LUA_LIBRARY, theirs))
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| LUA_LIBRARY.to_owned());
         let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(LUA_LIBRARY);
+        load.arg("LOAD").arg("REPLACE").arg(code);
         // FUNCTION LOAD goes to every master of a cluster.
         self.raw(&load, None).await.map_err(Error::Redis)?;
         Ok(())

@@ -332,9 +332,45 @@ pub(crate) fn library_plan(theirs: Option<&str>, ours: &str) -> LibraryPlan {
     }
 }
 
-/// Reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`: `Some(version)` of the loaded
-/// library (`Some("")` when its code declares none), `None` when it is not loaded.
-pub(crate) fn listed_version(listing: &Value) -> Option<String> {
+/// The fallback's setting lines (`local LOG_MAX_LIMIT = 100000`): rl.log-max-limit,
+/// rl.lease-max-limit and rl.all-max-keys, set by an operator who edits the line and loads
+/// the text.
+const SETTING_LINES: [&str; 3] = ["LOG_MAX_LIMIT", "LEASE_MAX_LIMIT", "ALL_MAX_KEYS"];
+
+/// The value of one setting line in a library's code, if the code has that line.
+fn setting(code: &str, variable: &str) -> Option<u64> {
+    let prefix = format!("local {variable} = ");
+    code.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|value| value.trim_end().parse().ok())
+}
+
+/// Our library's code with the settings of the library it replaces kept (the Python
+/// package's rule), so an upgrade does not reset an operator's rl.log-max-limit,
+/// rl.lease-max-limit or rl.all-max-keys to the defaults. The library checks each value's
+/// range when it loads.
+pub(crate) fn configured_code(ours: &str, theirs: &str) -> String {
+    let mut code = ours.to_owned();
+    for variable in SETTING_LINES {
+        let (Some(kept), Some(default)) = (setting(theirs, variable), setting(ours, variable))
+        else {
+            continue;
+        };
+        if kept == 0 || kept == default {
+            continue;
+        }
+        code = code.replacen(
+            &format!("local {variable} = {default}\n"),
+            &format!("local {variable} = {kept}\n"),
+            1,
+        );
+    }
+    code
+}
+
+/// Reads `FUNCTION LIST LIBRARYNAME redis_rl WITHCODE`: the loaded library's version (`""`
+/// when its code declares none) and code, `None` when it is not loaded.
+pub(crate) fn listed_library(listing: &Value) -> Option<(String, String)> {
     let entries: &[Value] = match listing {
         Value::Array(items) | Value::Set(items) => items,
         _ => return None,
@@ -359,7 +395,7 @@ pub(crate) fn listed_version(listing: &Value) -> Option<String> {
             continue;
         }
         let code = get("library_code").and_then(text).unwrap_or_default();
-        return Some(library_version(&code).unwrap_or("").to_owned());
+        return Some((library_version(&code).unwrap_or("").to_owned(), code));
     }
     None
 }
@@ -394,6 +430,23 @@ mod tests {
         assert_eq!(m.args_iter().count(), 5, "RL.GCRA k 3 1 10 has five words");
         let f = frame(Mode::Fallback, Op::All, &["a", "b"], &args);
         assert_eq!(f.args_iter().count(), 3 + 2 + 3);
+    }
+
+    #[test]
+    fn replacing_a_library_keeps_its_setting_lines() {
+        let theirs = LUA_LIBRARY
+            .replacen(
+                "local LOG_MAX_LIMIT = 100000\n",
+                "local LOG_MAX_LIMIT = 500\n",
+                1,
+            )
+            .replacen("local ALL_MAX_KEYS = 64\n", "local ALL_MAX_KEYS = 8\n", 1);
+        let code = configured_code(LUA_LIBRARY, &theirs);
+        assert_eq!(setting(&code, "LOG_MAX_LIMIT"), Some(500));
+        assert_eq!(setting(&code, "LEASE_MAX_LIMIT"), Some(10_000));
+        assert_eq!(setting(&code, "ALL_MAX_KEYS"), Some(8));
+        // A library without the lines (or with unreadable ones) keeps our defaults.
+        assert_eq!(configured_code(LUA_LIBRARY, "return 1"), LUA_LIBRARY);
     }
 
     #[test]

@@ -605,10 +605,18 @@ async fn a_newer_library_is_left_in_place_and_an_older_one_replaced() {
             .allowed
     );
     assert_eq!(listed(&mut con), "99.0.0", "the newer library stays");
-    let older = ours.replace(
-        &format!("local VERSION = '{version}'"),
-        "local VERSION = '0.0.1'",
-    );
+    // An older library an operator configured (rl.all-max-keys 8, rl.log-max-limit 500).
+    let older = ours
+        .replace(
+            &format!("local VERSION = '{version}'"),
+            "local VERSION = '0.0.1'",
+        )
+        .replacen("local ALL_MAX_KEYS = 64\n", "local ALL_MAX_KEYS = 8\n", 1)
+        .replacen(
+            "local LOG_MAX_LIMIT = 100000\n",
+            "local LOG_MAX_LIMIT = 500\n",
+            1,
+        );
     load(&mut con, &older);
     let lim = limiter(&server).await;
     assert!(
@@ -621,6 +629,26 @@ async fn a_newer_library_is_left_in_place_and_an_older_one_replaced() {
         listed(&mut con),
         version,
         "the older library is replaced by ours"
+    );
+    let config: Vec<redis::Value> = redis::cmd("FCALL_RO")
+        .arg("rl_config")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    let setting = |name: &str| {
+        config.chunks(2).find_map(|kv| match kv {
+            [redis::Value::BulkString(k), redis::Value::Int(v)] if k == name.as_bytes() => Some(*v),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        (
+            setting("all-max-keys"),
+            setting("log-max-limit"),
+            setting("lease-max-limit")
+        ),
+        (Some(8), Some(500), Some(10_000)),
+        "the operator's settings survive the upgrade"
     );
 }
 
