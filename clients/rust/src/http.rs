@@ -1399,7 +1399,12 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
             None => match rule.missing.unwrap_or(missing) {
                 Missing::Ip => match info.client_ip {
                     Some(ip) => ("ip".to_owned(), ip.to_owned()),
-                    None => continue, // no peer address: warned by the layer
+                    // No peer address: the limit cannot apply; counted as skipped (as
+                    // the Python package does) and warned by the layer.
+                    None => {
+                        p.skipped += limits.len() as u64;
+                        continue;
+                    }
                 },
                 Missing::Deny => return Planned::IdentityRequired { policy: base },
                 Missing::Skip => {

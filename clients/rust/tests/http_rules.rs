@@ -318,6 +318,12 @@ fn a_missing_identity_is_never_no_limit() {
         Planned::Unlimited { skipped } => assert_eq!(skipped, 1),
         other => panic!("{other:?}"),
     }
+    // Keyless and without a peer address (a server that records none): the IP fallback
+    // cannot apply, and that is counted as skipped, never silent.
+    match plan(&[rule(None)], None, &req(None, "/", &[]).info(), &[]) {
+        Planned::Unlimited { skipped } => assert_eq!(skipped, 1),
+        other => panic!("{other:?}"),
+    }
     // header_or shares one bucket among keyless clients, as asked.
     let shared = Rule::new("/", "5/minute", Key::header_or("x-api-key", "anonymous")).unwrap();
     let p = limited(&[shared], &keyless, &[]).unwrap();
