@@ -32,7 +32,6 @@ test-examples: build ## Run the client examples and the HTTP example's end-to-en
 	@scripts/test-clients.sh
 
 fuzz-commands: build ## Command fuzzer: 1,000,000 random RL.* commands against a real server (FUZZ_SEED=, FUZZ_COMMANDS=)
-	cargo build
 	RL_MODULE=$(MODULE) FUZZ_COMMANDS=$${FUZZ_COMMANDS:-1000000} FUZZ_SECONDS=$${FUZZ_SECONDS:-1800} \
 		cargo test --test fuzz_commands -- --nocapture
 
@@ -63,13 +62,13 @@ bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the fl
 	python3 bench/cost.py
 
 replay-demo: ## rl-replay on a generated sample log: summary, --suggest, pictures in target/replay-demo/
-	cargo build --release -p rl-replay
+	cargo build --profile replay -p rl-replay
 	@mkdir -p target/replay-demo
-	target/release/rl-loggen --lines 300000 --seed 1 > target/replay-demo/access.log
-	target/release/rl-replay target/replay-demo/access.log \
+	target/replay/rl-loggen --lines 300000 --seed 1 > target/replay-demo/access.log
+	target/replay/rl-replay target/replay-demo/access.log \
 		-l 'GCRA 20 10 1 per {ip}' -l 'WINDOW 5 60 LOG per {ip} on POST /login' \
 		--suggest --out-dir target/replay-demo --json target/replay-demo/report.json
 
 bench-replay: ## rl-replay lines/s and peak memory on a generated 10M-line log; writes its section of BENCHMARKS.md
-	cargo build --release -p rl-replay
+	cargo build --profile replay -p rl-replay
 	python3 replay/bench/bench.py

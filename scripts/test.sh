@@ -14,15 +14,14 @@ run() {
     [ "$rc" -eq 0 ] || status=$rc
 }
 run cargo build --release
-run cargo build
 [ "$status" -eq 0 ] || { echo "build failed"; exit "$status"; }
 run cargo test --lib --no-default-features
 run python3 scripts/check-reference.py  # docs/reference.md: every named file, function and test exists
-RL_MODULE="$PWD/target/release/libredis_rl.so" RL_DEBUG_MODULE="$PWD/target/debug/libredis_rl.so" \
+RL_MODULE="$PWD/target/release/libredis_rl.so" RL_DEBUG_MODULE="$PWD/target/debug/deps/libredis_rl.so" \
     run cargo test --test '*'
 # rl-replay (workspace crate replay/): parsers, engine, CLI end to end, and the comparison
 # with a real server running the release module.
-RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --release -p rl-replay
+RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --profile replay -p rl-replay
 # The Rust client crate (clients/rust): limits, decisions, fast path, leases, failure policy
 # (servers stopped and paused mid-run), a three-master cluster and two axum servers sharing
 # one limit, each against real servers with the module and without it (the Lua fallback).

@@ -1,6 +1,6 @@
 //! The README's rl-replay worked example, run as written: its commands, in a shell, from a
-//! directory whose `target/release` holds the binaries this test was built with (what
-//! `cargo build --release -p rl-replay` leaves in the workspace). Every line of the output
+//! directory whose `target/replay` holds the binaries this test was built with (what
+//! `cargo build --profile replay -p rl-replay` leaves in the workspace). Every line of the output
 //! the README shows must be printed (the replay time aside), and the pictures it shows must
 //! be the ones the commands draw.
 
@@ -45,7 +45,7 @@ fn readme_worked_example_runs_as_written() {
         .unwrap()
         .to_path_buf();
     std::fs::create_dir(dir.path().join("target")).unwrap();
-    std::os::unix::fs::symlink(&bins, dir.path().join("target/release")).unwrap();
+    std::os::unix::fs::symlink(&bins, dir.path().join("target/replay")).unwrap();
     let out = Command::new("sh")
         .args(["-e", "-c", commands])
         .current_dir(dir.path())
