@@ -22,7 +22,7 @@ lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe blo
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings
 
-test: deps ## Run every test: pure core, then the real-server suites; ends with "N passed, N failed"
+test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh
 
 test-compat: deps ## Run the integration suites on Redis 7.0, Valkey 8.1 and Valkey 9.1 (same module file)
