@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost clean replay-demo bench-replay
+.PHONY: help deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe blo
 
 test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh
+
+test-loaded: deps ## make test with one CPU-bound process per core running beside it for the whole run (stress, or busy loops)
+	@scripts/test-loaded.sh
 
 test-compat: deps ## Run the integration suites on Redis 7.0, Valkey 8.1 and Valkey 9.1 (same module file)
 	@scripts/test-compat.sh
