@@ -30,12 +30,20 @@ pub fn module_path() -> PathBuf {
     debug
 }
 
-/// Path of the debug build (which has the RL.PANIC trigger).
+/// Path of the debug build (which has the RL.PANIC trigger): `$RL_DEBUG_MODULE`, else the one
+/// `cargo test` itself built beside the test binaries (target/debug/deps/: the suites link
+/// the crate, so the run that built them built it too, from the same sources), else
+/// `cargo build`'s.
 pub fn debug_module_path() -> PathBuf {
     if let Ok(p) = std::env::var("RL_DEBUG_MODULE") {
         return PathBuf::from(p);
     }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/libredis_rl.so");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let deps = root.join("target/debug/deps/libredis_rl.so");
+    if deps.exists() {
+        return deps;
+    }
+    let p = root.join("target/debug/libredis_rl.so");
     assert!(p.exists(), "no debug module built: run `cargo build`");
     p
 }
