@@ -51,7 +51,7 @@ clean: ## Remove build output
 	cargo clean
 
 bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
-	RL_MODULE=$(MODULE) cargo bench --bench worst_case
+	RL_MODULE=$(MODULE) cargo bench --profile bench-worst --bench worst_case
 
 bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python and Rust clients' fast paths (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
