@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run lint bench-worst test test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside clean replay-demo bench-replay
+.PHONY: help deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -22,8 +22,11 @@ lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe blo
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings
 
-test: deps ## Run every test: pure core, then the real-server suites; ends with "N passed, N failed"
+test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh
+
+test-loaded: deps ## make test with one CPU-bound process per core running beside it for the whole run (stress, or busy loops)
+	@scripts/test-loaded.sh
 
 test-compat: deps ## Run the integration suites on Redis 7.0, Valkey 8.1 and Valkey 9.1 (same module file)
 	@scripts/test-compat.sh
@@ -32,7 +35,6 @@ test-examples: build ## Run the client examples and the HTTP example's end-to-en
 	@scripts/test-clients.sh
 
 fuzz-commands: build ## Command fuzzer: 1,000,000 random RL.* commands against a real server (FUZZ_SEED=, FUZZ_COMMANDS=)
-	cargo build
 	RL_MODULE=$(MODULE) FUZZ_COMMANDS=$${FUZZ_COMMANDS:-1000000} FUZZ_SECONDS=$${FUZZ_SECONDS:-1800} \
 		cargo test --test fuzz_commands -- --nocapture
 
@@ -49,7 +51,7 @@ clean: ## Remove build output
 	cargo clean
 
 bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
-	RL_MODULE=$(MODULE) cargo bench --bench worst_case
+	RL_MODULE=$(MODULE) cargo bench --profile bench-worst --bench worst_case
 
 bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python and Rust clients' fast paths and the Python side-by-side bench (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
@@ -71,13 +73,13 @@ bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the fl
 	python3 bench/cost.py
 
 replay-demo: ## rl-replay on a generated sample log: summary, --suggest, pictures in target/replay-demo/
-	cargo build --release -p rl-replay
+	cargo build --profile replay -p rl-replay
 	@mkdir -p target/replay-demo
-	target/release/rl-loggen --lines 300000 --seed 1 > target/replay-demo/access.log
-	target/release/rl-replay target/replay-demo/access.log \
+	target/replay/rl-loggen --lines 300000 --seed 1 > target/replay-demo/access.log
+	target/replay/rl-replay target/replay-demo/access.log \
 		-l 'GCRA 20 10 1 per {ip}' -l 'WINDOW 5 60 LOG per {ip} on POST /login' \
 		--suggest --out-dir target/replay-demo --json target/replay-demo/report.json
 
 bench-replay: ## rl-replay lines/s and peak memory on a generated 10M-line log; writes its section of BENCHMARKS.md
-	cargo build --release -p rl-replay
+	cargo build --profile replay -p rl-replay
 	python3 replay/bench/bench.py

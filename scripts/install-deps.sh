@@ -4,9 +4,14 @@
 #   - libclang for the redis-module crate's bindgen step
 #     (libclang1-14 + libclang-common-14-dev: the smallest set that works on Debian 12)
 # Uses apt-get as root, or through sudo. Prints what to install by hand otherwise.
+# Arguments name more Debian packages whose command of the same name is needed (e.g.
+# `install-deps.sh stress` for make test-loaded).
 set -euo pipefail
 
 missing=()
+for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     missing+=(redis-server)
 fi

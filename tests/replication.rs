@@ -86,7 +86,7 @@ fn replica_holds_identical_state_and_expiry() {
             let _: Vec<i64> = q(&mut m, &["RL.REFUND", "user:2", "1"]);
         }
     }
-    let acked: i64 = q(&mut m, &["WAIT", "1", "5000"]);
+    let acked: i64 = q(&mut m, &["WAIT", "1", "30000"]);
     assert_eq!(acked, 1);
     let mut r = replica.conn();
     let master_keys = keys(&mut m);
@@ -133,7 +133,7 @@ fn promoted_replica_keeps_denying() {
         &mut m,
         &["RL.GCRA", "half", "4", "1", "600", "QUANTITY", "2"],
     );
-    assert_eq!(q::<i64>(&mut m, &["WAIT", "1", "5000"]), 1);
+    assert_eq!(q::<i64>(&mut m, &["WAIT", "1", "30000"]), 1);
     let mut r = replica.conn();
     q::<()>(&mut r, &["REPLICAOF", "NO", "ONE"]);
     assert_eq!(rl(&mut r, &["RL.GCRA", "over", "3", "1", "600"])[0], 0);
@@ -161,7 +161,7 @@ fn replicas_emit_the_masters_event_names() {
     let mut pubsub = sub_con.as_pubsub();
     pubsub.psubscribe("__keyspace@0__:*").unwrap();
     pubsub
-        .set_read_timeout(Some(Duration::from_millis(2000)))
+        .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let mut m = master.conn();
     rl(
@@ -219,8 +219,8 @@ fn assert_everywhere(
     s: &mut redis::Connection,
     what: &str,
 ) {
-    assert_eq!(q::<i64>(m, &["WAIT", "1", "5000"]), 1, "{what}");
-    wait_until("the sub-replica's offset", Duration::from_secs(10), || {
+    assert_eq!(q::<i64>(m, &["WAIT", "1", "30000"]), 1, "{what}");
+    wait_until("the sub-replica's offset", Duration::from_secs(30), || {
         info_field(s, "replication", "slave_repl_offset")
             == info_field(r, "replication", "master_repl_offset")
     });

@@ -40,7 +40,10 @@ fn behaviour_suite(run: &mut Run<'_>, prefix: &str, n: usize) -> Vec<String> {
         }
         let denied = run(&["RL.GCRA", &key, "3", "1", "600"]);
         assert_eq!(denied[..3], [0, 3, 0]);
-        assert!(denied[3] > 599_000 && denied[3] <= 600_000, "{denied:?}");
+        assert!(
+            denied[3] > 600_000 - common::WALL_SLACK_MS && denied[3] <= 600_000,
+            "{denied:?}"
+        );
         assert_eq!(
             run(&["RL.GCRA", &key, "3", "1", "600", "QUANTITY", "4"])[..4],
             [0, 3, 0, -1]
@@ -128,7 +131,7 @@ fn behind_a_replica() {
     });
     let mut m = master.conn();
     let keys = behaviour_suite(&mut plain_runner(&mut m), "repl", 2);
-    assert_eq!(q::<i64>(&mut m, &["WAIT", "1", "5000"]), 1);
+    assert_eq!(q::<i64>(&mut m, &["WAIT", "1", "30000"]), 1);
     for key in &keys {
         assert_eq!(snapshot(&mut r, key), snapshot(&mut m, key), "{key}");
     }
@@ -297,9 +300,10 @@ fn resharding_keeps_state_ttl_and_limits() {
     for (key, (dump, expire_at)) in keys.iter().zip(&before) {
         let (dump_after, expire_after) = snapshot(&mut tc, key);
         assert_eq!(&dump_after, dump, "{key}: state moved byte for byte");
-        // MIGRATE carries a relative TTL: the expiry may move by the transfer time.
+        // MIGRATE carries a relative TTL: the expiry may move by the transfer time (a few
+        // ms; the margin is for a loaded machine).
         assert!(
-            (expire_after - expire_at).abs() < 1000,
+            (expire_after - expire_at).abs() < 5 * common::WALL_SLACK_MS,
             "{key}: {expire_at} → {expire_after}"
         );
     }
@@ -464,7 +468,7 @@ fn regression_refund_of_a_future_dated_sliding_state_keeps_files_loadable() {
         .unwrap();
     let r1: Vec<i64> = q(&mut c, &["RL.REFUND", "sl", "1"]);
     assert_eq!(r1[0], 1);
-    assert_eq!(q::<i64>(&mut c, &["WAIT", "1", "5000"]), 1);
+    assert_eq!(q::<i64>(&mut c, &["WAIT", "1", "30000"]), 1);
     assert_eq!(
         snapshot(&mut r, "sl"),
         snapshot(&mut c, "sl"),

@@ -5,8 +5,8 @@ Generates a Combined Log Format log of REPLAY_BENCH_LINES lines (default 10,000,
 rl-loggen into target/replay-bench/ (not committed), replays it in several configurations,
 and writes the "rl-replay" section of BENCHMARKS.md (between its markers; appended when
 absent), printing the same table. Each run's CPU time and peak RSS come from wait4() on that
-process alone. Expects `cargo build --release -p rl-replay` to have run (make bench-replay
-does it).
+process alone. Expects `cargo build --profile replay -p rl-replay` to have run (make
+bench-replay does it).
 """
 
 import datetime
@@ -20,7 +20,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, "target", "release")
+BIN = os.path.join(ROOT, "target", "replay")
 WORK = os.path.join(ROOT, "target", "replay-bench")
 LINES = int(os.environ.get("REPLAY_BENCH_LINES", "10000000"))
 SMALL = max(LINES // 5, 1000)

@@ -308,27 +308,29 @@ fn create(path: &PathBuf) -> io::Result<BufWriter<Box<dyn Write>>> {
     Ok(BufWriter::with_capacity(1 << 16, sink))
 }
 
-/// The keys the timeline follows: the most denied across all limits.
+/// The keys the timeline follows: the most denied by their own limit, across all limits.
 fn followed_keys(res: &Results, n: usize) -> Vec<(usize, u32)> {
-    let mut all: Vec<(u32, u32, usize, u32)> = Vec::new();
+    let mut all: Vec<(u32, u32, u32, usize, u32)> = Vec::new();
     for (li, st) in res.stats.iter().enumerate() {
         for (k, ks) in st.keys.iter().enumerate() {
-            if ks.denied > 0 {
-                all.push((ks.denied, ks.requests, li, k as u32));
+            if ks.by_this > 0 {
+                all.push((ks.by_this, ks.denied, ks.requests, li, k as u32));
             }
         }
     }
     all.sort_by(|a, b| {
         b.0.cmp(&a.0)
             .then(b.1.cmp(&a.1))
-            .then(a.2.cmp(&b.2))
+            .then(b.2.cmp(&a.2))
             .then(a.3.cmp(&b.3))
+            .then(a.4.cmp(&b.4))
     });
+    let all: Vec<(usize, u32)> = all.into_iter().map(|e| (e.3, e.4)).collect();
     // One panel per key text: a key limited under two limits is shown once, under the one
     // that denied it most.
     let mut seen: Vec<&[u8]> = Vec::new();
     let mut out = Vec::new();
-    for (_, _, li, k) in all {
+    for (li, k) in all {
         if out.len() == n {
             break;
         }

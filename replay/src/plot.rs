@@ -7,6 +7,7 @@ use std::path::Path;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::replay::{Results, Series, SweepResult};
 use crate::report::{percent, thousands};
@@ -96,12 +97,38 @@ fn time_unit(span_s: u64) -> u64 {
     }
 }
 
+/// Colours of the limits' denials (#1, #2, …), apart from the admitted blue.
+const LIMIT_COLORS: [RGBColor; 8] = [
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(90, 90, 90),
+];
+
+/// One filled area of a panel: its legend, fill and per-bucket counts.
+struct Fill<'a> {
+    label: String,
+    color: RGBAColor,
+    values: &'a [u64],
+}
+
+/// One line of a panel: its legend, colour and per-bucket counts.
+struct Line<'a> {
+    label: String,
+    color: RGBColor,
+    values: &'a [u64],
+}
+
 fn panel(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
     title: &str,
     series: &Series,
-    requests: &[u64],
-    admitted: &[u64],
+    fills: &[Fill<'_>],
+    lines: &[Line<'_>],
 ) -> Result<(), Error> {
     let spec = &series.spec;
     let span_s = spec.width_ns * spec.buckets as u64 / 1_000_000_000;
@@ -110,7 +137,14 @@ fn panel(
     let origin = spec.start_ns - spec.start_ns % unit_ns;
     let x_of = |ns: u64| (ns - origin) as f64 / unit_ns as f64;
     let x_end = x_of(spec.start_ns + spec.width_ns * spec.buckets as u64);
-    let top = requests.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
+    let most = fills
+        .iter()
+        .map(|f| f.values)
+        .chain(lines.iter().map(|l| l.values))
+        .flat_map(|v| v.iter().copied())
+        .max()
+        .unwrap_or(1);
+    let top = most.max(1) as f64 * 1.1;
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 15))
         .margin(8)
@@ -138,16 +172,22 @@ fn panel(
             })
             .collect()
     };
-    chart
-        .draw_series(AreaSeries::new(steps(requests), 0.0, DENY.mix(0.25)))
-        .map_err(err)?
-        .label("requests")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], DENY.mix(0.25).filled()));
-    chart
-        .draw_series(AreaSeries::new(steps(admitted), 0.0, ADMIT.mix(0.55)))
-        .map_err(err)?
-        .label("admitted")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], ADMIT.mix(0.55).filled()));
+    for f in fills {
+        let color = f.color;
+        chart
+            .draw_series(AreaSeries::new(steps(f.values), 0.0, color))
+            .map_err(err)?
+            .label(f.label.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], color.filled()));
+    }
+    for l in lines {
+        let color = l.color;
+        chart
+            .draw_series(LineSeries::new(steps(l.values), color.stroke_width(2)))
+            .map_err(err)?
+            .label(l.label.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
@@ -159,59 +199,174 @@ fn panel(
     Ok(())
 }
 
-/// Draws the timeline: all requests, then each followed key, as stacked panels.
+/// `#i SPEC per TEMPLATE [on ROUTE]`, the way the summary names limit `i` (0-based).
+fn limit_name(res: &Results, i: usize) -> String {
+    format!("#{} {}", i + 1, res.defs[i])
+}
+
+/// Draws the timeline: all requests, the denials of each limit (on their own scale, so that
+/// a denial rate of a few percent is as visible as the traffic), then each followed key, as
+/// stacked panels. Every denial is drawn in the colour of the limit that denied it.
 pub fn timeline(path: &Path, res: &Results, series: &Series) -> Result<(), Error> {
-    let panels = 1 + series.spec.keys.len();
+    let panels = 2 + series.spec.keys.len();
     let root = SVGBackend::new(path, (1000, 60 + 230 * panels as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let (head, body) = root.split_vertically(44);
     head.draw_text(
-        "Requests and what the limits would have admitted (the red part was denied)",
+        "Requests, what the limits would have admitted, and which limit denied the rest",
         &(FONT, 20).into_font().color(&BLACK),
         (12, 12),
     )
     .map_err(err)?;
     let areas = body.split_evenly((panels, 1));
     let t = &res.totals;
-    let total_title = format!(
-        "All requests: {} of {} denied ({})",
-        thousands(t.denied),
-        thousands(t.requests),
-        percent(t.denied, t.requests)
-    );
+    let color = |l: usize| LIMIT_COLORS[l % LIMIT_COLORS.len()];
     panel(
         &areas[0],
-        &total_title,
+        &format!(
+            "All requests: {} of {} denied ({}; the red part)",
+            thousands(t.denied),
+            thousands(t.requests),
+            percent(t.denied, t.requests)
+        ),
         series,
-        &series.total,
-        &series.total_admitted,
+        &[
+            Fill {
+                label: "requests".into(),
+                color: DENY.mix(0.25),
+                values: &series.total,
+            },
+            Fill {
+                label: "admitted".into(),
+                color: ADMIT.mix(0.55),
+                values: &series.total_admitted,
+            },
+        ],
+        &[],
+    )?;
+    let denied_total: Vec<u64> = series
+        .total
+        .iter()
+        .zip(&series.total_admitted)
+        .map(|(r, a)| r - a)
+        .collect();
+    let limit_lines: Vec<Line<'_>> = series
+        .total_denied_by
+        .iter()
+        .enumerate()
+        .filter(|(l, _)| res.stats[*l].by_this > 0)
+        .map(|(l, v)| Line {
+            label: format!(
+                "{}: {} ({} of its requests)",
+                limit_name(res, l),
+                thousands(res.stats[l].by_this),
+                percent(res.stats[l].by_this, res.stats[l].requests)
+            ),
+            color: color(l),
+            values: v,
+        })
+        .collect();
+    panel(
+        &areas[1],
+        &format!(
+            "Denied requests ({} of all), by the limit that denied them (a request two limits deny is under both)",
+            percent(t.denied, t.requests)
+        ),
+        series,
+        &[Fill {
+            label: "denied".into(),
+            color: DENY.mix(0.12),
+            values: &denied_total,
+        }],
+        &limit_lines,
     )?;
     for (j, &(li, kid)) in series.spec.keys.iter().enumerate() {
         let ks = &res.stats[li].keys[kid as usize];
         let key = String::from_utf8_lossy(res.keys[li].get(kid));
         let key: String = key.chars().take(60).collect();
+        let by: Vec<(usize, u64)> = series.denied_by[j]
+            .iter()
+            .enumerate()
+            .map(|(l, v)| (l, v.iter().sum::<u64>()))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        let who = by
+            .iter()
+            .map(|&(l, n)| format!("{} by #{}", thousands(n), l + 1))
+            .collect::<Vec<_>>()
+            .join(", ");
         let title = format!(
-            "{key} under #{} {}: {} of {} requests denied ({} by this limit)",
+            "{key} (a key of #{}): {} of {} requests denied{}{}",
             li + 1,
-            res.defs[li].limit,
             thousands(u64::from(ks.denied)),
             thousands(u64::from(ks.requests)),
-            thousands(u64::from(ks.by_this))
+            if who.is_empty() { "" } else { ": " },
+            who
         );
+        let lines: Vec<Line<'_>> = by
+            .iter()
+            .map(|&(l, _)| Line {
+                label: format!("denied by {}", limit_name(res, l)),
+                color: color(l),
+                values: &series.denied_by[j][l],
+            })
+            .collect();
         panel(
-            &areas[j + 1],
+            &areas[j + 2],
             &title,
             series,
-            &series.requests[j],
-            &series.admitted[j],
+            &[
+                Fill {
+                    label: "requests".into(),
+                    color: DENY.mix(0.25),
+                    values: &series.requests[j],
+                },
+                Fill {
+                    label: "admitted".into(),
+                    color: ADMIT.mix(0.55),
+                    values: &series.admitted[j],
+                },
+            ],
+            &lines,
         )?;
     }
     root.present().map_err(err)?;
     Ok(())
 }
 
+/// The bins of the peaks picture, as integer ranges `(lo, hi]` of peaks, ascending from
+/// `(0, …]` until one reaches `max_peak` and twice the largest line: their edges are
+/// `allowance × 2^k` (rounded down) and `burst`, so that a limit's lines fall between two
+/// bins and no bin holds peaks on both sides of one.
+pub fn peak_bins(allowance: u64, burst: Option<u64>, max_peak: u64) -> Vec<(u64, u64)> {
+    let allowance = allowance.max(1);
+    let line = allowance.max(burst.unwrap_or(0));
+    let reach = max_peak.max(line.saturating_mul(2)).max(1);
+    let mut edges: Vec<u64> = vec![0];
+    // Below the allowance: allowance / 2^k, down to 1.
+    let mut below = Vec::new();
+    let mut d = 1u64;
+    while allowance / d >= 1 && d <= 1 << 62 {
+        below.push(allowance / d);
+        d *= 2;
+    }
+    edges.extend(below.into_iter().rev());
+    let mut e = allowance;
+    while e < reach {
+        e = e.saturating_mul(2);
+        edges.push(e);
+    }
+    if let Some(b) = burst {
+        edges.push(b);
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    edges.windows(2).map(|w| (w[0], w[1])).collect()
+}
+
 /// Draws, for each limit, how many keys reached each peak (most requests in one period or
-/// window), on log scales, against the limit's allowance per period and its burst.
+/// window), on log scales, against the limit's allowance per period and its burst. The bins
+/// are chosen around those lines ([`peak_bins`]): every bar is wholly on one side of each.
 pub fn peaks(path: &Path, res: &Results) -> Result<(), Error> {
     let n = res.defs.len();
     let root = SVGBackend::new(path, (1000, 60 + 330 * n as u32)).into_drawing_area();
@@ -227,39 +382,60 @@ pub fn peaks(path: &Path, res: &Results) -> Result<(), Error> {
     for (i, area) in areas.iter().enumerate() {
         let def = &res.defs[i];
         let st = &res.stats[i];
-        // Bins by powers of two: [1], [2,3], [4,7], …
-        let mut bins = vec![(0u64, 0u64); 33]; // (keys, keys with a denial)
+        let allowance = def.limit.per_period();
+        let burst = (def.limit.is_gcra() && def.limit.capacity() != allowance)
+            .then(|| def.limit.capacity());
+        let max_peak = st.keys.iter().map(|k| u64::from(k.peak)).max().unwrap_or(1);
+        let ranges = peak_bins(allowance, burst, max_peak);
+        // (keys, keys this limit denied a request of), per bin.
+        let mut bins = vec![(0u64, 0u64); ranges.len()];
         for k in st.keys.iter().filter(|k| k.requests > 0) {
-            let b = 31 - u32::max(k.peak, 1).leading_zeros() as usize;
+            let p = u64::from(k.peak.max(1));
+            let b = ranges
+                .partition_point(|&(_, hi)| hi < p)
+                .min(ranges.len() - 1);
             bins[b].0 += 1;
-            bins[b].1 += u64::from(k.denied > 0);
+            bins[b].1 += u64::from(k.by_this > 0);
         }
         let last = bins.iter().rposition(|b| b.0 > 0).unwrap_or(0);
-        let limit_at = def.limit.per_period().max(def.limit.capacity());
-        let x_max = ((2u64 << last).max(limit_at * 2)) as f64;
-        let y_max = bins.iter().map(|b| b.0).max().unwrap_or(1).max(1) as f64 * 3.0;
+        let line_at = allowance.max(burst.unwrap_or(0));
+        let x_hi = ranges[last].1.max(line_at * 2);
+        // Bars span [lo + ½, hi + ½]: a line drawn at L + ½ lies between the bin ending at L
+        // and the next.
+        let x_max = x_hi as f64 + 0.5;
+        let y_max = bins.iter().map(|b| b.0).max().unwrap_or(1).max(1) as f64 * 40.0;
         let period = def.limit.period_ns() as f64 / 1e9;
         let mut chart = ChartBuilder::on(area)
             .caption(
                 format!(
-                    "#{} {} per {}: {} keys; peak = most requests in one {period} s",
+                    "#{} {} per {}: {} keys, {} denied by it; peak = most requests in one {period} s",
                     i + 1,
                     def.limit,
                     def.template,
-                    thousands(st.keys.len() as u64)
+                    thousands(st.keys.len() as u64),
+                    thousands(st.keys.iter().filter(|k| k.by_this > 0).count() as u64)
                 ),
                 (FONT, 15),
             )
             .margin(8)
             .x_label_area_size(34)
             .y_label_area_size(60)
-            .build_cartesian_2d((1f64..x_max).log_scale(), (0.5f64..y_max).log_scale())
+            .build_cartesian_2d((0.5f64..x_max).log_scale(), (0.5f64..y_max).log_scale())
             .map_err(err)?;
         chart
             .configure_mesh()
-            .x_desc(format!("peak requests per {period} s (log scale)"))
+            .x_desc(format!(
+                "peak requests per {period} s (log scale; each bar's range above it)"
+            ))
             .y_desc("keys (log scale)")
-            .x_label_formatter(&|x| thousands(x.round() as u64))
+            .x_label_formatter(&|x| {
+                let r = x.round();
+                if (x - r).abs() < 1e-6 && r >= 1.0 {
+                    thousands(r as u64)
+                } else {
+                    String::new()
+                }
+            })
             .y_label_formatter(&|y| {
                 if *y >= 1.0 {
                     thousands(y.round() as u64)
@@ -270,18 +446,18 @@ pub fn peaks(path: &Path, res: &Results) -> Result<(), Error> {
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(err)?;
+        let span = |b: usize| {
+            let (lo, hi) = ranges[b];
+            ((lo as f64 + 0.5) * 1.02, (hi as f64 + 0.5) / 1.02)
+        };
         chart
             .draw_series(
                 bins.iter()
                     .enumerate()
                     .filter(|(_, b)| b.0 > 0)
                     .map(|(b, c)| {
-                        let x0 = (1u64 << b) as f64;
-                        let x1 = (2u64 << b) as f64;
-                        Rectangle::new(
-                            [(x0 * 1.04, 0.5), (x1 / 1.04, c.0 as f64)],
-                            ADMIT.mix(0.6).filled(),
-                        )
+                        let (x0, x1) = span(b);
+                        Rectangle::new([(x0, 0.5), (x1, c.0 as f64)], ADMIT.mix(0.6).filled())
                     }),
             )
             .map_err(err)?
@@ -295,37 +471,58 @@ pub fn peaks(path: &Path, res: &Results) -> Result<(), Error> {
                     .enumerate()
                     .filter(|(_, b)| b.1 > 0)
                     .map(|(b, c)| {
-                        let x0 = (1u64 << b) as f64;
-                        let x1 = (2u64 << b) as f64;
-                        Rectangle::new(
-                            [(x0 * 1.04, 0.5), (x1 / 1.04, c.1 as f64)],
-                            DENY.mix(0.8).filled(),
-                        )
+                        let (x0, x1) = span(b);
+                        Rectangle::new([(x0, 0.5), (x1, c.1 as f64)], DENY.mix(0.8).filled())
                     }),
             )
             .map_err(err)?
-            .label("keys with a denied request")
+            .label("keys with a request this limit denied")
             .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], DENY.mix(0.8).filled()));
-        let allowance = def.limit.per_period() as f64;
+        // Each bar's range of peaks, above it.
+        chart
+            .draw_series(
+                bins.iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.0 > 0)
+                    .map(|(b, c)| {
+                        let (lo, hi) = ranges[b];
+                        let text = if hi == lo + 1 {
+                            thousands(hi)
+                        } else {
+                            format!("{}–{}", thousands(lo + 1), thousands(hi))
+                        };
+                        let (x0, x1) = span(b);
+                        Text::new(
+                            text,
+                            ((x0 * x1).sqrt(), c.0 as f64 * 1.25),
+                            TextStyle::from((FONT, 11).into_font())
+                                .pos(Pos::new(HPos::Center, VPos::Bottom)),
+                        )
+                    }),
+            )
+            .map_err(err)?;
+        let at = allowance as f64 + 0.5;
         chart
             .draw_series(LineSeries::new(
-                [(allowance, 0.5), (allowance, y_max)],
+                [(at, 0.5), (at, y_max)],
                 BLACK.stroke_width(2),
             ))
             .map_err(err)?
-            .label(format!("limit: {} per {period} s", def.limit.per_period()))
+            .label(format!(
+                "limit: {allowance} per {period} s (peaks up to {allowance} on its left)"
+            ))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(2)));
-        if def.limit.is_gcra() && def.limit.capacity() != def.limit.per_period() {
-            let burst = def.limit.capacity() as f64;
+        if let Some(b) = burst {
+            let at = b as f64 + 0.5;
             chart
                 .draw_series(DashedLineSeries::new(
-                    [(burst, 0.5), (burst, y_max)],
+                    [(at, 0.5), (at, y_max)],
                     6,
                     4,
                     BLACK.stroke_width(1),
                 ))
                 .map_err(err)?
-                .label(format!("burst: {}", def.limit.capacity()))
+                .label(format!("burst: {b}"))
                 .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(1)));
         }
         chart
@@ -482,6 +679,28 @@ mod tests {
         assert_eq!(count_label(0.0), "0");
         assert_eq!(count_label(2.0), "2");
         assert_eq!(count_label(2500.0), "2,500");
+    }
+
+    #[test]
+    fn peak_bins_end_at_the_limit_and_the_burst() {
+        // GCRA 20 10 1: 10 per second, burst 20; powers of two would put 16..31 around both.
+        let bins = peak_bins(10, Some(20), 32);
+        assert_eq!(bins, [(0, 1), (1, 2), (2, 5), (5, 10), (10, 20), (20, 40)]);
+        // WINDOW 5 60 LOG: 5 per window.
+        assert_eq!(peak_bins(5, None, 3), [(0, 1), (1, 2), (2, 5), (5, 10)]);
+        // GCRA 7 4 1: both lines are bin edges.
+        let bins = peak_bins(4, Some(7), 100);
+        assert!(bins.iter().any(|b| b.1 == 4) && bins.iter().any(|b| b.1 == 7));
+        // No bin holds peaks on both sides of a line, and they tile 1..=max.
+        for (allowance, burst, max) in [(10, Some(20), 32), (1, None, 1), (3, Some(100), 5000)] {
+            let bins = peak_bins(allowance, burst, max);
+            assert_eq!(bins[0].0, 0);
+            assert!(bins.windows(2).all(|w| w[0].1 == w[1].0 && w[0].0 < w[0].1));
+            assert!(bins.last().unwrap().1 >= max);
+            for line in [Some(allowance), burst].into_iter().flatten() {
+                assert!(bins.iter().all(|&(lo, hi)| !(lo < line && line < hi)));
+            }
+        }
     }
 
     #[test]

@@ -196,7 +196,7 @@ pub struct SeriesSpec {
     pub keys: Vec<(usize, u32)>,
 }
 
-/// Series holds per-bucket requests and admitted counts.
+/// Series holds per-bucket requests and admitted counts, and the denials of each limit.
 #[derive(Debug, Clone)]
 pub struct Series {
     /// What was recorded.
@@ -205,21 +205,28 @@ pub struct Series {
     pub total: Vec<u64>,
     /// All admitted requests, per bucket.
     pub total_admitted: Vec<u64>,
+    /// Per limit: the requests it denied, per bucket (a request that two limits deny is
+    /// counted under both).
+    pub total_denied_by: Vec<Vec<u64>>,
     /// Per followed key: requests per bucket.
     pub requests: Vec<Vec<u64>>,
     /// Per followed key: admitted per bucket.
     pub admitted: Vec<Vec<u64>>,
+    /// Per followed key, per limit: that key's requests the limit denied, per bucket.
+    pub denied_by: Vec<Vec<Vec<u64>>>,
 }
 
 impl Series {
-    fn new(spec: SeriesSpec) -> Self {
+    fn new(spec: SeriesSpec, limits: usize) -> Self {
         let b = spec.buckets;
         let k = spec.keys.len();
         Self {
             total: vec![0; b],
             total_admitted: vec![0; b],
+            total_denied_by: vec![vec![0; b]; limits],
             requests: vec![vec![0; b]; k],
             admitted: vec![vec![0; b]; k],
+            denied_by: vec![vec![vec![0; b]; limits]; k],
             spec,
         }
     }
@@ -314,7 +321,7 @@ impl Replayer {
             }
             None => (0, Vec::new()),
         };
-        let series = opts.series.take().map(Series::new);
+        let series = opts.series.take().map(|spec| Series::new(spec, defs.len()));
         Self {
             periods: defs.iter().map(|d| d.limit.period_ns()).collect(),
             interners: defs.iter().map(|_| Interner::default()).collect(),
@@ -533,10 +540,18 @@ impl Replayer {
             let b = series.bucket(t);
             series.total[b] += 1;
             series.total_admitted[b] += u64::from(allowed);
+            let out = &self.main.out;
+            let denied_by = |l: usize| !allowed && out.each[l].is_some_and(|d| !d.allowed());
+            for l in 0..n {
+                series.total_denied_by[l][b] += u64::from(denied_by(l));
+            }
             for (j, &(li, kid)) in series.spec.keys.iter().enumerate() {
                 if keys[li] == Some(kid) {
                     series.requests[j][b] += 1;
                     series.admitted[j][b] += u64::from(allowed);
+                    for l in 0..n {
+                        series.denied_by[j][l][b] += u64::from(denied_by(l));
+                    }
                 }
             }
         }

@@ -39,6 +39,40 @@ pub fn percent(part: u64, whole: u64) -> String {
     }
 }
 
+/// `part / whole` as a percentage judged against `target` (a fraction): with the digits of
+/// [`percent`], or more, until the figure shown is on the same side of the target as the
+/// exact share (`0.104 %` against 0.1 %, where `percent` shows `0.10 %`), up to 9 decimals.
+pub fn percent_judged(part: u64, whole: u64, target: f64) -> String {
+    let plain = percent(part, whole);
+    if whole == 0 || part == 0 {
+        return plain;
+    }
+    let target_pct = target * 100.0;
+    let exact = part as f64 * 100.0 / whole as f64;
+    // The side of the target the exact share is on, compared without rounding.
+    let side = (part as f64).partial_cmp(&(target * whole as f64));
+    let shows = |text: &str| -> Option<std::cmp::Ordering> {
+        text.trim_end_matches(" %")
+            .parse::<f64>()
+            .ok()
+            .and_then(|v| v.partial_cmp(&target_pct))
+    };
+    if shows(&plain) == side {
+        return plain;
+    }
+    let decimals = plain
+        .trim_end_matches(" %")
+        .split_once('.')
+        .map_or(0, |(_, d)| d.len());
+    for d in decimals + 1..=9 {
+        let text = format!("{exact:.d$} %");
+        if shows(&text) == side {
+            return text;
+        }
+    }
+    format!("{exact:.9} %")
+}
+
 fn duration(ns: u64) -> String {
     let s = ns / 1_000_000_000;
     if s >= 2 * 86_400 {
@@ -96,10 +130,12 @@ pub struct LimitReport {
     pub off_route: u64,
     /// Distinct keys.
     pub keys: u64,
-    /// Keys with at least one denied request.
+    /// Keys with at least one request denied by this limit itself.
     pub keys_denied: u64,
     /// `keys_denied / keys`.
     pub keys_denied_share: f64,
+    /// Keys with at least one request denied by any limit (this one or another).
+    pub keys_with_a_denial: u64,
     /// The limit's period/window in seconds (for `peak_per_period`).
     pub period_seconds: f64,
     /// The most limited keys, most denied first.
@@ -160,10 +196,13 @@ pub fn build(
             let mut ranked: Vec<u32> = (0..st.keys.len() as u32)
                 .filter(|&k| st.keys[k as usize].denied > 0)
                 .collect();
-            let keys_denied = ranked.len() as u64;
+            let keys_with_a_denial = ranked.len() as u64;
+            let keys_denied = st.keys.iter().filter(|k| k.by_this > 0).count() as u64;
+            // Most denied by this limit first, then by any limit.
             ranked.sort_by_key(|&k| {
                 let s = &st.keys[k as usize];
                 (
+                    std::cmp::Reverse(s.by_this),
                     std::cmp::Reverse(s.denied),
                     std::cmp::Reverse(s.requests),
                     k,
@@ -204,6 +243,7 @@ pub fn build(
                 } else {
                     keys_denied as f64 / n as f64
                 },
+                keys_with_a_denial,
                 period_seconds: def.limit.period_ns() as f64 / 1e9,
                 top,
             }
@@ -333,9 +373,13 @@ pub fn text(r: &Report) -> String {
             "denied",
             "by this limit",
             "keys",
-            "keys denied",
+            "keys it denied",
         ],
         &rows,
+    );
+    let _ = writeln!(
+        o,
+        "  (denied: by any of the limits, RL.ALL's rule; by this limit, keys it denied: its own)"
     );
     for l in &r.limits {
         if l.unkeyed + l.off_route > 0 {
@@ -407,7 +451,7 @@ pub fn text(r: &Report) -> String {
                     format!(
                         "{} ({})",
                         thousands(c.keys_denied),
-                        percent(c.keys_denied, c.keys)
+                        percent_judged(c.keys_denied, c.keys, s.target_key_share)
                     ),
                     format!(
                         "{} ({})",
@@ -570,5 +614,25 @@ mod tests {
         assert_eq!(percent(0, 5), "0 %");
         assert_eq!(percent(3, 0), "0 %");
         assert_eq!(duration(90 * 1_000_000_000), "1.5 min");
+    }
+
+    #[test]
+    fn a_share_judged_against_a_target_shows_which_side_it_is_on() {
+        // 11 of 10,577 keys is 0.104 %: above a 0.1 % target, not "0.10 %".
+        assert_eq!(percent(11, 10_577), "0.10 %");
+        assert_eq!(percent_judged(11, 10_577, 0.001), "0.104 %");
+        // Just under the target: 0.0999 %, not "0.100 %".
+        assert_eq!(percent(999, 1_000_000), "0.100 %");
+        assert_eq!(percent_judged(999, 1_000_000, 0.001), "0.0999 %");
+        // Exactly on it, or clearly off it: the usual digits.
+        assert_eq!(percent_judged(1, 1000, 0.001), "0.10 %");
+        assert_eq!(percent_judged(7, 14_520, 0.001), "0.048 %");
+        assert_eq!(percent_judged(320, 14_520, 0.001), "2.20 %");
+        assert_eq!(percent_judged(0, 14_520, 0.001), "0 %");
+        // A share a hair above the target gets the digits that show it.
+        assert_eq!(
+            percent_judged(1_000_001, 1_000_000_000, 0.001),
+            "0.1000001 %"
+        );
     }
 }

@@ -112,24 +112,87 @@ fn generated_log_finds_the_abuser_and_draws_the_pictures() {
         .find(|b| n(&b["size"]) + 1 == n(&c["size"]))
         .expect("the size below the suggestion was replayed");
     assert!(n(&below["keys_denied"]) * 1000 > n(&below["keys"]));
-    // --keys lists every key that saw a denial, under each limit.
+    // --keys lists every key that saw a denial, under each limit; each limit's keys_denied
+    // counts only the keys it denied itself, keys_with_a_denial those any limit denied.
     let listed = std::fs::read_to_string(&denied_keys).unwrap();
-    let want: u64 = r["limits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| n(&l["keys_denied"]))
-        .sum();
-    assert_eq!(listed.lines().count() as u64, want);
+    let lines: Vec<Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (i, l) in r["limits"].as_array().unwrap().iter().enumerate() {
+        let of_limit: Vec<&Value> = lines
+            .iter()
+            .filter(|k| n(&k["limit"]) == i as u64 + 1)
+            .collect();
+        assert_eq!(of_limit.len() as u64, n(&l["keys_with_a_denial"]), "{l}");
+        let by_it = of_limit
+            .iter()
+            .filter(|k| n(&k["denied_by_limit"]) > 0)
+            .count();
+        assert_eq!(by_it as u64, n(&l["keys_denied"]), "{l}");
+    }
     assert!(listed.contains(ABUSER));
+    // The abuser is denied by the login limit only: listed under #1, not counted by it, and
+    // ranked below the keys #1 denied itself.
+    let ip = &r["limits"][0];
+    assert!(n(&ip["keys_denied"]) < n(&ip["keys_with_a_denial"]), "{ip}");
+    let top: &Vec<Value> = ip["top"].as_array().unwrap();
+    let abuser = top
+        .iter()
+        .position(|k| k["key"] == ABUSER)
+        .expect("abuser under #1");
+    assert_eq!(n(&top[abuser]["denied_by_limit"]), 0);
+    assert!(top[..abuser].iter().all(|k| n(&k["denied_by_limit"]) > 0));
+    assert!(text.contains("keys it denied"), "{text}");
+    assert!(text.contains("(denied: by any of the limits"), "{text}");
+    // The sweep's key shares are printed with the digits that show their side of the target.
+    for c in cands {
+        let spec = c["spec"].as_str().unwrap();
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{spec} ")))
+            .unwrap_or_else(|| panic!("no sweep row for {spec}:\n{text}"));
+        let shown: f64 = row
+            .split('(')
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let (kd, keys) = (n(&c["keys_denied"]), n(&c["keys"]));
+        let exact = (kd * 1000).cmp(&keys); // against the default target, 0.1 %
+        assert_eq!(
+            shown.partial_cmp(&0.1),
+            Some(exact),
+            "{row}: {kd} of {keys}"
+        );
+    }
     // Real charts: SVG with axes text and drawn shapes.
     for name in ["timeline.svg", "peaks.svg", "sweep.svg"] {
         let svg = std::fs::read_to_string(pics.join(name)).unwrap();
         assert!(svg.starts_with("<svg"), "{name}");
         assert!(svg.contains("<text") && (svg.contains("<polygon") || svg.contains("<rect")));
     }
+    // The timeline names the limit that denied, in a panel of denials on their own scale.
     let timeline = std::fs::read_to_string(pics.join("timeline.svg")).unwrap();
     assert!(timeline.contains(ABUSER));
+    assert!(timeline.contains("Denied requests ("), "no denials panel");
+    assert!(
+        timeline.contains("denied by #2 WINDOW 5 60 LOG per {ip} on POST /login"),
+        "the abuser's panel names the login limit"
+    );
+    assert!(timeline.contains("#1 GCRA 20 10 1 per {ip}: "));
+    // The peaks' bins end at the limit's lines: 6–10 and 11–20 (around 10 per second and a
+    // burst of 20), not a power-of-two bin 16–31 across both.
+    let peaks = std::fs::read_to_string(pics.join("peaks.svg")).unwrap();
+    assert!(peaks.contains("limit: 10 per 1 s") && peaks.contains("burst: 20"));
+    assert!(
+        peaks.contains("6–10") || peaks.contains("11–20"),
+        "bins around the limit"
+    );
+    assert!(!peaks.contains("16–31"));
 }
 
 #[test]

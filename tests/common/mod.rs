@@ -30,12 +30,20 @@ pub fn module_path() -> PathBuf {
     debug
 }
 
-/// Path of the debug build (which has the RL.PANIC trigger).
+/// Path of the debug build (which has the RL.PANIC trigger): `$RL_DEBUG_MODULE`, else the one
+/// `cargo test` itself built beside the test binaries (target/debug/deps/: the suites link
+/// the crate, so the run that built them built it too, from the same sources), else
+/// `cargo build`'s.
 pub fn debug_module_path() -> PathBuf {
     if let Ok(p) = std::env::var("RL_DEBUG_MODULE") {
         return PathBuf::from(p);
     }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/libredis_rl.so");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let deps = root.join("target/debug/deps/libredis_rl.so");
+    if deps.exists() {
+        return deps;
+    }
+    let p = root.join("target/debug/libredis_rl.so");
     assert!(p.exists(), "no debug module built: run `cargo build`");
     p
 }
@@ -595,6 +603,118 @@ pub fn log_state(window_ns: u64, limit: u64, at_ns: u64, count: u8) -> Vec<u8> {
     }
     v.push(count);
     v
+}
+
+/// Codec bytes (encoding version 2) of a LOG state of `n` requests at distinct instants
+/// `gap_ns` apart (a whole number of µs), the newest at `last_ns`: one entry per request, the
+/// most entries `n` requests can make. A test builds a big log this way in one RESTORE, the
+/// same whatever the machine's speed (requests sent one by one share an instant, and so an
+/// entry, when the server handles several in one microsecond).
+pub fn spread_log_state(window_ns: u64, limit: u64, last_ns: u64, n: u64, gap_ns: u64) -> Vec<u8> {
+    assert!(n > 0 && gap_ns % 1000 == 0 && gap_ns > 0);
+    let last = last_ns / 1000 * 1000;
+    let first = last - (n - 1) * gap_ns;
+    let mut delta = Vec::new();
+    let mut d = gap_ns;
+    while d >= 0x80 {
+        delta.push((d as u8) | 0x80);
+        d >>= 7;
+    }
+    delta.push(d as u8);
+    let mut entries = Vec::with_capacity(n as usize * (delta.len() + 1));
+    entries.push(1u8);
+    for _ in 1..n {
+        entries.extend_from_slice(&delta);
+        entries.push(1);
+    }
+    let mut v = vec![2u8, 4];
+    for f in [window_ns, limit, first, last, n, entries.len() as u64] {
+        v.extend_from_slice(&f.to_le_bytes());
+    }
+    v.extend_from_slice(&entries);
+    v
+}
+
+/// Starts recording every command's server time (`SLOWLOG` with no threshold and room for
+/// `len` entries), from an empty log. The server times a command from its start to its
+/// reply, without the client's round trip: a bound on it holds on a busy machine, where a
+/// bound on the time a client waits does not.
+pub fn slowlog_start(c: &mut redis::Connection, len: u64) {
+    q::<()>(c, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    q::<()>(c, &["CONFIG", "SET", "slowlog-max-len", &len.to_string()]);
+    q::<()>(c, &["SLOWLOG", "RESET"]);
+}
+
+/// The commands the server ran since [`slowlog_start`], oldest first: `(words, µs)`, the
+/// command's words (as SLOWLOG keeps them: at most 32, each at most 128 bytes) and the
+/// server's time for it.
+pub fn slowlog_entries(c: &mut redis::Connection) -> Vec<(Vec<String>, i64)> {
+    let entries: Vec<Vec<redis::Value>> = q(c, &["SLOWLOG", "GET", "-1"]);
+    let mut out: Vec<(i64, Vec<String>, i64)> = entries
+        .iter()
+        .filter_map(|e| match (e.first(), e.get(2), e.get(3)) {
+            (
+                Some(redis::Value::Int(id)),
+                Some(redis::Value::Int(us)),
+                Some(redis::Value::Array(w)),
+            ) => {
+                let words = w
+                    .iter()
+                    .map(|v| match v {
+                        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                        other => format!("{other:?}"),
+                    })
+                    .collect();
+                Some((*id, words, *us))
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort_by_key(|e| e.0);
+    out.into_iter().map(|(_, w, us)| (w, us)).collect()
+}
+
+/// The server's time (µs) of each command named `name` (any case) since [`slowlog_start`],
+/// oldest first.
+pub fn slowlog_times(c: &mut redis::Connection, name: &str) -> Vec<i64> {
+    slowlog_entries(c)
+        .into_iter()
+        .filter(|(w, _)| w.first().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+        .map(|(_, us)| us)
+        .collect()
+}
+
+/// The median of `v` (the upper one of an even count); panics on an empty slice. A median of
+/// many server times is what a call costs: a call the busy machine interrupted is one
+/// sample among many.
+pub fn median(v: &[i64]) -> i64 {
+    assert!(!v.is_empty(), "no samples");
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// The most wall time, in ms, a test allows to pass between two commands whose replies it
+/// compares (or between a command and the client's clock): generous, because on a loaded
+/// machine (make test-loaded) a process can wait for a CPU for tens of milliseconds at a
+/// time. A millisecond field checked within this margin still tells the right value from the
+/// wrong ones (every such test expects seconds, or checks the exact value on a frozen clock).
+pub const WALL_SLACK_MS: i64 = 2_000;
+
+/// A server whose clock is frozen at a whole second (real time, rounded down): its replies'
+/// millisecond fields are exact, and time moves only when the test moves it
+/// (`clock.freeze_at(start + …)`), however slowly the machine runs the test. None (and a
+/// note) where the clock shim does not govern the server (Valkey 9.1).
+pub fn frozen_server() -> Option<(Clock, Server, redis::Connection, u64)> {
+    let clock = Clock::new();
+    let s = Server::builder().clock(&clock).start();
+    let mut c = s.conn();
+    if !clock.governs(&mut c) {
+        return None;
+    }
+    let start = now_ns() / 1_000_000_000 * 1_000_000_000;
+    clock.freeze_at(start);
+    Some((clock, s, c, start))
 }
 
 /// Nanoseconds since the epoch by this machine's clock (the test servers run here too).
