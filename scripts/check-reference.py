@@ -13,7 +13,8 @@ Checks, for every rule (a `#### R-…` heading) of the reference:
 
 And, outside the rules:
 
-* every `#anchor` link of the reference (and `../README.md#anchor`) points at a heading;
+* every `#anchor` link of the reference, and every link into another markdown file of the
+  repository (`../README.md#anchor`, `internals.md#anchor`, …), points at a file and heading;
 * every `docs/reference.md#anchor` cited in the code, the tests, the scripts and the README
   points at a heading of the reference;
 * no file there cites `SPEC.md`, a file that is not in the repository.
@@ -137,7 +138,6 @@ def check_test(where, ref):
 def check_reference():
     doc = read(REFERENCE)
     own_anchors = anchors(doc)
-    readme_anchors = anchors(read("README.md"))
     lines = doc.splitlines()
 
     # Split into rule blocks.
@@ -210,14 +210,21 @@ def check_reference():
         else:
             problem(REFERENCE, f"'Rules without a test' lists {rid}, which names tests")
 
-    # Links inside the reference and into the README.
+    # Links inside the reference and into the other documents (the README, internals.md, …).
+    other_anchors = {}
     for n, line in enumerate(lines, 1):
         for target in re.findall(r"\]\((#[^)\s]+)\)", line):
             if target[1:] not in own_anchors:
                 problem(f"{REFERENCE}:{n}", f"link {target} points at no heading")
-        for target in re.findall(r"\]\(\.\./README\.md#([^)\s]+)\)", line):
-            if target not in readme_anchors:
-                problem(f"{REFERENCE}:{n}", f"link ../README.md#{target} points at no heading")
+        for path, target in re.findall(r"\]\(([^)\s#:]+\.md)#([^)\s]+)\)", line):
+            rel = os.path.normpath(os.path.join(os.path.dirname(REFERENCE), path))
+            if not os.path.isfile(os.path.join(ROOT, rel)):
+                problem(f"{REFERENCE}:{n}", f"link {path}#{target}: no file {rel}")
+                continue
+            if rel not in other_anchors:
+                other_anchors[rel] = anchors(read(rel))
+            if target not in other_anchors[rel]:
+                problem(f"{REFERENCE}:{n}", f"link {path}#{target} points at no heading of {rel}")
     return rules, own_anchors
 
 
