@@ -83,7 +83,8 @@ build cargo build --release
 build cargo test --no-run --lib --no-default-features
 build cargo test --no-run --test '*'
 build cargo test --no-run --profile replay -p rl-replay
-build cargo test --no-run --release -p redis-rl-client
+# The Rust client in its own profile (the release settings in target/clients/: see Cargo.toml).
+build cargo test --no-run --profile clients -p redis-rl-client
 
 # ---- Suites.
 # The pure core, without the Redis crate.
@@ -103,7 +104,7 @@ cargo_suites "replay/" --profile replay -p rl-replay
 # The Rust client crate (clients/rust): limits, decisions, fast path, leases, failure policy
 # (servers stopped and paused mid-run), a three-master cluster and two axum servers sharing
 # one limit, each against real servers with the module and without it (the Lua fallback).
-cargo_suites "clients/rust/" --release -p redis-rl-client
+cargo_suites "clients/rust/" --profile clients -p redis-rl-client
 # The Python client package (clients/python): installed (not editable, as users get it) into
 # the virtualenv .venv-py with its test extras, then its pytest suite against real servers
 # (mypy --strict is one of its tests).
