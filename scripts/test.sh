@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the pure core without the Redis crate, the reference check, the integration
-# suites against a real redis-server (release module; the panic test uses the debug build),
-# rl-replay, then the Rust and Python client packages' tests.
+# suites against a real redis-server (release module; the panic test uses the debug build) and
+# README.md's examples (tests/readme.rs), rl-replay, then the Rust and Python client packages'
+# tests.
 #
 # Everything is built first, once: a build that fails stops the run there, with a line that
 # names it ("build failed: …"). Then every suite runs, whatever happened to the ones before it
@@ -83,8 +84,26 @@ build cargo build --release
 build cargo test --no-run --lib --no-default-features
 build cargo test --no-run --test '*'
 build cargo test --no-run --profile replay -p rl-replay
-# The Rust client in its own profile (the release settings in target/clients/: see Cargo.toml).
+# The Rust client in its own profile (the release settings in target/clients/: see Cargo.toml),
+# and README.md's Rust examples compiled as written against it (docs/snippets/), which
+# tests/readme.rs runs.
 build cargo test --no-run --profile clients -p redis-rl-client
+build cargo build --profile clients -p readme-snippets
+
+# ---- The Python package (clients/python): installed (not editable, as users get it) into the
+# virtualenv .venv-py with its test extras, before the suites: its own tests and
+# tests/readme.rs (the README's Python examples) run with it.
+PYVENV=.venv-py
+py_ready=1
+if [ ! -x "$PYVENV/bin/pip" ]; then
+    echo "+ python3 -m venv $PYVENV"
+    python3 -m venv "$PYVENV" || py_ready=0
+fi
+if [ "$py_ready" -eq 1 ]; then
+    echo "+ $PYVENV/bin/pip install ./clients/python[test]"
+    "$PYVENV/bin/pip" install -q --disable-pip-version-check "./clients/python[test]" || py_ready=0
+fi
+export RL_PYTHON="$PWD/$PYVENV/bin/python"
 
 # ---- Suites.
 # The pure core, without the Redis crate.
@@ -96,7 +115,8 @@ if python3 scripts/check-reference.py; then
 else
     echo "fail scripts/check-reference.py" >>"$results"
 fi
-# The integration suites against a real server.
+# The integration suites against a real server, and README.md's examples run as written
+# (tests/readme.rs).
 cargo_suites "" --test '*'
 # rl-replay (workspace crate replay/): parsers, engine, CLI end to end, and the comparison
 # with a real server running the release module.
@@ -105,20 +125,9 @@ cargo_suites "replay/" --profile replay -p rl-replay
 # (servers stopped and paused mid-run), a three-master cluster and two axum servers sharing
 # one limit, each against real servers with the module and without it (the Lua fallback).
 cargo_suites "clients/rust/" --profile clients -p redis-rl-client
-# The Python client package (clients/python): installed (not editable, as users get it) into
-# the virtualenv .venv-py with its test extras, then its pytest suite against real servers
-# (mypy --strict is one of its tests).
-PYVENV=.venv-py
+# The Python client package's pytest suite against real servers (mypy --strict is one of its
+# tests), in the virtualenv installed above.
 pylog="$work/pytest.log"
-py_ready=1
-if [ ! -x "$PYVENV/bin/pip" ]; then
-    echo "+ python3 -m venv $PYVENV"
-    python3 -m venv "$PYVENV" || py_ready=0
-fi
-if [ "$py_ready" -eq 1 ]; then
-    echo "+ $PYVENV/bin/pip install ./clients/python[test]"
-    "$PYVENV/bin/pip" install -q --disable-pip-version-check "./clients/python[test]" || py_ready=0
-fi
 if [ "$py_ready" -eq 0 ]; then
     echo "notrun clients/python/tests: the package and its test dependencies did not install" >>"$results"
 else
