@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs the README's Python (redis-py) and Node (node-redis) examples, and the HTTP service
-# example's end-to-end test (examples/http/test_http.py, built on the redis_rl package in
-# clients/python), against real redis-servers with the module. Needs the virtualenv made by
-# test-compat.sh (or makes it)
-# and npm. Prints one "test … ok/FAILED" line per example; exit status 1 on any failure.
+# Runs the Python (redis-py) and Node (node-redis) examples of docs/internals.md (From any
+# language) and the HTTP service example's end-to-end test (examples/http/test_http.py, built
+# on the redis_rl package in clients/python), against real redis-servers with the module.
+# Needs the virtualenv made by test-compat.sh (or makes it) and npm. Prints one
+# "test … ok/FAILED" line per example; exit status 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-compat

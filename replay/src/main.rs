@@ -1,5 +1,5 @@
 //! rl-replay: run an access log through candidate rate limits and see who would have been
-//! limited. See `rl-replay --help` and the README section "rl-replay".
+//! limited. See `rl-replay --help` and replay/README.md.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
