@@ -121,6 +121,69 @@ def test_keys_carry_the_identity_kind_and_nothing_else() -> None:
 # -- a missing identity is never "no limit" ---------------------------------------------------
 
 
+async def test_a_literal_value_never_collides_with_a_hashed_one(server: RedisServer, prefix: str) -> None:
+    # The reviewer's collision: a value over 128 characters is hashed; the literal value
+    # "sha256:<that hash>" gave the same key, so 10 requests with it exhausted the long
+    # key's bucket. The hashed form starts with "~", which a literal value always has as
+    # "%7E". The key bytes are the Rust crate's too.
+    import hashlib
+
+    long = "a" * 200
+    digest = hashlib.sha256(long.encode()).hexdigest()
+    lim = async_limiter(server, prefix)
+    sync = Limiter(server.client(), prefix=prefix)
+    rules = [Rule("/api/", Window(10, 60, "FIXED"), key=header("X-API-Key"), name="api")]
+    flask_app = flask.Flask("hashed")
+    flask_app.get("/api/thing")(lambda: {"ok": True})
+    flask_app.wsgi_app = WsgiMiddleware(flask_app.wsgi_app, sync, rules)  # type: ignore[method-assign]
+    wsgi = flask_app.test_client()
+    try:
+        async with client(starlette_app(lim, rules)) as c:
+            for forged in (f"sha256:{digest}", f"~sha256:{digest}"):
+                got = [(await c.get("/api/thing", headers={"X-API-Key": forged})).status_code for _ in range(5)]
+                got += [wsgi.get("/api/thing", headers={"X-API-Key": forged}).status_code for _ in range(5)]
+                assert got == [200] * 10
+                assert (await c.get("/api/thing", headers={"X-API-Key": forged})).status_code == 429
+            # The long key's bucket is untouched by either forgery, under both middlewares.
+            r = await c.get("/api/thing", headers={"X-API-Key": long})
+            assert r.status_code == 200 and '"api";r=9;' in r.headers["RateLimit"]
+            assert wsgi.get("/api/thing", headers={"X-API-Key": long}).status_code == 200
+        names = {k.decode() for k in await lim.redis.keys(prefix + "api:*")}
+        assert names == {
+            f"{prefix}api:{{hdr.x-api-key:~sha256:{digest}}}",    # the long key, hashed
+            f"{prefix}api:{{hdr.x-api-key:sha256:{digest}}}",     # the literal forgeries
+            f"{prefix}api:{{hdr.x-api-key:%7Esha256:{digest}}}",
+        }
+    finally:
+        await close(lim)
+        sync.close()
+
+
+async def test_the_length_bound_counts_characters(server: RedisServer, prefix: str) -> None:
+    # 128 characters or fewer stay literal (escaped), whatever their UTF-8 length; more are
+    # hashed: 100 × "é" (200 UTF-8 bytes) is escaped, as the Rust crate spells it (it was
+    # hashed: the bound counted UTF-8 bytes). A header arrives as latin-1 text, so the key
+    # holds the UTF-8 bytes of each latin-1 character.
+    import hashlib
+
+    lim = async_limiter(server, prefix)
+    rules = [Rule("/api/", "5/minute", key=header("X-API-Key"), name="api")]
+    try:
+        async with client(starlette_app(lim, rules)) as c:
+            for raw in (b"\xe9" * 100, b"\xe9" * 128, b"\xe9" * 129, b"b" * 129):
+                r = await c.get("/api/thing", headers=[(b"x-api-key", raw)])
+                assert r.status_code == 200
+        text = [raw.decode("latin-1") for raw in (b"\xe9" * 129, b"b" * 129)]
+        names = {k.decode() for k in await lim.redis.keys(prefix + "api:*")}
+        assert names == {
+            f"{prefix}api:{{hdr.x-api-key:{'%C3%A9' * 100}}}",
+            f"{prefix}api:{{hdr.x-api-key:{'%C3%A9' * 128}}}",
+            *(f"{prefix}api:{{hdr.x-api-key:~sha256:{hashlib.sha256(t.encode()).hexdigest()}}}" for t in text),
+        }
+    finally:
+        await close(lim)
+
+
 async def test_a_missing_api_key_is_limited_by_the_client_ip(server: RedisServer, prefix: str) -> None:
     # docs/clients.md#a-missing-identity-is-never-no-limit: header("X-API-Key") without a
     # default used to leave a request without the header unlimited (5 of 5 against 2).

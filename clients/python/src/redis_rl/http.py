@@ -321,12 +321,20 @@ def custom_key(fn: Callable[[RequestInfo], str | None], *, kind: str = "fn") -> 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 
 
+#: The most characters a value keeps as itself in a key; longer ones are hashed.
+_MAX_LITERAL = 128
+
+
 def safe_key_part(value: str) -> str:
-    """safe_key_part makes a client-supplied value safe inside a Redis key: braces (hash
-    tags), spaces, control and other bytes are percent-encoded, and values over 128 bytes are
-    hashed, so no value can pick a hash tag or collide with another identity's key."""
-    if len(value.encode()) > 128:
-        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    """safe_key_part makes a client-supplied value safe inside a Redis key: every character
+    but `A-Z a-z 0-9 . _ : @ / + = -` is percent-encoded (the bytes of its UTF-8 form, upper
+    case hex: braces, spaces, control bytes, `%`, `~`), so no value can pick a hash tag; a
+    value of more than 128 characters is `~sha256:<lower-case hex of the SHA-256 of its
+    UTF-8 bytes>`. A literal value never starts with `~` (it is `%7E`), so no value a client
+    sends can produce another value's hashed form. The Rust crate spells keys byte for byte
+    the same, so services in both languages share buckets."""
+    if len(value) > _MAX_LITERAL:
+        return "~sha256:" + hashlib.sha256(value.encode()).hexdigest()
     return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), value)
 
 
