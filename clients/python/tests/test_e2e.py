@@ -37,38 +37,73 @@ def wait_http(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: flo
     raise RuntimeError(f"app did not answer on {port}: {log.read_text()}")
 
 
+def start_app(kind: str, port: int, env: dict[str, str], log: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """start_app runs the test app under a real server on 127.0.0.1:`port` (uvicorn for the
+    FastAPI app, gunicorn for the Flask app), with `extra` server options, and waits until it
+    answers."""
+    if kind == "uvicorn":
+        cmd = [sys.executable, "-m", "uvicorn", "asgi_app:app", "--app-dir", str(APPS),
+               "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+    else:
+        cmd = [sys.executable, "-m", "gunicorn", "--chdir", str(APPS), "-w", "1",
+               "-b", f"127.0.0.1:{port}", "--log-level", "warning", *extra, "wsgi_app:app"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_http(port, proc, log)
+    except BaseException:
+        stop_apps([proc])
+        raise
+    return proc
+
+
+def stop_apps(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def app_env(server: RedisServer, **extra: str) -> dict[str, str]:
+    return dict(os.environ, RL_REDIS_URL=server.url, RL_PREFIX=f"e2e{uuid.uuid4().hex[:8]}:", **extra)
+
+
 @pytest.fixture(params=["uvicorn", "gunicorn"])
 def fleet(request: pytest.FixtureRequest, server: RedisServer, mode: str, tmp_path: Path) -> Iterator[list[int]]:
     """fleet is two app processes (ports) on the test's server."""
     kind = str(request.param)
-    env = dict(os.environ, RL_REDIS_URL=server.url, RL_PREFIX=f"e2e{uuid.uuid4().hex[:8]}:")
+    env = app_env(server)
     procs: list[subprocess.Popen[bytes]] = []
     ports: list[int] = []
     try:
         for i in range(2):
             port = free_port()
-            log = tmp_path / f"{kind}-{i}.log"
-            if kind == "uvicorn":
-                cmd = [sys.executable, "-m", "uvicorn", "asgi_app:app", "--app-dir", str(APPS),
-                       "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-            else:
-                cmd = [sys.executable, "-m", "gunicorn", "--chdir", str(APPS), "-w", "1",
-                       "-b", f"127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app"]
-            with open(log, "wb") as out:
-                proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-            procs.append(proc)
-            wait_http(port, proc, log)
+            procs.append(start_app(kind, port, env, tmp_path / f"{kind}-{i}.log"))
             ports.append(port)
         yield ports
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_apps(procs)
+
+
+@pytest.fixture
+def mixed(server: RedisServer, mode: str, tmp_path: Path) -> Iterator[list[int]]:
+    """mixed is the FastAPI app under uvicorn and the Flask app under gunicorn, with the
+    same rules on one prefix (ports: uvicorn's, gunicorn's)."""
+    env = app_env(server)
+    procs: list[subprocess.Popen[bytes]] = []
+    ports: list[int] = []
+    try:
+        for kind in ("uvicorn", "gunicorn"):
+            port = free_port()
+            procs.append(start_app(kind, port, env, tmp_path / f"{kind}.log"))
+            ports.append(port)
+        yield ports
+    finally:
+        stop_apps(procs)
 
 
 def test_two_processes_share_one_limit(fleet: list[int]) -> None:
@@ -197,3 +232,22 @@ def test_the_denial_is_answered_by_the_apps_own_handler(fleet: list[int]) -> Non
         assert r.status_code == 429
         assert r.json()["error"] == "slow_down" and r.json()["retry_after"] == r.headers["Retry-After"]
         assert r.headers["RateLimit"].startswith('"inside";r=0;t=')
+
+
+def test_repeated_header_lines_are_one_key_under_every_server(mixed: list[int]) -> None:
+    # Two X-API-Key lines: gunicorn joins them with "," and uvicorn passes both lines (joined
+    # with ", "); they were two buckets (a%2Cb, a%2C%20b). Now one request has one key
+    # whichever server ran it, and a single line "a,b" is the same value.
+    u, g = mixed
+    two = [("X-API-Key", "rep-a"), ("X-API-Key", "rep-b")]
+    with httpx.Client(timeout=5) as http:
+        seen = [
+            http.get(f"http://127.0.0.1:{u}/api/thing", headers=two),
+            http.get(f"http://127.0.0.1:{g}/api/thing", headers=two),
+            http.get(f"http://127.0.0.1:{g}/api/thing", headers={"X-API-Key": "rep-a,rep-b"}),
+            http.get(f"http://127.0.0.1:{u}/api/thing", headers={"X-API-Key": "rep-a ,  rep-b"}),
+        ]
+    assert [r.status_code for r in seen] == [200] * 4
+    assert [r.headers["RateLimit"].split(", ")[0].split(";t=")[0] for r in seen] == [
+        f'"api";r={n}' for n in (9, 8, 7, 6)
+    ], [r.headers["RateLimit"] for r in seen]

@@ -363,6 +363,21 @@ async def test_on_denied_answers_and_keeps_the_fields(kind: str, server: RedisSe
         await h.close()
 
 
+async def test_a_listed_header_is_one_key_in_every_integration(kind: str, server: RedisServer, prefix: str) -> None:
+    # Repeated X-API-Key lines reached the WSGI apps joined with "," (key a%2Cb) and the ASGI
+    # ones with ", " (a%2C%20b): one request, two buckets depending on the server. The header
+    # key function reads the value as a list and spells it "a, b" everywhere, as the Rust
+    # crate does.
+    h = await make(kind, server, prefix)
+    try:
+        for value in ("a,b", " a ,\tb "):
+            assert (await h.get("/thing", {"X-API-Key": value}))[0] == 200
+        assert (await h.get("/thing", {"X-API-Key": "a, b"}))[0] == 429
+        assert {k.decode() for k in h.sync.redis.keys(prefix + "*")} == {f"{prefix}{NAME}:{{hdr.x-api-key:a%2C%20b}}"}
+    finally:
+        await h.close()
+
+
 # -- the framework's own ways -------------------------------------------------------------------
 
 

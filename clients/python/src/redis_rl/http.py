@@ -68,6 +68,7 @@ __all__ = [
     "custom_key",
     "decide",
     "header",
+    "list_value",
     "normalise_path",
     "plan",
     "report_cost",
@@ -259,18 +260,29 @@ def client_ip(
     return key
 
 
+def list_value(value: str) -> str:
+    """list_value is a header's value as one list, spelt one way: split on ",", each element's
+    optional whitespace (spaces, tabs) stripped, joined with ", ". Repeated header lines reach
+    an app joined with ", " (ASGI, the Rust layer) or "," (WSGI servers), or as one line: each
+    is the same value here, so one request has one key whichever server ran it."""
+    return ", ".join(part.strip(" \t") for part in value.split(","))
+
+
 def header(name: str, default: str | None = None) -> KeyFunc:
     """header keys by a request header (kind "hdr.<lower-case name>"), e.g. an API key.
 
-    A request without the header has no such identity (the rule's `missing` policy applies:
-    by default the client IP), unless `default` is given: then every request without it
-    shares one bucket under that value, as asked.
+    Its value is read as a list (`list_value`): repeated lines, or elements around ",", are
+    one value spelt "a, b" whichever server joined them. A request without the header (or
+    with an empty one) has no such identity (the rule's `missing` policy applies: by default
+    the client IP), unless `default` is given: then every request without it shares one
+    bucket under that value, as asked.
     """
     lower = name.lower()
     kind = _check_kind("hdr." + re.sub(r"[^a-z0-9._-]", "_", lower))
 
     def key(info: RequestInfo) -> Identity | None:
-        value = info.headers.get(lower)
+        raw = info.headers.get(lower)
+        value = list_value(raw) if raw else ""
         if value:
             return Identity(kind, value)
         return Identity(kind, default) if default else None
