@@ -61,6 +61,9 @@ def client(app: Any, peer: str = "127.0.0.1") -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://t")
 
 
+client_of = client  # for tests with a parameter named `client`
+
+
 # -- identities stay apart (docs/clients.md#identities-stay-apart) ----------------------------
 
 
@@ -382,6 +385,42 @@ async def test_an_unusable_forwarding_header_is_counted(server: RedisServer, pre
         assert await lim.redis.exists(prefix + "api:{ip:127.0.0.1}") == 1
     finally:
         await close(lim)
+
+
+@pytest.mark.parametrize("value, client", [
+    ('for="198.51.100.1', None),            # an unclosed quote: unusable (it read 198.51.100.1)
+    ('for=198.51.100.1"', None),            # a stray quote
+    ('for="', None),
+    ('for="198.51.100."1"', None),
+    ('for="198.51.100.1"', "198.51.100.1"),  # quoted as a whole: the address
+    ('for="[2001:db8::1]:4711"', "2001:db8::/64"),
+    ("for=198.51.100.2;proto=https", "198.51.100.2"),
+])
+async def test_a_forwarded_value_is_quoted_as_a_whole_or_unusable(
+    server: RedisServer, prefix: str, value: str, client: str | None
+) -> None:
+    # docs/clients.md#client-ip: an unusable value falls back to the peer and is counted as
+    # forwarded_unusable, under both middlewares.
+    lim = async_limiter(server, prefix)
+    sync = Limiter(server.client(), prefix=prefix)
+    rules = [Rule("/api/", Window(5, 60), key=client_ip(["127.0.0.1"], header="Forwarded"), name="api")]
+    flask_app = flask.Flask("fwd")
+    flask_app.get("/api/thing")(lambda: {"ok": True})
+    flask_app.wsgi_app = WsgiMiddleware(flask_app.wsgi_app, sync, rules)  # type: ignore[method-assign]
+    try:
+        async with client_of(starlette_app(lim, rules)) as c:
+            r = await c.get("/api/thing", headers={"Forwarded": value})
+        w = flask_app.test_client().get("/api/thing", headers={"Forwarded": value},
+                                        environ_base={"REMOTE_ADDR": "127.0.0.1"})
+        assert r.status_code == w.status_code == 200
+        expected = client or "127.0.0.1"
+        assert '"api";r=3;' in w.headers["RateLimit"]  # both requests in one bucket
+        assert await lim.redis.exists(f"{prefix}api:{{ip:{expected}}}") == 1
+        unusable = 0 if client else 1
+        assert lim.counters["forwarded_unusable"] == sync.counters["forwarded_unusable"] == unusable
+    finally:
+        await close(lim)
+        sync.close()
 
 
 async def test_routes_key_on_the_template_and_paths_are_normalised(server: RedisServer, prefix: str) -> None:

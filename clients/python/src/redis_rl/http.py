@@ -162,10 +162,26 @@ def _networks(trusted: Iterable[str]) -> list[Network]:
     return [ipaddress.ip_network(t.strip(), strict=False) for t in trusted]
 
 
+def _unquoted(text: str) -> str | None:
+    """_unquoted is an entry without the quotes of a quoted string (RFC 7239 `for="…"`):
+    quoted as a whole, or not at all; an unclosed or stray quote (`for="1.1.1.1`) makes the
+    entry unusable (None)."""
+    t = text.strip()
+    if '"' not in t:
+        return t
+    if len(t) >= 2 and t[0] == t[-1] == '"' and '"' not in t[1:-1]:
+        return t[1:-1]
+    return None
+
+
 def _parse_addr(text: str) -> Address | None:
-    """_parse_addr reads an address from a peer or a forwarding header entry (port and
-    brackets off); an IPv4-mapped IPv6 address is its IPv4 address."""
-    t = text.strip().strip('"')
+    """_parse_addr reads an address from a peer or a forwarding header entry (quotes, port
+    and brackets off); an IPv4-mapped IPv6 address is its IPv4 address. None: not an
+    address (garbage, a port alone, an unclosed quote)."""
+    u = _unquoted(text)
+    if u is None:
+        return None
+    t = u
     if t.startswith("["):  # [v6] or [v6]:port
         end = t.find("]")
         if end < 0:
@@ -211,7 +227,7 @@ def client_ip(
     "Forwarded" for RFC 7239 `for=` values), never both; all its lines count (repeated lines
     are one list); the rightmost address not in the trusted set is the client (what a client
     writes at the left is ignored). A header that holds no usable address there (garbage, a
-    port alone, an obfuscated `for=`, an empty list) is ignored: the peer address is used and
+    port alone, an obfuscated `for=`, an unclosed quote, an empty list) is ignored: the peer address is used and
     the request counted as `forwarded_unusable`. IPv4-mapped IPv6 is IPv4. IPv6 clients are
     keyed by their `/ipv6_prefix` network (48 to 128; default 64, one allocation), so rotating
     addresses inside it gains nothing.
