@@ -372,6 +372,22 @@ def test_client_ip_decided_details() -> None:
     assert fwd(info("10.0.0.5", forwarded="for=_hidden")) == Identity("ip", "10.0.0.5", unusable_forwarding=True)
     # Repeated header lines are one list (joined by the adapters): the rightmost untrusted.
     assert key(info("10.0.0.5", x_forwarded_for="6.6.6.6, 198.51.100.7, 10.0.0.9")) == Identity("ip", "198.51.100.7")
+    # No usable client address (no peer, a Unix socket, a peer that is not an IP address):
+    # the one shared value "unknown", never None (no limit) and never the string itself.
+    unknown = Identity("ip", "unknown", peer_unknown=True)
+    for peer in (None, "", "x1", "/run/app.sock", "unknown"):
+        assert key(info(peer)) == unknown, peer
+        assert key(info(peer, x_forwarded_for="198.51.100.7")) == unknown, peer  # not trusted
+    # "unix" trusts such a peer as a proxy: its forwarding header is read.
+    unix = client_ip(["unix", "10.0.0.0/8"])
+    assert unix(info(None, x_forwarded_for="6.6.6.6, 198.51.100.7, 10.0.0.9")) == Identity("ip", "198.51.100.7")
+    assert unix(info("", x_forwarded_for="198.51.100.8")) == Identity("ip", "198.51.100.8")
+    assert unix(info(None)) == unknown
+    assert unix(info(None, x_forwarded_for="garbage")) == Identity(
+        "ip", "unknown", unusable_forwarding=True, peer_unknown=True)
+    assert unix(info("203.0.113.4", x_forwarded_for="198.51.100.7")) == Identity("ip", "203.0.113.4")
+    assert client_ip(["unix"], header="Forwarded")(info(None, forwarded='for="[2001:db8::7]"')) == Identity(
+        "ip", "2001:db8::/64")
 
 
 async def test_an_unusable_forwarding_header_is_counted(server: RedisServer, prefix: str) -> None:

@@ -126,6 +126,7 @@ COUNTER_NAMES = (
     "missing_denied",
     "leases_lost",
     "forwarded_unusable",
+    "peer_unknown",
 )
 
 
@@ -149,6 +150,9 @@ class Counters:
     * leases_lost: held leases found lost (LEASELOST, or not renewed for a whole lease time).
     * forwarded_unusable: requests from a trusted proxy whose forwarding header held no
       usable address, keyed by the peer address instead.
+    * peer_unknown: requests a middleware keyed by the client IP without a usable client
+      address (no peer, a peer that is not an IP address, a Unix socket without a trusted
+      forwarding header): they share the one bucket `ip:unknown`.
 
     `hook(name, n)` is called for every increment (for a metrics library); it must be cheap
     and must not raise.

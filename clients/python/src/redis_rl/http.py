@@ -128,6 +128,10 @@ class Identity:
     #: client_ip only: the trusted proxy's forwarding header held no usable address, so the
     #: peer address was used (counted as `forwarded_unusable`).
     unusable_forwarding: bool = False
+    #: client_ip only: no usable client address was found (no peer, a peer that is not an IP
+    #: address, a Unix socket without a trusted forwarding header): the value is UNKNOWN_IP,
+    #: one bucket shared by every such request (counted as `peer_unknown`).
+    peer_unknown: bool = False
 
 
 #: A key function: the request's identity for a limit, or None when it has none.
@@ -160,6 +164,15 @@ Address = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
 def _networks(trusted: Iterable[str]) -> list[Network]:
     return [ipaddress.ip_network(t.strip(), strict=False) for t in trusted]
+
+
+#: The `ip` identity of a request with no usable client address: all such requests share the
+#: one bucket `<name>:{ip:unknown}` (limited together, never unlimited).
+UNKNOWN_IP = "unknown"
+
+#: The word in `trusted_proxies` that makes a peer with no IP address (a Unix socket) a
+#: trusted proxy, whose forwarding header is read.
+UNIX = "unix"
 
 
 def _unquoted(text: str) -> str | None:
@@ -227,12 +240,23 @@ def client_ip(
     "Forwarded" for RFC 7239 `for=` values), never both; all its lines count (repeated lines
     are one list); the rightmost address not in the trusted set is the client (what a client
     writes at the left is ignored). A header that holds no usable address there (garbage, a
-    port alone, an obfuscated `for=`, an unclosed quote, an empty list) is ignored: the peer address is used and
-    the request counted as `forwarded_unusable`. IPv4-mapped IPv6 is IPv4. IPv6 clients are
-    keyed by their `/ipv6_prefix` network (48 to 128; default 64, one allocation), so rotating
-    addresses inside it gains nothing.
+    port alone, an obfuscated `for=`, an unclosed quote, an empty list) is ignored: the peer
+    address is used and the request counted as `forwarded_unusable`. IPv4-mapped IPv6 is
+    IPv4. IPv6 clients are keyed by their `/ipv6_prefix` network (48 to 128; default 64, one
+    allocation), so rotating addresses inside it gains nothing.
+
+    A request with no usable client address (no peer: a Unix socket; a peer that is not an
+    IP address, such as what uvicorn's proxy headers made of a forged X-Forwarded-For) is
+    never unlimited and never keyed by that string: its value is `unknown`, one bucket for
+    all such requests (`<name>:{ip:unknown}`), counted as `peer_unknown` and logged once by
+    the middleware. The word `"unix"` among `trusted_proxies` makes such a peer (a Unix
+    socket, with a proxy in front of it) a trusted proxy: its forwarding header is read as
+    any trusted proxy's, and the value is `unknown` only when that header is missing or
+    unusable.
     """
-    nets = _networks(trusted_proxies)
+    given = [t.strip() for t in trusted_proxies]
+    unix = any(t.lower() == UNIX for t in given)
+    nets = _networks(t for t in given if t.lower() != UNIX)
     name = header.lower()
     if name not in ("x-forwarded-for", "forwarded"):
         raise ValueError("header must be X-Forwarded-For or Forwarded")
@@ -247,30 +271,35 @@ def client_ip(
     def trusted(ip: Address) -> bool:
         return any(ip in n for n in nets)
 
-    def key(info: RequestInfo) -> Identity | None:
-        if not info.peer:
-            return None
-        peer = _parse_addr(info.peer)
-        if peer is None:  # a Unix socket path, or a server that reports no address
-            return Identity("ip", info.peer)
-        if not nets or not trusted(peer):
-            return Identity("ip", shown(peer))
+    def forwarded(info: RequestInfo, peer: Identity) -> Identity:
+        # The peer is a trusted proxy: the rightmost untrusted address of its header, else
+        # the peer's own identity (flagged when the header was unusable).
         raw = info.headers.get(name)
         if raw is None:
-            return Identity("ip", shown(peer))
+            return peer
         hops = _forwarded_for(raw) if name == "forwarded" else raw.split(",")
         if not any(h.strip() for h in hops):
-            return Identity("ip", shown(peer), unusable_forwarding=True)
+            return replace(peer, unusable_forwarding=True)
         first: Address | None = None
         for hop in reversed(hops):
             addr = _parse_addr(hop)
             if addr is None:
-                return Identity("ip", shown(peer), unusable_forwarding=True)
+                return replace(peer, unusable_forwarding=True)
             first = addr
             if not trusted(addr):
                 return Identity("ip", shown(addr))
         # Every hop is a trusted proxy: the leftmost is the nearest thing to a client.
-        return Identity("ip", shown(first or peer))
+        assert first is not None
+        return Identity("ip", shown(first))
+
+    def key(info: RequestInfo) -> Identity:
+        peer = _parse_addr(info.peer) if info.peer else None
+        if peer is None:  # no address: a Unix socket, a server that reports none, garbage
+            unknown = Identity("ip", UNKNOWN_IP, peer_unknown=True)
+            return forwarded(info, unknown) if unix else unknown
+        if not nets or not trusted(peer):
+            return Identity("ip", shown(peer))
+        return forwarded(info, Identity("ip", shown(peer)))
 
     key.kind = "ip"  # type: ignore[attr-defined]
     return key
@@ -577,7 +606,8 @@ class Plan:
     identity is missing under `missing="deny"` (then the request is answered 401 and nothing
     is checked); `never` is set for a cost of 2^64 or more (413 without a Redis call);
     `unusable_forwarding` says the client IP came from the peer because a trusted proxy's
-    forwarding header was unusable.
+    forwarding header was unusable; `peer_unknown` that a limit was keyed by the client IP
+    and the request had no usable client address (the shared value `unknown`).
     """
 
     rule: Rule
@@ -587,6 +617,7 @@ class Plan:
     missing: str | None = None
     never: bool = False
     unusable_forwarding: bool = False
+    peer_unknown: bool = False
 
     @property
     def keys(self) -> dict[str, Limit]:
@@ -642,7 +673,7 @@ def plan_rule(
     cost = min(raw_cost, U64_MAX)
     checks: list[Check] = []
     skipped = 0
-    unusable = False
+    unusable = unknown = False
     for name, lim, kf in rule.limits_for(info):
         ident = identity_of(kf, info)
         if ident is None:
@@ -652,10 +683,11 @@ def plan_rule(
                 skipped += 1
                 continue
             ident = identity_of(ip_key or _DEFAULT_IP, info)
-            if ident is None:  # no peer address either: nothing to key by
+            if ident is None:  # a caller's ip_key that found nothing (client_ip never does)
                 skipped += 1
                 continue
         unusable = unusable or ident.unusable_forwarding
+        unknown = unknown or ident.peer_unknown
         kind, value = safe_key_part(ident.kind), safe_key_part(ident.value)
         n = safe_key_part(name)
         if rule.hash_tag is not None:
@@ -666,8 +698,11 @@ def plan_rule(
             key = f"{prefix}{n}:{{{tag}}}"
         checks.append(Check(key, lim, name, cost, tag))
     if not checks:
-        return Plan(rule, (), cost, skipped, unusable_forwarding=unusable) if skipped else None
-    return Plan(rule, tuple(checks), cost, skipped, never=never, unusable_forwarding=unusable)
+        return Plan(rule, (), cost, skipped, unusable_forwarding=unusable, peer_unknown=unknown) if skipped else None
+    return Plan(
+        rule, tuple(checks), cost, skipped, never=never, unusable_forwarding=unusable,
+        peer_unknown=unknown,
+    )
 
 
 # -- deciding -------------------------------------------------------------------------------
@@ -1152,7 +1187,8 @@ class Gate:
     * `missing`: the default of the rules' `missing` ("ip", "deny" or "skip").
     * `x_headers`: add X-RateLimit-Limit/-Remaining/-Reset.
     * `trusted_proxies`, `forwarded_header`, `ipv6_prefix`: how the client IP is read where a
-      rule keys a missing identity by it (`missing="ip"`); see `client_ip`.
+      rule keys a missing identity by it (`missing="ip"`); see `client_ip` (`"unix"` trusts
+      a peer without an IP address, a Unix socket, as a proxy).
     * `on_denied(denial) -> response`: answer denials yourself (the framework's response
       type); None from it, or no hook, gives the package's JSON answer.
     * `degraded_status`: the status of a "closed" failure-policy denial (503).
@@ -1192,6 +1228,7 @@ class Gate:
         self.degraded_status = degraded_status
         self.prefix = prefix
         self.exempt_preflight = exempt_preflight
+        self._told_unknown = False
 
     def plan(self, info: RequestInfo, rule: Rule | None = None) -> Plan | None:
         """plan is the request's plan under these rules (or one `rule`), None when exempt or
@@ -1206,14 +1243,30 @@ class Gate:
             return plan_rule(rule, info, missing=self.missing, ip_key=self.ip_key, prefix=self.prefix)
         return plan(self.rules, info, self.exempt, missing=self.missing, ip_key=self.ip_key, prefix=self.prefix)
 
-    def count(self, limiter: Limiter | AsyncLimiter, p: Plan) -> None:
-        """count bumps the plan's counters (skipped, missing_denied, forwarded_unusable)."""
+    def count(self, limiter: Limiter | AsyncLimiter, p: Plan, peer: str | None = None) -> None:
+        """count bumps the plan's counters (skipped, missing_denied, forwarded_unusable,
+        peer_unknown); the first request without a usable client address is logged."""
         if p.skipped:
             limiter.counters.add("skipped", p.skipped)
         if p.missing is not None:
             limiter.counters.add("missing_denied")
         if p.unusable_forwarding:
             limiter.counters.add("forwarded_unusable")
+        if p.peer_unknown:
+            limiter.counters.add("peer_unknown")
+            if not self._told_unknown:
+                self._told_unknown = True
+                log.warning(
+                    "redis-rl: a request has no usable client address (peer %s): its IP-keyed "
+                    "limits count it in the one bucket 'ip:unknown' shared by every such request "
+                    "(limited together, never unlimited; counted as peer_unknown, logged once). "
+                    "Fix the deployment: behind a proxy on a Unix socket, pass "
+                    "trusted_proxies=[\"unix\"] so its X-Forwarded-For (or Forwarded) is read; "
+                    "else have the server report the peer's address (uvicorn rewrites it from "
+                    "X-Forwarded-For: run it with --no-proxy-headers and give redis_rl "
+                    "trusted_proxies, or let uvicorn resolve it and give redis_rl none)",
+                    repr(peer) if peer else "none (a Unix socket?)",
+                )
 
     def verdict(self, limiter: Limiter | AsyncLimiter, p: Plan, d: Decision) -> Verdict:
         return respond(
