@@ -187,6 +187,20 @@ async def test_the_length_bound_counts_characters(server: RedisServer, prefix: s
         await close(lim)
 
 
+async def test_one_limit_under_one_name_is_one_bucket_for_several_rules(server: RedisServer, prefix: str) -> None:
+    # Sharing a bucket on purpose (one global per-IP limit, named the same, with the same
+    # limit, in several rules) is accepted: both rules count in ip:{ip:…}.
+    lim = async_limiter(server, prefix)
+    per_ip = ("5/minute", client_ip())
+    app = starlette_app(lim, [Rule("/api/", {"ip": per_ip}), Rule("/free", {"ip": per_ip})])
+    try:
+        async with client(app) as c:
+            got = [await c.get(p) for p in ("/api/thing", "/free", "/api/x", "/free")]
+        assert [r.headers["RateLimit"].split(";t=")[0] for r in got] == [f'"ip";r={n}' for n in (4, 3, 2, 1)]
+    finally:
+        await close(lim)
+
+
 async def test_a_missing_api_key_is_limited_by_the_client_ip(server: RedisServer, prefix: str) -> None:
     # docs/clients.md#a-missing-identity-is-never-no-limit: header("X-API-Key") without a
     # default used to leave a request without the header unlimited (5 of 5 against 2).

@@ -22,8 +22,8 @@ from django.conf import settings
 from fastapi import Response as FResponse
 from starlette.requests import Request
 
-from redis_rl import AsyncLimiter, Limiter, Window
-from redis_rl.http import Denial, Rule, header, report_cost
+from redis_rl import GCRA, AsyncLimiter, Limiter, Window
+from redis_rl.http import Denial, Rule, client_ip, header, report_cost
 
 from .conftest import RedisServer
 
@@ -376,6 +376,56 @@ async def test_a_listed_header_is_one_key_in_every_integration(kind: str, server
         assert {k.decode() for k in h.sync.redis.keys(prefix + "*")} == {f"{prefix}{NAME}:{{hdr.x-api-key:a%2C%20b}}"}
     finally:
         await h.close()
+
+
+async def test_one_limit_name_for_two_different_limits_is_refused(server: RedisServer, prefix: str) -> None:
+    # A limit's name is its bucket's name: a 5/minute "/two/" rule named its per-IP part "ip"
+    # like the 100/minute "/api/" rule, so it answered 429 at once once /api/ had filled
+    # ip:{ip:…} (and two algorithms on one key answer an error, a 500). Every integration
+    # refuses such rules when it is built, naming both rules and the name.
+    from django.test import override_settings
+
+    from redis_rl.asgi import RateLimitMiddleware as AsgiMiddleware
+    from redis_rl.django import RateLimitMiddleware as DjangoMiddleware
+    from redis_rl.flask import RateLimits
+    from redis_rl.wsgi import RateLimitMiddleware as Wsgi
+
+    async def _app(scope: Any, receive: Any, send: Any) -> None:
+        pass
+
+    clashes = [
+        [Rule("/api/", {"ip": ("100/minute", client_ip()), "key": ("1000/minute", header("X-API-Key"))}),
+         Rule("/two/", {"ip": ("5/minute", client_ip())})],
+        [Rule("/a", GCRA(5, 1, 60), key=client_ip(), name="same"),
+         Rule("/b", Window(5, 60), key=header("X-API-Key"), name="same")],
+        [Rule("/x/", "10/minute; 100 per hour", key=client_ip(), name="x"),
+         Rule("/y/", "20/minute", key=client_ip(), name="x-60s", methods=["POST"])],
+    ]
+    lim = Limiter(server.client(), prefix=prefix)
+    alim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+    try:
+        for rules in clashes:
+            builders: list[Any] = [
+                lambda: AsgiMiddleware(_app, alim, rules),
+                lambda: Wsgi(flask.Flask("c").wsgi_app, lim, rules),
+                lambda: RateLimits(flask.Flask("c"), lim, rules),
+            ]
+            for build in builders:
+                with pytest.raises(ValueError, match="limit name") as e:
+                    build()
+                first, second = rules
+                assert repr(first.path) in str(e.value) and repr(second.path) in str(e.value)
+            with override_settings(REDIS_RL={"limiter": lim, "rules": rules}):
+                with pytest.raises(ValueError, match="limit name"):
+                    DjangoMiddleware(lambda request: None)
+        with pytest.raises(ValueError) as e:
+            Wsgi(flask.Flask("c").wsgi_app, lim, clashes[0])
+        assert str(e.value).startswith(
+            "the limit name 'ip' is given to two different limits: WINDOW 100 60 SLIDING in "
+            "Rule('/api/') and WINDOW 5 60 SLIDING in Rule('/two/')")
+    finally:
+        lim.close()
+        await alim.redis.aclose()
 
 
 # -- the framework's own ways -------------------------------------------------------------------

@@ -473,7 +473,10 @@ class Rule:
       `key`; or a mapping `name -> (limit, key function)` of limits on different identities
       (per API key and per IP).
     * `name` names the policy in the RateLimit fields and in the keys (default: the limit's
-      name, else the path); a spec with several limits names each `<name>-<window>s`.
+      name, else the path); a spec with several limits names each `<name>-<window>s`. The
+      name is the bucket's name: rules that give one name to the same limit share its
+      buckets, and an integration refuses rules that give it to different limits
+      (`check_limit_names`); a limit computed per request should have a name of its own.
     * `cost`: units per request, an int ≥ 0 or a function of the request. A cost that can
       never pass (above a limit, or 2^64 and more) is answered 413.
     * `missing`: when a key function finds no identity: "ip" (key the limit by the client IP
@@ -1170,6 +1173,40 @@ def merge_headers(own: Iterable[tuple[str, str]], ours: Mapping[str, str]) -> li
 
 # -- the gate: what every integration shares ------------------------------------------------
 
+
+def _rule_label(rule: Rule) -> str:
+    path = rule.path if isinstance(rule.path, str) else rule.path.pattern
+    methods = f" {'|'.join(rule.methods)}" if rule.methods else ""
+    return f"Rule({path!r}{methods}" + (f", name={rule.name!r})" if rule.name else ")")
+
+
+def check_limit_names(rules: Sequence[Rule]) -> None:
+    """check_limit_names refuses rules that give one limit name to two different limits.
+
+    A limit's name is its bucket's name (`<name>:{<kind>:<value>}`): two rules that name a
+    limit "ip" share the bucket of each client IP. That is how one global per-IP limit is
+    shared by several rules, when it is the same limit in each; with different limits, one
+    rule's traffic would deny the other's at once (or, with two algorithms on one key, the
+    server would answer an error). Limits a function computes per request cannot be checked
+    here: give them names no other rule uses. Raises ValueError naming both rules.
+    """
+    seen: dict[str, tuple[Rule, Limit]] = {}
+    for rule in rules:
+        for entry in rule._entries:
+            if not entry.static:
+                continue
+            for name, lim in entry.spec:
+                first = seen.setdefault(name, (rule, lim))
+                if first[1].spec() != lim.spec():
+                    raise ValueError(
+                        f"the limit name {name!r} is given to two different limits: "
+                        f"{' '.join(first[1].spec())} in {_rule_label(first[0])} and "
+                        f"{' '.join(lim.spec())} in {_rule_label(rule)}; a limit's name is its "
+                        f"bucket's name (keys {name}:{{<identity>}}), so these rules would share "
+                        "buckets: give each limit its own name (or the same limit, to share one "
+                        "on purpose)"
+                    )
+
 #: An `on_denied` hook: given the Denial, returns the framework's response (or None for the
 #: package's own answer).
 OnDenied = Callable[[Denial], Any]
@@ -1218,6 +1255,7 @@ class Gate:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}' (it would become the hash tag)")
         self.rules = list(rules)
+        check_limit_names(self.rules)
         self.exempt = list(exempt)
         self.exempt_when = exempt_when
         self.deduct_when = deduct_when
