@@ -23,6 +23,7 @@ __all__ = [
     "LeaseLost",
     "LimiterUnavailable",
     "RateLimitExceeded",
+    "is_connection_level",
     "is_unavailable",
 ]
 
@@ -96,6 +97,27 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
     ConnectionError,
 )
+
+
+# Connection errors that are not about the link: a refused login or permission, a server
+# still loading its data, a full pool. Retrying them at once changes nothing.
+_NOT_THE_LINK: tuple[type[BaseException], ...] = (
+    rexc.AuthenticationError,
+    rexc.AuthorizationError,
+    rexc.BusyLoadingError,
+    rexc.MaxConnectionsError,
+    getattr(rexc, "ExternalAuthProviderError", rexc.AuthenticationError),
+)
+
+
+def is_connection_level(exc: BaseException) -> bool:
+    """is_connection_level: the connection failed, not the command or the server: refused,
+    reset, aborted, a broken pipe, an end of file ("Connection closed by server"), as a
+    pooled connection that a Redis restart closed answers. Never a timeout (the server may
+    be working on the command, and waiting twice makes an outage slow to detect)."""
+    if isinstance(exc, (rexc.TimeoutError, TimeoutError, asyncio.TimeoutError, *_NOT_THE_LINK)):
+        return False
+    return isinstance(exc, (rexc.ConnectionError, ConnectionError))
 
 
 def is_unavailable(exc: BaseException) -> bool:
