@@ -428,6 +428,80 @@ async def test_one_limit_name_for_two_different_limits_is_refused(server: RedisS
         await alim.redis.aclose()
 
 
+@pytest.mark.parametrize("flavor", ["asgi", "wsgi"])
+async def test_a_reported_cost_beyond_the_arithmetic_records_the_most_it_holds(
+    server: RedisServer, prefix: str, flavor: str
+) -> None:
+    # A reported 2^64 − 1 on a GCRA limit (and on a FIXED window already counting other
+    # requests) overflowed the FORCE: nothing was recorded, only a log line. Now the most
+    # the limit's arithmetic holds is recorded (the key used up for as long as it can be)
+    # and it is counted in errors.
+    from datetime import timedelta
+
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from redis_rl.asgi import RateLimitMiddleware as Asgi
+    from redis_rl.wsgi import RateLimitMiddleware as Wsgi
+
+    huge = 2**64 - 1
+    rules = [Rule("/g", GCRA(5, 1, 60), key=header("X-API-Key"), name="g"),
+             Rule("/f", Window(5, 60, "FIXED"), key=header("X-API-Key"), name="f")]
+    sync = Limiter(server.client(), prefix=prefix)
+    get: Any
+    if flavor == "asgi":
+        lim: Any = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+
+        async def view(request: Request) -> Response:
+            if "cost" in request.query_params:
+                report_cost(int(request.query_params["cost"]))
+            return JSONResponse({"ok": True})
+
+        app = Starlette(routes=[Route("/g", view), Route("/f", view)],
+                        middleware=[Middleware(Asgi, limiter=lim, rules=rules)])
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+        async def get(path: str) -> int:
+            return (await http.get(path, headers={"X-API-Key": "k"})).status_code
+    else:
+        lim = Limiter(server.client(), prefix=prefix)
+        fapp = flask.Flask("huge")
+
+        def fview() -> Any:
+            if "cost" in flask.request.args:
+                report_cost(int(flask.request.args["cost"]))
+            return {"ok": True}
+
+        fapp.get("/g")(fview)
+        fapp.get("/f", endpoint="f")(fview)
+        fapp.wsgi_app = Wsgi(fapp.wsgi_app, lim, rules)  # type: ignore[method-assign]
+        c = fapp.test_client()
+
+        async def get(path: str) -> int:
+            return c.get(path, headers={"X-API-Key": "k"}).status_code
+    try:
+        assert await get(f"/g?cost={huge}") == 200
+        g = sync.check("g:{hdr.x-api-key:k}", GCRA(5, 1, 60), 0, peek=True)
+        assert g.remaining == 0 and g.reset_after > timedelta(days=365 * 400), g  # till ~2554
+        assert await get("/g") == 429
+        assert [await get("/f") for _ in range(2)] == [200, 200]
+        assert await get(f"/f?cost={huge}") == 200  # 3 + (2^64 − 2) passes 2^64 − 1
+        f = sync.check("f:{hdr.x-api-key:k}", Window(5, 60, "FIXED"), 0, peek=True)
+        assert f.remaining == 0 and await get("/f") == 429
+        assert lim.counters["errors"] == 2  # one per reported cost not recorded in full
+        assert lim.counters["degraded"] == 0
+    finally:
+        if flavor == "asgi":
+            await http.aclose()
+            await lim.aclose()
+            await lim.redis.aclose()
+        else:
+            lim.close()
+        sync.close()
+
+
 # -- the framework's own ways -------------------------------------------------------------------
 
 

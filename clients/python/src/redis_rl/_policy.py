@@ -159,7 +159,9 @@ class Counters:
     * allowed_locally: admitted from a batch credit, without a Redis call.
     * denied_locally: denied by the deny cache, without a Redis call.
     * degraded: answered by the failure policy.
-    * errors: Redis calls that failed (connect, timeout, OOM, failover).
+    * errors: Redis calls that failed (connect, timeout, OOM, failover), and reported costs
+      a middleware could not record in full (beyond the limit's arithmetic: the most it
+      holds was recorded).
     * redis_calls: Redis calls made (one per round trip).
     * refunded: units given back (refund() and batch leftovers). A background refund of
       batch leftovers is counted as it is sent, so this never lags what Redis shows.

@@ -33,6 +33,8 @@ import ipaddress
 import json
 import logging
 import re
+import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -43,7 +45,7 @@ import redis
 from redis.crc import key_slot
 
 from ._decision import NEVER, Decision, RetryAfter, Source, ceil_seconds
-from ._limits import U64_MAX, Algorithm, InvalidLimit, Lease, Limit, StringAlgorithm, Window, parse_limits
+from ._limits import GCRA, U64_MAX, Algorithm, InvalidLimit, Lease, Limit, StringAlgorithm, Window, parse_limits
 from ._policy import LimiterUnavailable
 
 if TYPE_CHECKING:
@@ -905,6 +907,85 @@ async def _aguard(call: Callable[[], Awaitable[Any]]) -> None:
         log.warning("redis-rl: settling a request's charge failed: %s", e)
 
 
+# -- a reported cost beyond the arithmetic -------------------------------------------------
+
+_DAY_NS = 86_400 * 10**9
+_told_overflow: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _is_overflow(e: BaseException) -> bool:
+    return isinstance(e, redis.ResponseError) and str(e).startswith("arithmetic overflow")
+
+
+def _most_forceable(lim: Limit, now: Decision, n: int) -> int:
+    """_most_forceable is, after FORCE n overflowed, the most a FORCE can record on the key as
+    a PEEK (`now`) shows it (docs/reference.md#r-force-5): GCRA, the units whose time fits
+    before the end of 64-bit nanoseconds once the bucket's backlog (reset_after) is counted,
+    with a day to spare for the clocks; FIXED and SLIDING, what fits under 2^64 − 1 on top of
+    the count (known while the window is not full, with the limit's worth to spare; else
+    half of `n`)."""
+    if isinstance(lim, GCRA):
+        backlog_ns = now.reset_after // timedelta(microseconds=1) * 1000
+        room = U64_MAX - time.time_ns() - backlog_ns - _DAY_NS
+        return max(0, room // lim.emission_interval_ns)
+    if now.remaining > 0:
+        return max(0, U64_MAX - (lim.capacity - now.remaining) - lim.capacity)
+    return n // 2
+
+
+def _overflowed(limiter: Limiter | AsyncLimiter, key: str, n: int, recorded: int) -> None:
+    limiter.counters.add("errors")
+    if limiter not in _told_overflow:
+        _told_overflow.add(limiter)
+        log.warning(
+            "redis-rl: a reported cost on %r is beyond what its limit's arithmetic holds (FORCE %d "
+            "would pass 64-bit time or count): recorded %d, the most it holds; counted in errors "
+            "(logged once)", limiter.full_key(key), n, recorded,
+        )
+
+
+def _force(limiter: Limiter, key: str, lim: Limit, n: int) -> None:
+    """_force records a reported cost's extra with FORCE; one beyond the limit's arithmetic
+    (an overflow) records the most it can hold instead, so the key is used up as far as it
+    can be, never left as if the extra had not happened."""
+    try:
+        limiter.force(key, lim, n)
+        return
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+            return
+    try:
+        m = min(n - 1, _most_forceable(lim, limiter.check(key, lim, 0, peek=True), n))
+        if m > 0:
+            limiter.force(key, lim, m)
+        _overflowed(limiter, key, n, max(m, 0))
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        _overflowed(limiter, key, n, 0)
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+
+
+async def _aforce(limiter: AsyncLimiter, key: str, lim: Limit, n: int) -> None:
+    """_aforce is `_force` with an AsyncLimiter."""
+    try:
+        await limiter.force(key, lim, n)
+        return
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+            return
+    try:
+        m = min(n - 1, _most_forceable(lim, await limiter.check(key, lim, 0, peek=True), n))
+        if m > 0:
+            await limiter.force(key, lim, m)
+        _overflowed(limiter, key, n, max(m, 0))
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        _overflowed(limiter, key, n, 0)
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+
+
 # -- once the status is known: deduct_when and the reported cost ---------------------------
 
 
@@ -941,7 +1022,9 @@ def report_cost(cost: int) -> None:
     When the response's status is known, the charge taken up front is settled to it: less
     than charged is refunded (RL.REFUND), more is recorded with FORCE (GCRA, FIXED, SLIDING; a LOG limit
     cannot record usage after the fact, so its extra is not recorded). `cost` is an int ≥ 0
-    (above 2^64 − 1 it counts as 2^64 − 1). The frameworks' own places do the same:
+    (above 2^64 − 1 it counts as 2^64 − 1); an extra beyond what the limit's arithmetic
+    holds (a GCRA time past 64-bit nanoseconds, a window count past 2^64 − 1) records the
+    most it holds instead, and is counted in `errors`. The frameworks' own places do the same:
     `request.state.rate_limit_cost` (Starlette, FastAPI), `flask.g.rate_limit_cost`,
     `request.rate_limit_cost` (Django), `environ["redis_rl.cost"]` (WSGI).
     Raises LookupError outside a limited request, ValueError for a bad cost.
@@ -1011,7 +1094,7 @@ def settle(
         else:
             _guard(lambda: limiter.refund(key, n))
     for key, lim, n in forces:
-        _guard(lambda: limiter.force(key, lim, n))
+        _force(limiter, key, lim, n)
 
 
 async def asettle(
@@ -1027,7 +1110,7 @@ async def asettle(
         else:
             await _aguard(lambda: limiter.refund(key, n))
     for key, lim, n in forces:
-        await _aguard(lambda: limiter.force(key, lim, n))
+        await _aforce(limiter, key, lim, n)
 
 
 # -- answers -------------------------------------------------------------------------------
