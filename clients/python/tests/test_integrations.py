@@ -85,7 +85,9 @@ async def _asgi_kind(kind: str, server: RedisServer, prefix: str, sync: Limiter,
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+    aclient = getattr(server, "aclient", None)
+    client = aclient() if aclient is not None else aredis.Redis(host="127.0.0.1", port=server.port)
+    lim = AsyncLimiter(client, prefix=prefix)
 
     def answer(params: Any, state: Any) -> Response:
         if params.get("boom"):
@@ -359,6 +361,36 @@ async def test_on_denied_answers_and_keeps_the_fields(kind: str, server: RedisSe
         assert json.loads(body)["custom"] == "rate_limited"
         assert "retry-after" in headers and headers["ratelimit"].startswith('"thing";r=0;t=')
         assert len(seen) == 1 and seen[0].decision is not None and not seen[0].decision.allowed
+    finally:
+        await h.close()
+
+
+async def test_an_open_degraded_answer_carries_no_ratelimit_fields_in_every_integration(kind: str) -> None:
+    # docs/clients.md#closed-policy: Redis unreachable, the failure policy "open" admits with
+    # no RateLimit field (RateLimit-Policy was sent), whichever integration answers.
+    from .conftest import free_port
+
+    class Nowhere:
+        port = free_port()  # nothing listens here
+
+        def client(self) -> Any:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            return redis.Redis(host="127.0.0.1", port=self.port, retry=Retry(NoBackoff(), 0))
+
+        def aclient(self) -> Any:
+            from redis.asyncio.retry import Retry as ARetry
+            from redis.backoff import NoBackoff
+
+            return aredis.Redis(host="127.0.0.1", port=self.port, retry=ARetry(NoBackoff(), 0))
+
+    h = await make(kind, Nowhere(), "nowhere:", x_headers=True)  # type: ignore[arg-type]
+    try:
+        status, headers, _ = await h.get("/thing", {"X-API-Key": "d"})
+        assert status == 200
+        assert not [k for k in headers if "ratelimit" in k], headers
     finally:
         await h.close()
 
