@@ -347,6 +347,24 @@ async def test_the_first_call_after_a_restart_while_idle_is_decided_by_redis(
         await close(lim)
 
 
+async def test_a_refused_connect_is_not_tried_twice(flavor: str) -> None:
+    # The retry on a fresh connection is for connections a restart closed: a refused connect
+    # was a fresh one already (nothing listens), so it counts as the outage at once, one
+    # attempt (with a client of redis-py's default retries, a second try doubled them).
+    from .conftest import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
+    kind: Any = Limiter if flavor == "sync" else AsyncLimiter
+    lim = kind.from_url(url, timeout=0.3, on_error="open", mode="module")  # no detection: one call
+    try:
+        d = await call(lim, "check", "r", GCRA(5, 1, 1))
+        assert d.degraded
+        snap = lim.counters.snapshot()
+        assert snap["redis_calls"] == 1 and snap["errors"] == 1, snap
+    finally:
+        await close(lim)
+
+
 async def test_refund_and_release_inside_the_probe_interval_do_not_wait(
     own_server: RedisServer, flavor: str
 ) -> None:

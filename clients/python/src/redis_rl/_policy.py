@@ -110,14 +110,27 @@ _NOT_THE_LINK: tuple[type[BaseException], ...] = (
 )
 
 
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(5):  # redis-py raises its ConnectionError while handling the OSError
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def is_connection_level(exc: BaseException) -> bool:
-    """is_connection_level: the connection failed, not the command or the server: refused,
-    reset, aborted, a broken pipe, an end of file ("Connection closed by server"), as a
-    pooled connection that a Redis restart closed answers. Never a timeout (the server may
-    be working on the command, and waiting twice makes an outage slow to detect)."""
+    """is_connection_level: a connection that was there failed, not the command or the
+    server: reset, aborted, a broken pipe, an end of file ("Connection closed by server"), as
+    a pooled connection that a Redis restart closed answers. Not a refused connect (redis-py
+    has just tried a fresh connection: nothing is listening, and trying again at once gains
+    nothing) and never a timeout (the server may be working on the command, and waiting
+    twice makes an outage slow to detect)."""
     if isinstance(exc, (rexc.TimeoutError, TimeoutError, asyncio.TimeoutError, *_NOT_THE_LINK)):
         return False
-    return isinstance(exc, (rexc.ConnectionError, ConnectionError))
+    return isinstance(exc, (rexc.ConnectionError, ConnectionError)) and not _refused(exc)
 
 
 def is_unavailable(exc: BaseException) -> bool:

@@ -236,8 +236,8 @@ class Limiter(LimiterBase):
         """_guarded returns (reply, mode), or the outage error (after counting it).
 
         A connection-level failure (`is_connection_level`: a pooled connection that a Redis
-        restart closed, a refused connect) is tried once more on a fresh connection before it
-        counts as an outage, so the first call after a restart the limiter did not see is
+        restart closed) is tried once more on a fresh connection before it counts as an
+        outage, so the first call after a restart the limiter did not see is
         decided by Redis (docs/clients.md#recovery)."""
         try:
             try:
