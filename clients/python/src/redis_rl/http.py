@@ -380,7 +380,7 @@ def custom_key(fn: Callable[[RequestInfo], str | None], *, kind: str = "fn") -> 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 
 
-#: The most characters a value keeps as itself in a key; longer ones are hashed.
+#: The most UTF-8 bytes a value keeps as itself in a key; longer ones are hashed.
 _MAX_LITERAL = 128
 
 
@@ -388,12 +388,13 @@ def safe_key_part(value: str) -> str:
     """safe_key_part makes a client-supplied value safe inside a Redis key: every character
     but `A-Z a-z 0-9 . _ : @ / + = -` is percent-encoded (the bytes of its UTF-8 form, upper
     case hex: braces, spaces, control bytes, `%`, `~`), so no value can pick a hash tag; a
-    value of more than 128 characters is `~sha256:<lower-case hex of the SHA-256 of its
+    value of more than 128 bytes (UTF-8) is `~sha256:<lower-case hex of the SHA-256 of its
     UTF-8 bytes>`. A literal value never starts with `~` (it is `%7E`), so no value a client
     sends can produce another value's hashed form. The Rust crate spells keys byte for byte
     the same, so services in both languages share buckets."""
-    if len(value) > _MAX_LITERAL:
-        return "~sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    raw = value.encode()
+    if len(raw) > _MAX_LITERAL:
+        return "~sha256:" + hashlib.sha256(raw).hexdigest()
     return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), value)
 
 
