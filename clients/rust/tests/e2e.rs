@@ -182,6 +182,7 @@ both_modes!(
     rotating_api_keys_on_a_cluster_are_held_to_the_per_ip_limit,
     zero_units_are_charged,
     the_example_keeps_limiting_while_redis_is_down,
+    a_restart_while_the_app_is_idle_is_answered_by_redis,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -587,4 +588,35 @@ async fn the_example_keeps_limiting_while_redis_is_down(kind: Kind) {
         "{:?}",
         back.headers
     );
+}
+
+/// docs/clients.md#recovery, over HTTP: Redis restarts on the same port while the example
+/// (its own limiter: FailurePolicy::Local) is idle; the very next request is decided by
+/// Redis (its key is written there), not by the failure policy, and no outage is counted.
+async fn a_restart_while_the_app_is_idle_is_answered_by_redis(kind: Kind) {
+    let mut server = kind.server();
+    let prefix = support::prefix();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        prefix.clone(),
+        "a",
+        None,
+    );
+    let key = format!("{prefix}upload:{{ip:127.0.0.1}}");
+    let exists = |server: &common::Server| {
+        common::q::<i64>(&mut server.conn(), &["EXISTS", key.as_str()]) == 1
+    };
+    for round in 0..3 {
+        let r = http(a.port, "POST", "/upload", &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "round {round}: {}", r.body);
+        assert!(r.header("ratelimit").starts_with("\"upload\";r=4;"));
+        assert!(exists(&server), "round {round}: decided in Redis");
+        server.restart(); // no persistence: the key goes with it
+        assert!(!exists(&server));
+    }
+    let m = http(a.port, "GET", "/metrics", &[]).await;
+    for zero in ["\"degraded\": 0,", "\"local\": 0,", "\"errors\": 0,"] {
+        assert!(m.body.contains(zero), "{zero} {}", m.body);
+    }
 }

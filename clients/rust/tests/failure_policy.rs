@@ -64,6 +64,7 @@ both_modes_traced!(
     local_enforces_the_limits_in_memory_then_returns_to_redis,
     local_through_the_layer_answers_429_with_real_fields,
     a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost,
+    a_restart_while_idle_is_not_an_outage,
 );
 
 async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
@@ -526,4 +527,60 @@ async fn a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost(kind: Kind, cap
     assert_eq!(lim.counters().snapshot().leases_lost, 1);
     assert!(capture.count("was lost") >= 1);
     server.restart();
+}
+
+/// docs/clients.md#recovery: Redis restarted on the same address while the limiter was idle
+/// (the limiter never saw it go): the pooled connection the restart closed is replaced on the
+/// spot, and the very next decision comes from Redis, not from the failure policy. In the
+/// fallback mode the restart also took the library, which is loaded again on that call. Every
+/// kind of call, under every policy that answers for Redis: a check, a check_all, a refund, a
+/// lease.
+async fn a_restart_while_idle_is_not_an_outage(kind: Kind, capture: Capture) {
+    let mut server = kind.server();
+    let want = match kind {
+        Kind::Module => Source::Module,
+        Kind::Fallback => Source::Fallback,
+    };
+    let g = Gcra::new(5, 1, 60).unwrap();
+    for policy in [
+        FailurePolicy::Open,
+        FailurePolicy::Closed,
+        FailurePolicy::Local,
+        FailurePolicy::Error,
+    ] {
+        // A probe interval longer than the test: a decision the policy answered would stay.
+        let lim = make(&server, |b| {
+            b.on_error(policy).probe_interval(Duration::from_secs(60))
+        })
+        .await;
+        let d = lim.check("r", &g).await.unwrap();
+        assert!(!d.degraded && d.remaining == 4, "{policy:?}: {d:?}");
+        server.restart(); // answers PING when this returns; the limiter did not see it
+        let d = lim.check("r", &g).await.unwrap();
+        assert!(
+            !d.degraded && d.source == want && d.remaining == 4,
+            "{policy:?}: the first check after the restart: {d:?}"
+        );
+        server.restart();
+        let both = [Entry::new("{r}:a", &g), Entry::new("{r}:b", &g)];
+        let d = lim.check_all(both).await.unwrap();
+        assert!(
+            !d.degraded && d.source == want,
+            "{policy:?}: check_all: {d:?}"
+        );
+        server.restart();
+        // Redis answers (the state went with the restart: nothing to give back).
+        let r = lim.refund("{r}:a", 1).await.unwrap();
+        assert!(!r.degraded && r.refunded == 0, "{policy:?}: refund: {r:?}");
+        server.restart();
+        let lease = lim
+            .acquire("r-lease", &redis_rl_client::Lease::new(1, 30).unwrap())
+            .await
+            .unwrap();
+        assert!(!lease.decision().degraded, "{policy:?}: acquire");
+        lease.release().await.unwrap();
+        let c = lim.counters().snapshot();
+        assert_eq!((c.errors, c.degraded), (0, 0), "{policy:?}: {c:?}");
+    }
+    assert_eq!(outage_events(&capture), (0, 0), "no outage was seen");
 }
