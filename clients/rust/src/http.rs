@@ -547,13 +547,27 @@ fn warn_no_peer(warned: &AtomicBool) {
 }
 
 /// Makes a client-supplied value safe inside a Redis key: braces (hash tags), spaces,
-/// control and other bytes are percent-encoded, and values over 128 characters are hashed
-/// (`sha256:<hex>`), so a client cannot choose the hash tag, collide with another identity,
+/// control and other bytes are percent-encoded (UTF-8, upper-case hex), and values over 128
+/// bytes are hashed, so a client cannot choose the hash tag, collide with another identity,
 /// or grow the key.
+///
+/// The hashed form is `~sha256:<lower-case hex of the SHA-256 of the value's UTF-8 bytes>`:
+/// it starts with `~`, which the escaping always encodes (`%7E`), so no literal value can
+/// produce it (a client sending `sha256:<hex>` of another client's long key gets a bucket of
+/// its own). The same bytes as the Python package's `safe_key_part`.
+///
+/// ```
+/// use redis_rl_client::http::safe_key_part;
+///
+/// assert_eq!(safe_key_part("{evil} ~"), "%7Bevil%7D%20%7E");
+/// let long = "a".repeat(200);
+/// assert!(safe_key_part(&long).starts_with("~sha256:"));
+/// assert_eq!(safe_key_part(&long).len(), "~sha256:".len() + 64);
+/// ```
 pub fn safe_key_part(value: &str) -> String {
-    if value.chars().count() > 128 {
+    if value.len() > 128 {
         let digest = Sha256::digest(value.as_bytes());
-        let mut out = String::from("sha256:");
+        let mut out = String::from("~sha256:");
         for b in digest {
             out.push_str(&format!("{b:02x}"));
         }
@@ -1645,11 +1659,23 @@ mod tests {
         assert_eq!(safe_key_part("{evil}"), "%7Bevil%7D");
         assert_eq!(safe_key_part("a b"), "a%20b");
         assert_eq!(safe_key_part("é"), "%C3%A9");
-        assert!(safe_key_part(&"x".repeat(200)).starts_with("sha256:"));
+        assert!(safe_key_part(&"x".repeat(200)).starts_with("~sha256:"));
         assert_eq!(
             safe_key_part(&"x".repeat(129)),
-            format!("sha256:{:x}", Sha256::digest("x".repeat(129).as_bytes()))
+            format!("~sha256:{:x}", Sha256::digest("x".repeat(129).as_bytes()))
         );
+        assert_eq!(safe_key_part(&"x".repeat(128)), "x".repeat(128));
+        // Over 128 bytes, not characters (as the Python package counts): 65 × "é" is 130.
+        let e = "é".repeat(65);
+        assert_eq!(
+            safe_key_part(&e),
+            format!("~sha256:{:x}", Sha256::digest(e.as_bytes()))
+        );
+        assert_eq!(safe_key_part(&"é".repeat(64)), "%C3%A9".repeat(64));
+        // No literal takes the hashed form: its `~` is escaped.
+        let hashed = safe_key_part(&"a".repeat(200));
+        assert_eq!(safe_key_part(&hashed), format!("%7E{}", &hashed[1..]));
+        assert_ne!(safe_key_part(&hashed[1..]), hashed);
     }
 
     #[test]

@@ -183,6 +183,7 @@ both_modes!(
     zero_units_are_charged,
     the_example_keeps_limiting_while_redis_is_down,
     a_restart_while_the_app_is_idle_is_answered_by_redis,
+    a_literal_hash_never_shares_a_long_keys_bucket,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -619,4 +620,63 @@ async fn a_restart_while_the_app_is_idle_is_answered_by_redis(kind: Kind) {
     for zero in ["\"degraded\": 0,", "\"local\": 0,", "\"errors\": 0,"] {
         assert!(m.body.contains(zero), "{zero} {}", m.body);
     }
+}
+
+/// docs/clients.md#identity-values: a value over 128 bytes is stored hashed, as
+/// `~sha256:<hex>`, a form no literal value can take (a literal `~` is `%7E`). The reviewer's
+/// collision: 10 requests with `X-API-Key: sha256:<sha256 of 200 × "a">` used to exhaust the
+/// real long key's bucket.
+async fn a_literal_hash_never_shares_a_long_keys_bucket(kind: Kind) {
+    use sha2::{Digest, Sha256};
+
+    let server = kind.server();
+    let prefix = support::prefix();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        prefix.clone(),
+        "a",
+        STRICT,
+    );
+    let long = "a".repeat(200);
+    let hex = format!("{:x}", Sha256::digest(long.as_bytes()));
+    let literal = format!("sha256:{hex}");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(
+            http(
+                a.port,
+                "GET",
+                "/reports",
+                &[("X-API-Key", literal.as_str())],
+            )
+            .await,
+        );
+    }
+    assert_eq!(
+        got.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [200, 200, 429],
+        "the literal's own bucket (2 at once)"
+    );
+    let real = http(a.port, "GET", "/reports", &[("X-API-Key", long.as_str())]).await;
+    assert_eq!(
+        real.status,
+        StatusCode::OK,
+        "the long key's bucket is its own"
+    );
+    assert!(real.header("ratelimit").starts_with("\"reports\";r=1;"));
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:~sha256:{hex}}}"
+    )));
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:sha256:{hex}}}"
+    )));
+    // A literal `~sha256:…` is escaped, so it cannot reach the hashed form either.
+    let tilde = format!("~sha256:{hex}");
+    let r = http(a.port, "GET", "/reports", &[("X-API-Key", tilde.as_str())]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:%7Esha256:{hex}}}"
+    )));
 }
