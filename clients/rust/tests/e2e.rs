@@ -184,6 +184,7 @@ both_modes!(
     the_example_keeps_limiting_while_redis_is_down,
     a_restart_while_the_app_is_idle_is_answered_by_redis,
     a_literal_hash_never_shares_a_long_keys_bucket,
+    degraded_answers_carry_no_ratelimit_fields,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -679,4 +680,55 @@ async fn a_literal_hash_never_shares_a_long_keys_bucket(kind: Kind) {
     assert!(exists(&format!(
         "{prefix}reports:{{hdr.x-api-key:%7Esha256:{hex}}}"
     )));
+}
+
+/// docs/clients.md#closed-policy: the degraded answers of the open and closed policies (an
+/// admission, a 503) carry no RateLimit fields, neither `RateLimit` nor `RateLimit-Policy`,
+/// for one limit (`/reports`) and for several (`/api/thing`: one check_all); the closed
+/// policy's 503 keeps its `Retry-After`.
+async fn degraded_answers_carry_no_ratelimit_fields(kind: Kind) {
+    let mut server = kind.server();
+    let url = support::url(&server);
+    let open = Instance::start_on(
+        vec![url.clone()],
+        false,
+        support::prefix(),
+        "open",
+        Some((FailurePolicy::Open, Duration::from_millis(300))),
+    );
+    let closed = Instance::start_on(
+        vec![url],
+        false,
+        support::prefix(),
+        "closed",
+        Some((FailurePolicy::Closed, Duration::from_millis(300))),
+    );
+    let key = [("X-API-Key", "dg")];
+    for port in [open.port, closed.port] {
+        let r = http(port, "GET", "/reports", &key).await;
+        assert!(r.headers.contains_key("ratelimit-policy"), "Redis up");
+    }
+    server.stop();
+    for (port, want) in [
+        (open.port, StatusCode::OK),
+        (closed.port, StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        for path in ["/reports", "/api/thing"] {
+            let r = http(port, "GET", path, &key).await;
+            assert_eq!(r.status, want, "{path}: {}", r.body);
+            for field in ["ratelimit", "ratelimit-policy", "x-ratelimit-limit"] {
+                assert!(
+                    !r.headers.contains_key(field),
+                    "{want} {path}: a degraded answer with {field}: {:?}",
+                    r.headers
+                );
+            }
+            assert_eq!(
+                r.headers.contains_key("retry-after"),
+                want == StatusCode::SERVICE_UNAVAILABLE,
+                "{path}"
+            );
+        }
+    }
+    server.restart();
 }

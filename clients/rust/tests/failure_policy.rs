@@ -102,6 +102,13 @@ async fn through_outage(
         .await
         .unwrap();
     assert!(all.degraded && all.per_key.iter().all(|d| d.degraded));
+    if lim.failure_policy() != FailurePolicy::Local {
+        let h = all.headers(None);
+        assert!(
+            !h.contains_key("ratelimit") && !h.contains_key("ratelimit-policy"),
+            "{h:?}"
+        );
+    }
     server.restart();
     let mut after = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -131,10 +138,13 @@ async fn open_admits_degraded_then_recovers(kind: Kind, capture: Capture) {
     assert!(during
         .iter()
         .all(|d| d.allowed && d.degraded && d.source == Source::Local));
-    assert!(
-        !during[0].headers(None).contains_key("ratelimit"),
-        "nothing is known about the key"
-    );
+    // docs/clients.md#closed-policy: nothing is known about the key, so no RateLimit field
+    // at all, not even the policy.
+    let h = during[0].headers_with(&redis_rl_client::HeaderOptions {
+        x_headers: true,
+        ..Default::default()
+    });
+    assert!(h.is_empty(), "{h:?}");
     let last = after.last().unwrap();
     assert!(!last.degraded && last.allowed, "{after:?}");
     let snap = lim.counters().snapshot();
@@ -164,6 +174,8 @@ async fn closed_denies_with_a_short_retry_then_recovers(kind: Kind, capture: Cap
         Some(Duration::from_secs(2))
     );
     assert_eq!(during[0].headers(None)["retry-after"], "2");
+    let h = during[0].headers(Some("w"));
+    assert_eq!(h.len(), 1, "Retry-After alone: {h:?}");
     let last = after.last().unwrap();
     assert!(last.allowed && !last.degraded, "{after:?}");
     assert_eq!(outage_events(&capture), (1, 1));
