@@ -54,13 +54,27 @@ pub struct RequestInfo<'a> {
 }
 
 impl RequestInfo<'_> {
-    /// All values of a header field, decoded as Latin-1 and joined with `", "` (as a
-    /// repeated field reads), or `None` when absent.
+    /// All values of a header field as one list, decoded as Latin-1, or `None` when absent:
+    /// every line split on `,`, each element's surrounding whitespace (spaces, tabs)
+    /// removed, the elements joined with `", "`. Repeated lines and one comma-separated line
+    /// read the same (`a` and `b` on two lines, `a,b` and `a , b` are all `"a, b"`), as in
+    /// the Python package, so one request has one key whichever server ran it.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use redis_rl_client::http::normalize_list;
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.append("x-api-key", HeaderValue::from_static("a ,b"));
+    /// headers.append("x-api-key", HeaderValue::from_static(" c"));
+    /// let lines = headers.get_all("x-api-key").iter().map(|v| v.to_str().unwrap());
+    /// assert_eq!(normalize_list(lines), "a, b, c");
+    /// ```
     pub fn header(&self, name: &str) -> Option<String> {
         let mut values = self.headers.get_all(name).iter().peekable();
         values.peek()?;
-        let parts: Vec<String> = values.map(|v| latin1(v.as_bytes())).collect();
-        Some(parts.join(", "))
+        let lines: Vec<String> = values.map(|v| latin1(v.as_bytes())).collect();
+        Some(normalize_list(lines.iter().map(String::as_str)))
     }
 
     /// The path normalised: percent-decoded, `//` collapsed, no trailing `/` (except for
@@ -78,6 +92,23 @@ impl RequestInfo<'_> {
                 .headers
                 .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
     }
+}
+
+/// One header field's lines as one list value (what [`RequestInfo::header`] gives): each
+/// line split on `,`, each element trimmed of spaces and tabs (the field's optional
+/// whitespace), the elements joined with `", "`. Empty elements are kept (`"a,,b"` is
+/// `"a, , b"`).
+pub fn normalize_list<'a>(lines: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = String::new();
+    let mut first = true;
+    for element in lines.into_iter().flat_map(|line| line.split(',')) {
+        if !first {
+            out.push_str(", ");
+        }
+        first = false;
+        out.push_str(element.trim_matches([' ', '\t']));
+    }
+    out
 }
 
 fn latin1(bytes: &[u8]) -> String {

@@ -185,6 +185,7 @@ both_modes!(
     a_restart_while_the_app_is_idle_is_answered_by_redis,
     a_literal_hash_never_shares_a_long_keys_bucket,
     degraded_answers_carry_no_ratelimit_fields,
+    repeated_header_lines_are_one_list,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -731,4 +732,39 @@ async fn degraded_answers_carry_no_ratelimit_fields(kind: Kind) {
         }
     }
     server.restart();
+}
+
+/// One request has one key whichever server ran it: a header key sent on two lines, as one
+/// comma-separated line, or with spaces around the comma is the one list `a, b` (split on
+/// `,`, each element trimmed, joined with `", "`, as the Python package's WSGI and ASGI
+/// integrations read it), so all three spellings share one bucket.
+async fn repeated_header_lines_are_one_list(kind: Kind) {
+    let server = kind.server();
+    let prefix = support::prefix();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        prefix.clone(),
+        "a",
+        STRICT,
+    );
+    let spellings: [&[(&str, &str)]; 3] = [
+        &[("X-API-Key", "a"), ("X-API-Key", "b")],
+        &[("X-API-Key", "a,b")],
+        &[("X-API-Key", " a ,\tb ")],
+    ];
+    let mut got = Vec::new();
+    for headers in spellings {
+        got.push(
+            http(a.port, "GET", "/reports", headers)
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(got, [200, 200, 429], "one bucket (2 at once)");
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:a%2C%20b}}"
+    )));
 }

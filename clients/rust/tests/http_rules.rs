@@ -216,6 +216,39 @@ fn other_key_functions() {
 }
 
 #[test]
+fn a_header_is_one_list_however_it_was_sent() {
+    let key = Key::header("X-API-Key");
+    for headers in [
+        &[("x-api-key", "a"), ("x-api-key", "b")][..],
+        &[("x-api-key", "a,b")],
+        &[("x-api-key", "a , b")],
+        &[("x-api-key", "\ta,\tb\t")],
+        &[("x-api-key", "a ,"), ("x-api-key", " b")],
+    ] {
+        let r = req(Some("203.0.113.9"), "/", headers);
+        let want = if headers.len() == 2 && headers[0].1 == "a ," {
+            "a, , b" // an empty element is kept
+        } else {
+            "a, b"
+        };
+        assert_eq!(
+            r.info().header("x-api-key").as_deref(),
+            Some(want),
+            "{headers:?}"
+        );
+        assert_eq!(key_of(&key, &r).as_deref(), Some(want), "{headers:?}");
+    }
+    let r = req(
+        Some("203.0.113.9"),
+        "/",
+        &[("x-api-key", "a,,b"), ("x-api-key", "c")],
+    );
+    assert_eq!(r.info().header("x-api-key").as_deref(), Some("a, , b, c"));
+    let r = req(Some("203.0.113.9"), "/", &[("x-api-key", "  ")]);
+    assert_eq!(key_of(&key, &r), None, "blank is missing");
+}
+
+#[test]
 fn client_values_cannot_change_the_hash_tag() {
     assert_eq!(safe_key_part("{evil}"), "%7Bevil%7D");
     assert_eq!(safe_key_part("a b"), "a%20b");
