@@ -168,9 +168,21 @@ pub enum Forwarding {
     Forwarded,
 }
 
-/// Reads an address from a forwarding header entry (port and brackets off).
+/// An entry without the quotes of a quoted string (RFC 7239 `for="…"`): quoted as a whole,
+/// or not at all; an unclosed or stray quote (`for="1.1.1.1`) makes the entry unusable.
+fn unquoted(text: &str) -> Option<&str> {
+    let t = text.trim();
+    if !t.contains('"') {
+        return Some(t);
+    }
+    let inner = t.strip_prefix('"')?.strip_suffix('"')?;
+    (!inner.contains('"')).then_some(inner)
+}
+
+/// Reads an address from a forwarding header entry (quotes, port and brackets off); `None`:
+/// not an address (garbage, a port alone, an unclosed or stray quote).
 fn parse_addr(text: &str) -> Option<IpAddr> {
-    let mut t = text.trim().trim_matches('"');
+    let mut t = unquoted(text)?;
     if let Some(rest) = t.strip_prefix('[') {
         t = rest.split(']').next().unwrap_or(rest);
     } else if t.matches(':').count() == 1 {
@@ -215,8 +227,9 @@ fn parse_network(text: &str) -> Result<IpNet, InvalidLimit> {
 ///   or `Forwarded`; never both), every line of it counting (repeated fields are one list),
 ///   and the rightmost address not in the trusted set is the client; what a client writes at
 ///   the left is ignored.
-/// * An unusable value (garbage, a port-only entry, an `unknown` or obfuscated hop, an empty
-///   list) falls back to the peer address, and the layer counts it (`forwarded_unusable`).
+/// * An unusable value (garbage, a port-only entry, an `unknown` or obfuscated hop, an
+///   unclosed or stray quote such as `for="1.1.1.1`, an empty list) falls back to the peer
+///   address, and the layer counts it (`forwarded_unusable`).
 /// * An IPv4-mapped IPv6 address is IPv4. IPv6 clients are keyed by their network of
 ///   [`ipv6_prefix`](ClientIp::ipv6_prefix) bits (default /64: rotating addresses inside one
 ///   allocation gains nothing), written `2001:db8:1:2::/64`.

@@ -186,6 +186,7 @@ both_modes!(
     a_literal_hash_never_shares_a_long_keys_bucket,
     degraded_answers_carry_no_ratelimit_fields,
     repeated_header_lines_are_one_list,
+    a_forwarded_value_with_an_unclosed_quote_is_unusable,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -767,4 +768,70 @@ async fn repeated_header_lines_are_one_list(kind: Kind) {
     assert!(exists(&format!(
         "{prefix}reports:{{hdr.x-api-key:a%2C%20b}}"
     )));
+}
+
+/// An axum app served on a loopback port in this runtime (with the peer address), until the
+/// handle is dropped or aborted.
+async fn serve(app: axum::Router) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    (port, task)
+}
+
+/// docs/clients.md#client-ip: `Forwarded: for="1.1.1.1` (an unclosed quote) and
+/// `for=2.2.2.2"` (a stray one) are unusable values: the peer is the client and it is
+/// counted (`forwarded_unusable`); only a value quoted as a whole (`for="1.1.1.1"`) names
+/// 1.1.1.1.
+async fn a_forwarded_value_with_an_unclosed_quote_is_unusable(kind: Kind) {
+    use redis_rl_client::http::{ClientIp, Forwarding};
+
+    let server = kind.server();
+    let lim = support::limiter(&server).await;
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(
+            RateLimitLayer::new(lim.clone())
+                .client_ip(
+                    ClientIp::new()
+                        .trusted(["127.0.0.1"])
+                        .unwrap()
+                        .forwarding(Forwarding::Forwarded),
+                )
+                .rule(
+                    Rule::any("1/minute", Key::ip())
+                        .unwrap()
+                        .name("fw")
+                        .unwrap(),
+                ),
+        );
+    let (port, task) = serve(app).await;
+    let mut got = Vec::new();
+    for value in ["for=\"1.1.1.1", "for=2.2.2.2\"", "for=\"1.1.1.1\""] {
+        got.push(
+            http(port, "GET", "/", &[("Forwarded", value)])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    task.abort();
+    assert_eq!(
+        got,
+        [200, 429, 200],
+        "the first two are the peer's bucket, the third 1.1.1.1's"
+    );
+    assert_eq!(lim.counters().snapshot().forwarded_unusable, 2);
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    let prefix = lim.prefix();
+    assert!(exists(&format!("{prefix}fw:{{ip:127.0.0.1}}")));
+    assert!(exists(&format!("{prefix}fw:{{ip:1.1.1.1}}")));
+    assert!(!exists(&format!("{prefix}fw:{{ip:2.2.2.2}}")));
 }

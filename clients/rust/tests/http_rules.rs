@@ -135,6 +135,24 @@ fn client_ip_reads_forwarded_only_when_configured() {
         &[("forwarded", fwd), ("x-forwarded-for", "9.9.9.9")],
     );
     assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
+    // Quoted as a whole or not at all: an unclosed or stray quote is unusable (the peer).
+    let rule = ClientIp::new()
+        .trusted(["10.0.0.0/8"])
+        .unwrap()
+        .forwarding(Forwarding::Forwarded);
+    for (value, want, unusable) in [
+        ("for=\"1.1.1.1\"", "1.1.1.1", false),
+        ("for=1.1.1.1", "1.1.1.1", false),
+        ("for=\"1.1.1.1", "10.0.0.1", true),
+        ("for=1.1.1.1\"", "10.0.0.1", true),
+        ("for=\"1.1.1\".1\"", "10.0.0.1", true),
+        ("for=\"\"", "10.0.0.1", true),
+        ("for=\"[2001:db8::1]:4711", "10.0.0.1", true),
+    ] {
+        let h = req(None, "/", &[("forwarded", value)]).headers;
+        let (got, bad) = rule.resolve("10.0.0.1".parse().ok(), &h);
+        assert_eq!((got.as_deref(), bad), (Some(want), unusable), "{value}");
+    }
 }
 
 #[test]
