@@ -17,7 +17,6 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -45,7 +44,8 @@ pub struct RequestInfo<'a> {
     pub peer: Option<IpAddr>,
     /// The client's address as the layer keys it ([`ClientIp`]: the peer, or what trusted
     /// proxies forwarded; an IPv6 client as its /64 network by default), e.g. `"192.0.2.7"`
-    /// or `"2001:db8::/64"`. `None` without a peer address.
+    /// or `"2001:db8::/64"`. `None` without a usable address (no peer address, e.g. a Unix
+    /// socket, and no trusted forwarding header): the `ip` identity is then [`UNKNOWN_IP`].
     pub client_ip: Option<&'a str>,
     /// The matched route (axum's `MatchedPath`), if the framework gave one.
     pub route: Option<&'a str>,
@@ -253,6 +253,8 @@ fn parse_network(text: &str) -> Result<IpNet, InvalidLimit> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientIp {
     trusted: Vec<IpNet>,
+    /// `"unix"` was trusted: a peer with no IP address (a Unix socket) is a trusted proxy.
+    trust_unix: bool,
     forwarding: Forwarding,
     ipv6_prefix: u8,
 }
@@ -268,21 +270,48 @@ impl ClientIp {
     pub fn new() -> ClientIp {
         ClientIp {
             trusted: Vec::new(),
+            trust_unix: false,
             forwarding: Forwarding::XForwardedFor,
             ipv6_prefix: 64,
         }
     }
 
-    /// Trusts these proxies (addresses or CIDR networks). Errors: an entry that is neither.
+    /// Trusts these proxies: addresses, CIDR networks, and the word `"unix"`, which means "a
+    /// peer with no IP address (a Unix socket) is a trusted proxy": behind nginx (or any
+    /// proxy) on a Unix socket, its forwarding header then names the client, read as for any
+    /// trusted proxy. Errors: an entry that is none of these.
+    ///
+    /// ```
+    /// use redis_rl_client::http::ClientIp;
+    ///
+    /// let behind_nginx_on_a_socket = ClientIp::new().trusted(["unix"])?;
+    /// let headers = http::HeaderMap::from_iter([(
+    ///     http::header::HeaderName::from_static("x-forwarded-for"),
+    ///     http::HeaderValue::from_static("198.51.100.7"),
+    /// )]);
+    /// // No peer address (a Unix socket): the trusted proxy's header names the client.
+    /// assert_eq!(behind_nginx_on_a_socket.resolve(None, &headers).0.as_deref(), Some("198.51.100.7"));
+    /// // Without "unix" a socket peer is no proxy: no usable address (the `unknown` bucket).
+    /// assert_eq!(ClientIp::new().resolve(None, &headers).0, None);
+    /// # Ok::<(), redis_rl_client::InvalidLimit>(())
+    /// ```
     pub fn trusted<I, S>(mut self, proxies: I) -> Result<ClientIp, InvalidLimit>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.trusted = proxies
-            .into_iter()
-            .map(|t| parse_network(t.as_ref()))
-            .collect::<Result<_, _>>()?;
+        let mut nets = Vec::new();
+        let mut unix = false;
+        for p in proxies {
+            let p = p.as_ref();
+            if p.trim().eq_ignore_ascii_case("unix") {
+                unix = true;
+            } else {
+                nets.push(parse_network(p)?);
+            }
+        }
+        self.trusted = nets;
+        self.trust_unix = unix;
         Ok(self)
     }
 
@@ -318,18 +347,22 @@ impl ClientIp {
     }
 
     /// The client's key for a request from `peer` with these `headers`, and whether a
-    /// forwarding header was unusable (then the peer is the client). `None` without a peer.
+    /// forwarding header was unusable (then the peer is the client). `None`: no usable
+    /// client address (no peer address, e.g. a Unix socket, unless `"unix"` is trusted and
+    /// its forwarding header names the client); the layer then keys the `ip` identity as
+    /// `unknown`, one bucket shared by all such requests.
     pub fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> (Option<String>, bool) {
-        let Some(peer) = peer.map(|p| p.to_canonical()) else {
-            return (None, false);
-        };
-        let (addr, bad) = self.client_addr(peer, headers);
-        (Some(self.key_of(addr)), bad)
+        let (addr, bad) = self.client_addr(peer.map(|p| p.to_canonical()), headers);
+        (addr.map(|a| self.key_of(a)), bad)
     }
 
-    fn client_addr(&self, peer: IpAddr, headers: &HeaderMap) -> (IpAddr, bool) {
+    fn client_addr(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> (Option<IpAddr>, bool) {
         let trusted = |a: &IpAddr| self.trusted.iter().any(|n| n.contains(a));
-        if self.trusted.is_empty() || !trusted(&peer) {
+        let from_proxy = match peer {
+            Some(p) => trusted(&p),
+            None => self.trust_unix,
+        };
+        if !from_proxy {
             return (peer, false);
         }
         let name = match self.forwarding {
@@ -350,24 +383,49 @@ impl ClientIp {
         for hop in hops.iter().rev() {
             match parse_addr(hop) {
                 None => return (peer, true),
-                Some(a) if !trusted(&a) => return (a, false),
+                Some(a) if !trusted(&a) => return (Some(a), false),
                 Some(a) => leftmost = Some(a),
             }
         }
         // Every hop is a trusted proxy: the request started inside; the leftmost is it.
         match leftmost {
-            Some(a) => (a, false),
+            Some(a) => (Some(a), false),
             None => (peer, true),
         }
     }
 }
 
-/// What a key function found: the identity's value, or nothing; and whether a forwarding
-/// header was unusable on the way.
+/// The `ip` identity's value when no usable client address can be found (no peer address,
+/// e.g. a Unix socket or a server that gives the layer none, and no trusted forwarding
+/// header): every such request counts in the one bucket `<name>:{ip:unknown}`, limited,
+/// never unlimited (the Python package's, too).
+pub const UNKNOWN_IP: &str = "unknown";
+
+/// What a key function found: the identity's value, or nothing; whether a forwarding header
+/// was unusable on the way; whether the value is [`UNKNOWN_IP`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Found {
     pub(crate) value: Option<String>,
     pub(crate) bad_forwarding: bool,
+    pub(crate) peer_unknown: bool,
+}
+
+impl Found {
+    fn of(value: Option<String>) -> Found {
+        Found {
+            value,
+            ..Found::default()
+        }
+    }
+
+    /// An `ip` identity: the address, or [`UNKNOWN_IP`] without one.
+    fn ip(value: Option<String>, bad_forwarding: bool) -> Found {
+        Found {
+            peer_unknown: value.is_none(),
+            value: Some(value.unwrap_or_else(|| UNKNOWN_IP.to_owned())),
+            bad_forwarding,
+        }
+    }
 }
 
 type KeyFn = dyn Fn(&RequestInfo<'_>) -> Found + Send + Sync;
@@ -431,17 +489,12 @@ impl Key {
 
     /// The client's IP address as the layer finds it (its [`ClientIp`] setting:
     /// [`RateLimitLayer::client_ip`](crate::RateLimitLayer::client_ip)), kind `ip`. Without
-    /// a peer address the limit does not apply, and one warning is logged.
+    /// a usable address (no peer address: a Unix socket, or a server that gives none) the
+    /// value is [`UNKNOWN_IP`]: all such requests share one bucket, limited, never
+    /// unlimited (the layer counts them, `peer_unknown`, and warns once).
     pub fn ip() -> Key {
-        let warned = Arc::new(AtomicBool::new(false));
-        Key::new("ip", move |info: &RequestInfo<'_>| {
-            if info.client_ip.is_none() {
-                warn_no_peer(&warned);
-            }
-            Found {
-                value: info.client_ip.map(str::to_owned),
-                bad_forwarding: false,
-            }
+        Key::new("ip", |info: &RequestInfo<'_>| {
+            Found::ip(info.client_ip.map(str::to_owned), false)
         })
     }
 
@@ -450,8 +503,10 @@ impl Key {
     ///
     /// The peer comes from the request's extensions: axum's `ConnectInfo<SocketAddr>` (serve
     /// with `into_make_service_with_connect_info`), or a `SocketAddr` / `IpAddr` extension
-    /// your hyper server inserts; without one, this key does not apply (and a warning is
-    /// logged once). Errors: a proxy entry that is not an address or network.
+    /// your hyper server inserts; without one (a Unix socket) the value is [`UNKNOWN_IP`],
+    /// unless `"unix"` is trusted and the proxy's forwarding header names the client (see
+    /// [`ClientIp::trusted`]). Errors: a proxy entry that is not an address, a network or
+    /// `"unix"`.
     pub fn client_ip<I, S>(trusted_proxies: I) -> Result<Key, InvalidLimit>
     where
         I: IntoIterator<Item = S>,
@@ -476,16 +531,9 @@ impl Key {
 
     /// The client's IP address by the given [`ClientIp`] rule, kind `ip`.
     pub fn client_ip_from(rule: ClientIp) -> Key {
-        let warned = Arc::new(AtomicBool::new(false));
         Key::new("ip", move |info: &RequestInfo<'_>| {
-            if info.peer.is_none() {
-                warn_no_peer(&warned);
-            }
             let (value, bad_forwarding) = rule.resolve(info.peer, info.headers);
-            Found {
-                value,
-                bad_forwarding,
-            }
+            Found::ip(value, bad_forwarding)
         })
     }
 
@@ -495,9 +543,8 @@ impl Key {
     /// keyless client.
     pub fn header(name: &str) -> Key {
         let name = name.to_ascii_lowercase();
-        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| Found {
-            value: info.header(&name).filter(|v| !v.is_empty()),
-            bad_forwarding: false,
+        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| {
+            Found::of(info.header(&name).filter(|v| !v.is_empty()))
         })
     }
 
@@ -507,13 +554,12 @@ impl Key {
     pub fn header_or(name: &str, default: &str) -> Key {
         let name = name.to_ascii_lowercase();
         let default = default.to_owned();
-        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| Found {
-            value: Some(
+        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| {
+            Found::of(Some(
                 info.header(&name)
                     .filter(|v| !v.is_empty())
                     .unwrap_or_else(|| default.clone()),
-            ),
-            bad_forwarding: false,
+            ))
         })
     }
 
@@ -526,10 +572,7 @@ impl Key {
                 Some(r) => Cow::Borrowed(r),
                 None => Cow::Owned(info.normalized_path()),
             };
-            Found {
-                value: Some(format!("{} {route}", info.method)),
-                bad_forwarding: false,
-            }
+            Found::of(Some(format!("{} {route}", info.method)))
         })
     }
 
@@ -540,9 +583,8 @@ impl Key {
     where
         T: fmt::Display + Send + Sync + 'static,
     {
-        Key::new("user", |info: &RequestInfo<'_>| Found {
-            value: info.extensions.get::<T>().map(ToString::to_string),
-            bad_forwarding: false,
+        Key::new("user", |info: &RequestInfo<'_>| {
+            Found::of(info.extensions.get::<T>().map(ToString::to_string))
         })
     }
 
@@ -551,10 +593,7 @@ impl Key {
     where
         F: Fn(&RequestInfo<'_>) -> Option<String> + Send + Sync + 'static,
     {
-        Key::new("fn", move |info: &RequestInfo<'_>| Found {
-            value: f(info),
-            bad_forwarding: false,
-        })
+        Key::new("fn", move |info: &RequestInfo<'_>| Found::of(f(info)))
     }
 
     /// The same key function under another identity kind (1 to 64 of `A-Za-z0-9._-`): keys
@@ -577,16 +616,6 @@ impl Key {
 
     pub(crate) fn lookup(&self, info: &RequestInfo<'_>) -> Found {
         (self.f)(info)
-    }
-}
-
-fn warn_no_peer(warned: &AtomicBool) {
-    if !warned.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            target: "redis_rl_client",
-            "redis-rl: no peer address in the request's extensions: the client-IP limit does \
-             not apply (axum: serve with into_make_service_with_connect_info::<SocketAddr>())"
-        );
     }
 }
 
@@ -1013,6 +1042,7 @@ pub enum Missing {
     /// Apply the limit keyed by the client IP instead (kind `ip`, the layer's
     /// [`ClientIp`] rule): keyless clients of one IP share one bucket of that limit, apart
     /// from every other IP and from the rule's own per-IP limit (another limit name).
+    /// Without a usable client address, the IP is [`UNKNOWN_IP`] (one shared bucket).
     #[default]
     Ip,
     /// Answer 401 with `{"error": "identity_required", …}` (counted `missing_denied`).
@@ -1377,6 +1407,9 @@ pub struct Plan {
     pub skipped: u64,
     /// A forwarding header was unusable (the peer was taken as the client).
     pub forwarded_unusable: bool,
+    /// An `ip` identity had no usable client address and was keyed [`UNKNOWN_IP`] (the
+    /// layer counts it, `peer_unknown`, and warns once).
+    pub peer_unknown: bool,
 }
 
 /// What a request gets from the rules ([`plan`]).
@@ -1384,7 +1417,7 @@ pub struct Plan {
 pub enum Planned {
     /// No rule applies (no match, an exempt path, `exempt_when`, a CORS preflight).
     Exempt,
-    /// A rule applies, but none of its limits does ([`Missing::Skip`], or no peer address).
+    /// A rule applies, but none of its limits does ([`Missing::Skip`]).
     Unlimited {
         /// Limits skipped.
         skipped: u64,
@@ -1438,6 +1471,7 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
         cost,
         skipped: 0,
         forwarded_unusable: false,
+        peer_unknown: false,
     };
     for part in &rule.parts {
         let limits = match part.limits.resolve(info) {
@@ -1452,16 +1486,17 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
         };
         let found = part.key.lookup(info);
         p.forwarded_unusable |= found.bad_forwarding;
+        p.peer_unknown |= found.peer_unknown;
         let (kind, value) = match found.value {
             Some(v) => (part.key.kind_name().to_owned(), v),
             None => match rule.missing.unwrap_or(missing) {
                 Missing::Ip => match info.client_ip {
                     Some(ip) => ("ip".to_owned(), ip.to_owned()),
-                    // No peer address: the limit cannot apply; counted as skipped (as
-                    // the Python package does) and warned by the layer.
+                    // No usable client address either: the one shared `unknown` bucket,
+                    // limited, never unlimited.
                     None => {
-                        p.skipped += limits.len() as u64;
-                        continue;
+                        p.peer_unknown = true;
+                        ("ip".to_owned(), UNKNOWN_IP.to_owned())
                     }
                 },
                 Missing::Deny => return Planned::IdentityRequired { policy: base },

@@ -38,6 +38,7 @@ struct Config {
     degraded_status: StatusCode,
     on_denied: Option<Arc<DeniedHook>>,
     warned_log_force: Arc<AtomicBool>,
+    warned_peer_unknown: Arc<AtomicBool>,
 }
 
 /// The true cost of a request, reported by the handler after the fact: put it in the
@@ -111,7 +112,10 @@ impl Denial<'_> {
 /// `http_body_util::Full<Bytes>`, `String`). The client address comes from axum's
 /// `ConnectInfo<SocketAddr>` (feature `axum`), or a `SocketAddr` / `IpAddr` request extension
 /// (plain hyper: insert it where you accept the connection), through the layer's
-/// [`ClientIp`] rule.
+/// [`ClientIp`] rule. A request with no usable client address (no peer, e.g. a Unix socket,
+/// and no trusted forwarding header: trust the socket's proxy with
+/// `ClientIp::new().trusted(["unix"])`) is limited in the one shared bucket `ip:unknown`,
+/// counted `peer_unknown`, and warned about once.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -171,6 +175,7 @@ impl RateLimitLayer {
                 degraded_status: StatusCode::SERVICE_UNAVAILABLE,
                 on_denied: None,
                 warned_log_force: Arc::new(AtomicBool::new(false)),
+                warned_peer_unknown: Arc::new(AtomicBool::new(false)),
             }),
         }
     }
@@ -390,6 +395,24 @@ fn limiter_error<B: From<String>>() -> Response<B> {
     )
 }
 
+/// Once per layer: a request had no usable client address, so its IP limits counted in the
+/// shared `ip:unknown` bucket; how to fix the deployment.
+fn warn_peer_unknown(warned: &AtomicBool) {
+    if !warned.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            target: "redis_rl_client",
+            "redis-rl: a request with no usable client address (no peer address in the \
+             request's extensions, e.g. a Unix socket, and no trusted forwarding header): its \
+             IP limits count in the one bucket shared by all such requests, 'ip:unknown' \
+             (counted peer_unknown). Fix the deployment: behind a proxy on a Unix socket, \
+             trust it with ClientIp::new().trusted([\"unix\"]) so its X-Forwarded-For names \
+             the client; over TCP give the layer the peer address (axum: serve with \
+             into_make_service_with_connect_info::<SocketAddr>(); hyper: insert the \
+             connection's SocketAddr in the request's extensions)"
+        );
+    }
+}
+
 /// The fields a custom denial keeps unless its hook sets them.
 fn is_limit_field(name: &HeaderName) -> bool {
     let n = name.as_str();
@@ -539,6 +562,10 @@ where
                     || matches!(&planned, Planned::Limited(p) if p.forwarded_unusable);
                 if forwarded_unusable {
                     limiter.counters().add(Counter::ForwardedUnusable, 1);
+                }
+                if matches!(&planned, Planned::Limited(p) if p.peer_unknown) {
+                    limiter.counters().add(Counter::PeerUnknown, 1);
+                    warn_peer_unknown(&config.warned_peer_unknown);
                 }
                 match planned {
                     Planned::Exempt => None,

@@ -134,6 +134,30 @@ async fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> 
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
+    http_on(stream, &format!("127.0.0.1:{port}"), method, path, headers).await
+}
+
+/// One real HTTP/1.1 request on a new connection to the Unix socket at `socket`.
+async fn http_unix(
+    socket: &std::path::Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    http_on(stream, "localhost", method, path, headers).await
+}
+
+async fn http_on<S>(
+    stream: S,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
@@ -141,7 +165,7 @@ async fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> 
     let mut req = Request::builder()
         .method(method)
         .uri(path)
-        .header("host", format!("127.0.0.1:{port}"));
+        .header("host", host);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -187,6 +211,7 @@ both_modes!(
     degraded_answers_carry_no_ratelimit_fields,
     repeated_header_lines_are_one_list,
     a_forwarded_value_with_an_unclosed_quote_is_unusable,
+    over_a_unix_socket_requests_without_an_address_share_one_bucket,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -834,4 +859,120 @@ async fn a_forwarded_value_with_an_unclosed_quote_is_unusable(kind: Kind) {
     assert!(exists(&format!("{prefix}fw:{{ip:127.0.0.1}}")));
     assert!(exists(&format!("{prefix}fw:{{ip:1.1.1.1}}")));
     assert!(!exists(&format!("{prefix}fw:{{ip:2.2.2.2}}")));
+}
+
+/// An axum app served on a Unix socket in `dir` (as behind nginx, or uvicorn `--uds`): its
+/// requests carry no peer address.
+async fn serve_unix(
+    app: axum::Router,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, tokio::task::JoinHandle<()>) {
+    let path = dir.join("app.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (path, task)
+}
+
+/// Issue 23b, 1: over a Unix socket there is no peer address. The IP limits are neither
+/// skipped nor unlimited: every request without a usable client address counts in the one
+/// bucket `<name>:{ip:unknown}` (Key::ip, and a keyless request's Missing::Ip fallback),
+/// counted `peer_unknown`. With "unix" trusted (a proxy in front of the socket), the
+/// proxy's X-Forwarded-For names each client.
+async fn over_a_unix_socket_requests_without_an_address_share_one_bucket(kind: Kind) {
+    use redis_rl_client::http::ClientIp;
+
+    let server = kind.server();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = |lim: Limiter, client_ip: ClientIp| {
+        axum::Router::new()
+            .route("/ip", axum::routing::get(|| async { "ok" }))
+            .route("/key", axum::routing::get(|| async { "ok" }))
+            .layer(
+                RateLimitLayer::new(lim)
+                    .client_ip(client_ip)
+                    .rule(
+                        Rule::new("/ip", "3/minute", Key::ip())
+                            .unwrap()
+                            .name("u")
+                            .unwrap(),
+                    )
+                    .rule(
+                        Rule::new("/key", "2/minute", Key::header("X-API-Key"))
+                            .unwrap()
+                            .name("k")
+                            .unwrap(),
+                    ),
+            )
+    };
+    let direct = support::limiter(&server).await;
+    let (socket, task) = serve_unix(rules(direct.clone(), ClientIp::new()), dir.path()).await;
+    let mut by_ip = Vec::new();
+    for _ in 0..5 {
+        by_ip.push(http_unix(&socket, "GET", "/ip", &[]).await.status.as_u16());
+    }
+    let mut keyless = Vec::new();
+    for _ in 0..3 {
+        keyless.push(http_unix(&socket, "GET", "/key", &[]).await.status.as_u16());
+    }
+    // A forwarding header from an untrusted socket peer names nobody.
+    let forged = http_unix(
+        &socket,
+        "GET",
+        "/ip",
+        &[("X-Forwarded-For", "198.51.100.9")],
+    )
+    .await;
+    task.abort();
+    assert_eq!(
+        by_ip,
+        [200, 200, 200, 429, 429],
+        "one shared bucket, limited"
+    );
+    assert_eq!(keyless, [200, 200, 429], "the keyless fallback too");
+    assert_eq!(forged.status, StatusCode::TOO_MANY_REQUESTS);
+    let c = direct.counters().snapshot();
+    assert_eq!((c.peer_unknown, c.skipped), (9, 0), "{c:?}");
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    let prefix = direct.prefix().to_owned();
+    assert!(exists(&format!("{prefix}u:{{ip:unknown}}")));
+    assert!(exists(&format!("{prefix}k:{{ip:unknown}}")));
+
+    // Behind a proxy on the socket: trust it, and its header names each client.
+    let proxied = support::limiter(&server).await;
+    let sub = dir.path().join("proxied");
+    std::fs::create_dir(&sub).unwrap();
+    let trusted = ClientIp::new().trusted(["unix"]).unwrap();
+    let (socket, task) = serve_unix(rules(proxied.clone(), trusted), &sub).await;
+    let mut one = Vec::new();
+    for _ in 0..4 {
+        let r = http_unix(
+            &socket,
+            "GET",
+            "/ip",
+            &[("X-Forwarded-For", "198.51.100.1")],
+        )
+        .await;
+        one.push(r.status.as_u16());
+    }
+    let other = http_unix(
+        &socket,
+        "GET",
+        "/ip",
+        &[("X-Forwarded-For", "198.51.100.2")],
+    )
+    .await;
+    let health_check = http_unix(&socket, "GET", "/ip", &[]).await;
+    task.abort();
+    assert_eq!(one, [200, 200, 200, 429]);
+    assert_eq!(other.status, StatusCode::OK, "another client's own bucket");
+    assert_eq!(health_check.status, StatusCode::OK);
+    let prefix = proxied.prefix().to_owned();
+    assert!(exists(&format!("{prefix}u:{{ip:198.51.100.1}}")));
+    assert!(
+        exists(&format!("{prefix}u:{{ip:unknown}}")),
+        "no header: unknown"
+    );
+    assert_eq!(proxied.counters().snapshot().peer_unknown, 1);
 }

@@ -398,3 +398,45 @@ async fn an_unusable_forwarded_header_falls_back_to_the_peer(kind: Kind) {
     assert_eq!(send(&svc, v6("2001:db8:1:2:ffff::7")()).await.status(), 429);
     assert_eq!(send(&svc, v6("2001:db8:1:3::1")()).await.status(), 200);
 }
+
+/// Requests without a usable client address (no peer in the extensions) are limited in the
+/// one `ip:unknown` bucket, counted per request (`peer_unknown`), and warned about once per
+/// layer, with how to fix the deployment.
+fn without_a_peer_address_one_warning(kind: Kind) {
+    let capture = support::Capture::default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = kind.server();
+    tracing::subscriber::with_default(capture.clone(), || {
+        rt.block_on(async {
+            let lim = support::limiter(&server).await;
+            let svc = app(RateLimitLayer::new(lim.clone()).rule(
+                Rule::any("2/minute", Key::ip())
+                    .unwrap()
+                    .name("np")
+                    .unwrap(),
+            ));
+            let no_peer = || Request::builder().uri("/").body(String::new()).unwrap();
+            assert_eq!(statuses(&svc, 4, no_peer).await, [200, 200, 429, 429]);
+            assert_eq!(lim.counters().snapshot().peer_unknown, 4);
+        })
+    });
+    assert_eq!(capture.count("no usable client address"), 1);
+    assert_eq!(
+        capture.count("trusted([\"unix\"])"),
+        1,
+        "says how to fix it"
+    );
+}
+
+#[test]
+fn module_without_a_peer_address_one_warning() {
+    without_a_peer_address_one_warning(Kind::Module);
+}
+
+#[test]
+fn fallback_without_a_peer_address_one_warning() {
+    without_a_peer_address_one_warning(Kind::Fallback);
+}
