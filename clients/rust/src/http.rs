@@ -1381,6 +1381,73 @@ impl Rule {
         }
         self.name.clone().unwrap_or_else(|| path_name(&self.path))
     }
+
+    /// The names of one part's limits (as in its keys and the RateLimit fields).
+    fn part_names(&self, part: &Part, limits: &[Limit]) -> Vec<String> {
+        let base = self.base_name(part);
+        if limits.len() == 1 && (self.name.is_some() || !self.single) {
+            vec![base]
+        } else {
+            limit_names(&base, limits)
+        }
+    }
+
+    /// What the rule's error messages call it: its methods and path (`POST /login`).
+    pub(crate) fn describe(&self) -> String {
+        let path = match &self.path {
+            PathPattern::Fn(_) => "<path function>".to_owned(),
+            p => p.text().unwrap_or("").to_owned(),
+        };
+        match &self.methods {
+            Some(ms) if !ms.is_empty() => {
+                let ms: Vec<&str> = ms.iter().map(Method::as_str).collect();
+                format!("{} {path}", ms.join(","))
+            }
+            _ => path,
+        }
+    }
+
+    /// The buckets of the limits fixed when the rule was built: (hash tag, limit name,
+    /// limit). A limit computed per request is not known here.
+    fn fixed_buckets(&self) -> Vec<(Option<&str>, String, &Limit)> {
+        let mut out = Vec::new();
+        for part in &self.parts {
+            if let LimitsInner::Fixed(limits) = &part.limits.0 {
+                for (name, limit) in self.part_names(part, limits).into_iter().zip(limits) {
+                    out.push((self.hash_tag.as_deref(), name, limit));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Refuses two rules of one layer that give the same limit name to different limits: the
+/// limit name is the bucket's name (`<name>:{<kind>:<value>}`), so they would share one
+/// bucket, each answering with its own limit (a 5/minute rule denied at once because
+/// another rule's 100/minute filled the bucket; two algorithms on one key, an error).
+/// Sharing a bucket on purpose (one per-IP limit, named alike in several rules) is fine with
+/// the same limit. `a` and `b` name the rules in the message.
+pub(crate) fn check_bucket_names(a: (&str, &Rule), b: (&str, &Rule)) -> Result<(), InvalidLimit> {
+    let theirs = a.1.fixed_buckets();
+    for (tag, name, limit) in b.1.fixed_buckets() {
+        let clash = theirs
+            .iter()
+            .find(|(t, n, l)| *t == tag && *n == name && l.spec() != limit.spec());
+        if let Some((_, _, other)) = clash {
+            return Err(InvalidLimit::new(format!(
+                "{} and {} both name a limit '{name}', with different limits ({} and {}): a \
+                 limit's name is its bucket's name ('{name}:{{<kind>:<value>}}'), so they \
+                 would share one bucket; name one of them otherwise (Rule::name, or its name \
+                 in Rule::all), or give both the same limit to share it on purpose",
+                b.0,
+                a.0,
+                limit.spec().join(" "),
+                other.spec().join(" "),
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Reads a declared cost: absent / not a number → 1, `0` → 1, ≥ 2^64 → `u64::MAX`.
@@ -1479,11 +1546,7 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
             Err(e) => return Planned::Failed(e),
         };
         let base = rule.base_name(part);
-        let names = if limits.len() == 1 && (rule.name.is_some() || !rule.single) {
-            vec![base.clone()]
-        } else {
-            limit_names(&base, &limits)
-        };
+        let names = rule.part_names(part, &limits);
         let found = part.key.lookup(info);
         p.forwarded_unusable |= found.bad_forwarding;
         p.peer_unknown |= found.peer_unknown;

@@ -12,11 +12,11 @@ use tower::{Layer, Service};
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::http::{
-    identity_required, plan_rule, respond, unavailable, ClientIp, DenialReason, Missing,
-    PathPattern, Plan, Planned, RequestInfo, Rule, Verdict,
+    check_bucket_names, identity_required, plan_rule, respond, unavailable, ClientIp, DenialReason,
+    Missing, PathPattern, Plan, Planned, RequestInfo, Rule, Verdict,
 };
 use crate::limiter::{BoxFuture, Entry, Limiter};
-use crate::limits::{Algorithm, Limit};
+use crate::limits::{Algorithm, InvalidLimit, Limit};
 use crate::policy::Counter;
 
 type Predicate = dyn Fn(&RequestInfo<'_>) -> bool + Send + Sync;
@@ -131,7 +131,7 @@ impl Denial<'_> {
 ///     .layer(
 ///         RateLimitLayer::new(limiter)
 ///             .client_ip(ClientIp::new().trusted(["10.0.0.0/8"])?)
-///             .rule(Rule::new("/api/", Gcra::new(20, 10, 1)?, Key::ip())?)
+///             .rule(Rule::new("/api/", Gcra::new(20, 10, 1)?, Key::ip())?)?
 ///             .exempt("/health"),
 ///     );
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
@@ -186,12 +186,56 @@ impl RateLimitLayer {
     }
 
     /// Adds a rule (rules are tried in the order added; the first match applies).
-    pub fn rule(self, rule: Rule) -> RateLimitLayer {
-        self.edit(|c| c.rules.push(rule))
+    ///
+    /// A limit's name is its bucket's name (`<name>:{<kind>:<value>}`): rules that give one
+    /// name to a limit share that bucket. That is fine on purpose with the same limit (one
+    /// per-IP limit named `"ip"` in several rules), and refused otherwise. Errors: this rule
+    /// gives a name another rule of the layer (or its default rule) gives a different limit.
+    /// A limit computed per request ([`Limits::from_fn`](crate::http::Limits::from_fn))
+    /// cannot be checked when the layer is built: give it a name no other rule uses.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_rl_client::http::{Key, Rule};
+    /// use redis_rl_client::{Limiter, RateLimitLayer};
+    ///
+    /// let limiter = Limiter::builder("redis://127.0.0.1:6379/").build().await?;
+    /// let api = Rule::all("/api/", [("ip", "100/minute".parse()?, Key::ip())])?;
+    /// let two = Rule::all("/two/", [("ip", "5/minute".parse()?, Key::ip())])?;
+    /// let err = RateLimitLayer::new(limiter.clone()).rule(api.clone())?.rule(two).unwrap_err();
+    /// assert!(err.message().contains("both name a limit 'ip'"));
+    /// // One per-IP limit shared by two rules on purpose: the same limit under one name.
+    /// let shared = Rule::all("/two/", [("ip", "100/minute".parse()?, Key::ip())])?;
+    /// let layer = RateLimitLayer::new(limiter).rule(api)?.rule(shared)?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn rule(self, rule: Rule) -> Result<RateLimitLayer, InvalidLimit> {
+        let label = format!(
+            "rule {} ('{}')",
+            self.config.rules.len() + 1,
+            rule.describe()
+        );
+        self.check_names(&label, &rule)?;
+        Ok(self.edit(|c| c.rules.push(rule)))
+    }
+
+    /// Refuses `rule` when it names a bucket of another rule with a different limit.
+    fn check_names(&self, label: &str, rule: &Rule) -> Result<(), InvalidLimit> {
+        for (i, other) in self.config.rules.iter().enumerate() {
+            let theirs = format!("rule {} ('{}')", i + 1, other.describe());
+            check_bucket_names((&theirs, other), (label, rule))?;
+        }
+        if let Some(default) = &self.config.default_rule {
+            check_bucket_names(("the default rule", default), (label, rule))?;
+        }
+        Ok(())
     }
 
     /// The rule for requests no other rule matches, including those that match no route
-    /// (404s): default limits for every route.
+    /// (404s): default limits for every route (replacing an earlier one). Errors: as
+    /// [`rule`](RateLimitLayer::rule), a limit name another rule gives a different limit.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -203,8 +247,8 @@ impl RateLimitLayer {
     /// let limiter = Limiter::builder("redis://127.0.0.1:6379/").build().await?; // connects lazily
     /// let layer = RateLimitLayer::new(limiter)
     ///     .client_ip(ClientIp::new().trusted(["10.0.0.0/8"])?.forwarding(Forwarding::Forwarded))
-    ///     .rule(Rule::new("/api/", "100/minute", Key::header("X-API-Key"))?)
-    ///     .default_rule(Rule::any("600/minute", Key::ip())?) // every other path
+    ///     .rule(Rule::new("/api/", "100/minute", Key::header("X-API-Key"))?)?
+    ///     .default_rule(Rule::any("600/minute", Key::ip())?)? // every other path
     ///     .missing(Missing::Ip)                                // the default, said out loud
     ///     .exempt("/health")
     ///     .exempt_when(|req| req.header("x-internal-token").is_some())
@@ -215,8 +259,11 @@ impl RateLimitLayer {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn default_rule(self, rule: Rule) -> RateLimitLayer {
-        self.edit(|c| c.default_rule = Some(rule))
+    pub fn default_rule(self, rule: Rule) -> Result<RateLimitLayer, InvalidLimit> {
+        let mut layer = self.edit(|c| c.default_rule = None);
+        layer.check_names("the default rule", &rule)?;
+        layer = layer.edit(|c| c.default_rule = Some(rule));
+        Ok(layer)
     }
 
     /// Never limits paths matching `pattern` (health checks, metrics).

@@ -212,6 +212,7 @@ both_modes!(
     repeated_header_lines_are_one_list,
     a_forwarded_value_with_an_unclosed_quote_is_unusable,
     over_a_unix_socket_requests_without_an_address_share_one_bucket,
+    one_limit_name_is_one_bucket_across_rules,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -517,14 +518,16 @@ async fn plain_hyper_service(kind: Kind) {
     // address inserted where the connection is accepted.
     let server = kind.server();
     let limiter = support::limiter(&server).await;
-    let layer = RateLimitLayer::new(limiter).rule(
-        Rule::new(
-            "/",
-            Gcra::new(2, 1, 60).unwrap().named("hyper").unwrap(),
-            Key::ip(),
+    let layer = RateLimitLayer::new(limiter)
+        .rule(
+            Rule::new(
+                "/",
+                Gcra::new(2, 1, 60).unwrap().named("hyper").unwrap(),
+                Key::ip(),
+            )
+            .unwrap(),
         )
-        .unwrap(),
-    );
+        .unwrap();
     let svc = layer.layer(tower::service_fn(|req: Request<Incoming>| async move {
         let remaining = req
             .extensions()
@@ -835,7 +838,8 @@ async fn a_forwarded_value_with_an_unclosed_quote_is_unusable(kind: Kind) {
                         .unwrap()
                         .name("fw")
                         .unwrap(),
-                ),
+                )
+                .unwrap(),
         );
     let (port, task) = serve(app).await;
     let mut got = Vec::new();
@@ -898,12 +902,14 @@ async fn over_a_unix_socket_requests_without_an_address_share_one_bucket(kind: K
                             .name("u")
                             .unwrap(),
                     )
+                    .unwrap()
                     .rule(
                         Rule::new("/key", "2/minute", Key::header("X-API-Key"))
                             .unwrap()
                             .name("k")
                             .unwrap(),
-                    ),
+                    )
+                    .unwrap(),
             )
     };
     let direct = support::limiter(&server).await;
@@ -975,4 +981,87 @@ async fn over_a_unix_socket_requests_without_an_address_share_one_bucket(kind: K
         "no header: unknown"
     );
     assert_eq!(proxied.counters().snapshot().peer_unknown, 1);
+}
+
+/// A limit's name is its bucket's name across the rules of a layer: two rules that give the
+/// name `ip` to different limits (the reviewer's 100/minute `/api/` and 5/minute `/two/`,
+/// which answered 429 at once; a GCRA and a window on one key answered 500) are refused
+/// when the layer is built, naming both rules and the name. The same limit under one name in
+/// several rules is one bucket on purpose, over HTTP.
+async fn one_limit_name_is_one_bucket_across_rules(kind: Kind) {
+    let server = kind.server();
+    let lim = support::limiter(&server).await;
+    let ip = |path: &str, limit: &str| {
+        Rule::all(path, [("ip", limit.parse().unwrap(), Key::ip())]).unwrap()
+    };
+    let layer = || RateLimitLayer::new(lim.clone());
+    let err = layer()
+        .rule(ip("/api/", "100/minute"))
+        .unwrap()
+        .rule(ip("/two/", "5/minute"))
+        .unwrap_err();
+    let m = err.message();
+    assert!(
+        m.contains("rule 2 ('/two/')") && m.contains("rule 1 ('/api/')"),
+        "{m}"
+    );
+    assert!(m.contains("both name a limit 'ip'"), "{m}");
+    let gcra = Rule::new("/g/", Gcra::new(5, 1, 1).unwrap(), Key::ip())
+        .unwrap()
+        .methods(["POST"])
+        .name("ip")
+        .unwrap();
+    let err = layer()
+        .rule(ip("/api/", "5/minute"))
+        .unwrap()
+        .rule(gcra.clone())
+        .unwrap_err();
+    assert!(err.message().contains("rule 2 ('POST /g/')"), "{err}");
+    let err = layer()
+        .default_rule(gcra)
+        .unwrap()
+        .rule(ip("/api/", "5/minute"))
+        .unwrap_err();
+    assert!(err.message().contains("the default rule"), "{err}");
+    // Several limits of one string are named `<name>-<window>s`: the same string in two rules
+    // named alike is the same limits, so it is accepted.
+    let named = |path: &str| {
+        Rule::new(path, "3/minute; 10/hour", Key::ip())
+            .unwrap()
+            .name("both")
+            .unwrap()
+    };
+    assert!(layer()
+        .rule(named("/a/"))
+        .unwrap()
+        .rule(named("/b/"))
+        .is_ok());
+    // One shared per-IP limit on purpose, and a differently named one apart.
+    let app = axum::Router::new()
+        .route("/api/x", axum::routing::get(|| async { "ok" }))
+        .route("/two/x", axum::routing::get(|| async { "ok" }))
+        .route("/three/x", axum::routing::get(|| async { "ok" }))
+        .layer(
+            layer()
+                .rule(ip("/api/", "5/minute"))
+                .unwrap()
+                .rule(ip("/two/", "5/minute"))
+                .unwrap()
+                .rule(
+                    Rule::new("/three/", "5/minute", Key::ip())
+                        .unwrap()
+                        .name("three-ip")
+                        .unwrap(),
+                )
+                .unwrap(),
+        );
+    let (port, task) = serve(app).await;
+    let mut got = Vec::new();
+    for path in [
+        "/api/x", "/api/x", "/api/x", "/two/x", "/two/x", "/two/x", "/three/x",
+    ] {
+        got.push(http(port, "GET", path, &[]).await.status.as_u16());
+    }
+    task.abort();
+    assert_eq!(got, [200, 200, 200, 200, 200, 429, 200]);
 }

@@ -316,6 +316,7 @@ async fn the_layer_answers_503_while_redis_is_down(kind: Kind, _capture: Capture
         let lim = make(&server, |b| b.on_error(policy)).await;
         let svc = RateLimitLayer::new(lim)
             .rule(Rule::any(Gcra::new(5, 1, 60).unwrap(), Key::header_or("x-k", "anon")).unwrap())
+            .unwrap()
             .layer(tower::service_fn(|_req: Request<String>| async {
                 Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
             }));
@@ -484,6 +485,7 @@ async fn local_through_the_layer_answers_429_with_real_fields(kind: Kind, _captu
                 .name("local")
                 .unwrap(),
         )
+        .unwrap()
         .layer(tower::service_fn(|_req: Request<String>| async {
             Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
         }));
