@@ -38,6 +38,7 @@ struct Config {
     degraded_status: StatusCode,
     on_denied: Option<Arc<DeniedHook>>,
     warned_log_force: Arc<AtomicBool>,
+    warned_saturated: Arc<AtomicBool>,
     warned_peer_unknown: Arc<AtomicBool>,
 }
 
@@ -47,8 +48,11 @@ struct Config {
 /// The request was charged its rule's cost up front; after the response, less than that is
 /// refunded (`RL.REFUND` of the difference), more is recorded with `FORCE` (GCRA, FIXED and
 /// SLIDING; a LOG limit cannot record usage past its limit, so the extra is not recorded
-/// there, with one warning). A rule's [`deduct_when`](Rule::deduct_when) that refuses the
-/// status refunds the whole charge instead.
+/// there, with one warning). A cost beyond what the limit's arithmetic can hold (e.g.
+/// `u64::MAX` on a GCRA, whose time would pass 64-bit nanoseconds) is recorded as the most it
+/// holds (the key used up for as long as it can be), counted in `errors` and warned once.
+/// A rule's [`deduct_when`](Rule::deduct_when) that refuses the status refunds the whole
+/// charge instead.
 ///
 /// ```
 /// use axum::{routing::post, Extension, Router};
@@ -175,6 +179,7 @@ impl RateLimitLayer {
                 degraded_status: StatusCode::SERVICE_UNAVAILABLE,
                 on_denied: None,
                 warned_log_force: Arc::new(AtomicBool::new(false)),
+                warned_saturated: Arc::new(AtomicBool::new(false)),
                 warned_peer_unknown: Arc::new(AtomicBool::new(false)),
             }),
         }
@@ -553,9 +558,52 @@ async fn settle(
                 continue;
             }
         }
-        if let Err(e) = limiter.force(key.as_str(), limit, target - charged).await {
-            tracing::warn!(target: "redis_rl_client", "redis-rl: recording the reported cost of '{key}' failed: {e}");
+        let extra = target - charged;
+        let n = recordable(limit, extra);
+        let mut short = n < extra;
+        if short && !config.warned_saturated.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target: "redis_rl_client", "redis-rl: a reported cost beyond what limit '{key}' can hold ({extra} more than charged) is recorded as {n}, the most its arithmetic holds (the key is used up as long as it can be); counted in errors");
         }
+        if n > 0 {
+            match limiter.force(key.as_str(), limit, n).await {
+                Ok(_) => {}
+                // An outage: counted by the limiter's failure policy already.
+                Err(Error::Unavailable(e)) => {
+                    tracing::warn!(target: "redis_rl_client", "redis-rl: recording the reported cost of '{key}' failed: {e}");
+                }
+                Err(e) => {
+                    short = true;
+                    tracing::warn!(target: "redis_rl_client", "redis-rl: recording the reported cost of '{key}' failed: {e}");
+                }
+            }
+        }
+        if short {
+            limiter.counters().add(Counter::Errors, 1);
+        }
+    }
+}
+
+/// How many of `extra` reported units a `FORCE` on `limit` can record: all of them, unless
+/// the limit's arithmetic cannot hold them (the module answers `arithmetic overflow` and
+/// records nothing), then the most it surely can. GCRA: the key's time may not pass 64-bit
+/// nanoseconds since the epoch (the year 2554): its time before the force is at most `now +
+/// burst · T` (now from this host's clock, with a day's margin for the server's), so at most
+/// `(2^64 − 1 − now − margin − burst · T) / T` units. A window: its count may not pass
+/// 2^64 − 1, and holds at most `limit` before the force, so at most `2^64 − 1 − limit`.
+fn recordable(limit: &Limit, extra: u64) -> u64 {
+    match limit {
+        Limit::Gcra(g) => {
+            let t = u128::from(g.interval_ns().max(1));
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let margin = 86_400 * 1_000_000_000u128;
+            let used = now + margin + u128::from(g.burst()) * t;
+            let room = u128::from(u64::MAX).saturating_sub(used) / t;
+            extra.min(u64::try_from(room).unwrap_or(u64::MAX))
+        }
+        Limit::Window(w) => extra.min(u64::MAX - w.limit()),
+        Limit::Lease(_) => extra,
     }
 }
 

@@ -80,7 +80,9 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 /// * `allowed_locally`: admitted from a batch credit, without a Redis call.
 /// * `denied_locally`: denied by the deny cache, without a Redis call.
 /// * `degraded`: answered by the failure policy.
-/// * `errors`: Redis calls that failed (connect, timeout, OOM, failover).
+/// * `errors`: Redis calls that failed (connect, timeout, OOM, failover), and reported costs
+///   the layer could not record in full ([`ReportedCost`](crate::ReportedCost) beyond the
+///   limit's arithmetic).
 /// * `redis_calls`: Redis calls made (one per round trip).
 /// * `refunded`: units given back (`refund`, batch leftovers, the layer's `deduct_when`
 ///   and reported costs), counted before the refund is sent.

@@ -213,6 +213,7 @@ both_modes!(
     a_forwarded_value_with_an_unclosed_quote_is_unusable,
     over_a_unix_socket_requests_without_an_address_share_one_bucket,
     one_limit_name_is_one_bucket_across_rules,
+    a_reported_cost_beyond_the_arithmetic_is_recorded_saturated_and_counted,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -1064,4 +1065,74 @@ async fn one_limit_name_is_one_bucket_across_rules(kind: Kind) {
     }
     task.abort();
     assert_eq!(got, [200, 200, 200, 200, 200, 429, 200]);
+}
+
+/// A reported cost beyond what a limit's arithmetic can hold (2^64 − 1 on a GCRA: its time
+/// would pass 64-bit nanoseconds) used to record nothing, with one log line. The layer now
+/// records the largest FORCE the limit can hold (the key is used up for as long as the
+/// arithmetic goes: centuries), and counts the shortfall in `errors`; the same for the
+/// windows (their count saturates). Over HTTP.
+async fn a_reported_cost_beyond_the_arithmetic_is_recorded_saturated_and_counted(kind: Kind) {
+    use axum::response::IntoResponse;
+    use redis_rl_client::{Algorithm, ReportedCost, Window};
+
+    let server = kind.server();
+    let lim = support::limiter_with(&server, |b| b.deny_cache(false)).await;
+    let handler = |headers: http::HeaderMap| async move {
+        let n: u64 = headers["x-report"].to_str().unwrap().parse().unwrap();
+        (axum::Extension(ReportedCost(n)), "ok").into_response()
+    };
+    let g = Gcra::new(5, 1, 60).unwrap();
+    let fixed = Window::new(5, 60, Algorithm::Fixed).unwrap();
+    let sliding = Window::new(5, 60, Algorithm::Sliding).unwrap();
+    let rule = |path: &str, name: &str, limit: redis_rl_client::Limit| {
+        Rule::new(path, limit, Key::ip())
+            .unwrap()
+            .name(name)
+            .unwrap()
+    };
+    let app = axum::Router::new()
+        .route("/g", axum::routing::get(handler))
+        .route("/f", axum::routing::get(handler))
+        .route("/s", axum::routing::get(handler))
+        .layer(
+            RateLimitLayer::new(lim.clone())
+                .rule(rule("/g", "g", g.clone().into()))
+                .unwrap()
+                .rule(rule("/f", "f", fixed.clone().into()))
+                .unwrap()
+                .rule(rule("/s", "s", sliding.clone().into()))
+                .unwrap(),
+        );
+    let (port, task) = serve(app).await;
+    let max = u64::MAX.to_string();
+    let mut first = Vec::new();
+    let mut then = Vec::new();
+    for path in ["/g", "/f", "/s"] {
+        first.push(http(port, "GET", path, &[("x-report", max.as_str())]).await);
+        then.push(http(port, "GET", path, &[("x-report", "1")]).await);
+    }
+    task.abort();
+    assert!(first.iter().all(|r| r.status == StatusCode::OK));
+    assert_eq!(
+        then.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [429, 429, 429],
+        "the reported usage was recorded"
+    );
+    let c = lim.counters().snapshot();
+    assert_eq!(c.errors, 3, "each shortfall counted: {c:?}");
+    // The GCRA key is used up for centuries (as far as 64-bit nanoseconds go), not 60 s.
+    let state = lim.check("g:{ip:127.0.0.1}", &g).cost(0).await.unwrap();
+    assert_eq!(state.remaining, 0);
+    assert!(
+        state.reset_after > Duration::from_secs(100 * 365 * 86_400),
+        "{state:?}"
+    );
+    let retry: u64 = then[0].header("retry-after").parse().unwrap();
+    assert!(retry > 100 * 365 * 86_400, "{retry}");
+    // The windows' counts are saturated: used up until the window ends.
+    for (key, w) in [("f:{ip:127.0.0.1}", &fixed), ("s:{ip:127.0.0.1}", &sliding)] {
+        let d = lim.check(key, w).cost(0).await.unwrap();
+        assert_eq!(d.remaining, 0, "{key}: {d:?}");
+    }
 }
