@@ -168,6 +168,7 @@ async fn a_master_restarted_while_idle_answers_the_next_call(kind: Kind) {
         .prefix("r:")
         .on_error(redis_rl_client::FailurePolicy::Open)
         .probe_interval(Duration::from_secs(60))
+        .timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();

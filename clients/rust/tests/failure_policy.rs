@@ -563,8 +563,11 @@ async fn a_restart_while_idle_is_not_an_outage(kind: Kind, capture: Capture) {
         FailurePolicy::Error,
     ] {
         // A probe interval longer than the test: a decision the policy answered would stay.
+        // A timeout of 5 s: a slow reply on a loaded machine is no outage of this test's.
         let lim = make(&server, |b| {
-            b.on_error(policy).probe_interval(Duration::from_secs(60))
+            b.on_error(policy)
+                .probe_interval(Duration::from_secs(60))
+                .timeout(Duration::from_secs(5))
         })
         .await;
         let d = lim.check("r", &g).await.unwrap();

@@ -428,7 +428,12 @@ fn without_a_peer_address_one_warning(kind: Kind) {
     let server = kind.server();
     tracing::subscriber::with_default(capture.clone(), || {
         rt.block_on(async {
-            let lim = support::limiter(&server).await;
+            // Decided by Redis only (a slow reply is a 503 here, never an open admission).
+            let lim = support::limiter_with(&server, |b| {
+                b.on_error(redis_rl_client::FailurePolicy::Closed)
+                    .timeout(std::time::Duration::from_secs(5))
+            })
+            .await;
             let svc = app(RateLimitLayer::new(lim.clone())
                 .rule(
                     Rule::any("2/minute", Key::ip())
