@@ -155,8 +155,9 @@ impl Decision {
     /// `policy_name` names a single limit (default: the limit's name, else `"default"`). A
     /// degraded decision of the open or closed policy ([`Decision::blind`]) carries no
     /// RateLimit field, neither `RateLimit` nor `RateLimit-Policy` nor `X-RateLimit-*`
-    /// (nothing is known about the key), only `Retry-After` when it denies; one of the local policy
-    /// (not [`Decision::blind`]) carries its limiter's figures. See [`Decision::headers_with`] for the other options.
+    /// (nothing is known about the key), only `Retry-After` when it denies; one of the local
+    /// policy (not [`Decision::blind`]) carries its limiter's figures. See
+    /// [`Decision::headers_with`] for the other options.
     pub fn headers(&self, policy_name: Option<&str>) -> HeaderMap {
         self.headers_with(&HeaderOptions {
             policy_name: policy_name.map(str::to_owned),
