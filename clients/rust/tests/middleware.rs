@@ -313,7 +313,13 @@ async fn on_denied_builds_the_answer_and_keeps_the_fields(kind: Kind) {
     assert_eq!(denied.status(), 429);
     assert_eq!(denied.body(), "<p>RateLimited by a (/a)</p>");
     assert_eq!(denied.headers()["content-type"], "text/html");
-    assert_eq!(denied.headers()["retry-after"], "60");
+    let retry: u64 = denied.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // 60 s less the time the two requests took on a loaded machine.
+    assert!((50..=60).contains(&retry), "Retry-After {retry}");
     assert_eq!(denied.headers()["ratelimit-policy"], "\"a\";q=1;w=60");
     assert!(denied.headers()["ratelimit"]
         .to_str()
