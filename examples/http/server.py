@@ -6,8 +6,8 @@ package (clients/python).
 
 Every request to /api/... is checked with one atomic call (RL.ALL, or the Lua fallback where
 the module is not loaded): a GCRA limit per API key (header X-API-Key, default "anonymous")
-and an exact sliding-log limit per client IP under that key; the keys share the API key's
-hash tag, so the same call works on a Redis Cluster. Denied requests get 429 with
+and an exact sliding-log limit per client IP, one bucket per address whatever the API key
+(changing keys does not dodge it). Denied requests get 429 with
 Retry-After and a JSON body, requests that can never pass 413, and every reply carries the
 IETF RateLimit-Policy / RateLimit fields. When Redis is unreachable, --fail-mode decides:
 "open" lets requests through, "closed" answers 503 with Retry-After; both log once per

@@ -66,11 +66,14 @@ def ping(port: int, timeout: float = 0.2) -> bool:
 class RedisServer:
     """RedisServer is one redis-server process; stop/restart keep its port and directory."""
 
-    def __init__(self, *, module: bool = True, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, *, module: bool = True, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> None:
         if module and not MODULE.exists():
             raise RuntimeError(f"no module at {MODULE}: run `cargo build --release`")
         self.module = module
         self.extra = extra
+        self.env = None if env is None else {**os.environ, **env}
         self.dir = tempfile.mkdtemp(prefix="redis-rl-py-")
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -105,7 +108,7 @@ class RedisServer:
         if self.module:
             cmd += ["--loadmodule", str(MODULE)]
         cmd += list(self.extra)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
         deadline = time.monotonic() + START_DEADLINE
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -156,6 +159,38 @@ class RedisServer:
 
     def client(self, **kw: Any) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)
+
+
+class FrozenClock:
+    """FrozenClock is the repository's LD_PRELOAD clock shim (tests/support/clock_shim.c, the
+    one the Rust tests use), built here: a server started with `env` reads its real-time
+    clock as `freeze_at` sets it, exactly, until it is moved again."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="redis-rl-clock-")
+        self.shim = os.path.join(self.dir, "libclockshim.so")
+        subprocess.run(
+            [os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-o", self.shim,
+             str(ROOT / "tests" / "support" / "clock_shim.c")],
+            check=True, capture_output=True, timeout=120,
+        )
+        self.file = os.path.join(self.dir, "offset")
+        Path(self.file).write_bytes(bytes(16))
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"LD_PRELOAD": self.shim, "RL_CLOCK_OFFSET_FILE": self.file}
+
+    def freeze_at(self, ns: int) -> None:
+        """freeze_at makes the server's clock read exactly `ns` since the epoch."""
+        fd = os.open(self.file, os.O_WRONLY)
+        try:
+            os.pwrite(fd, max(ns, 1).to_bytes(8, "little"), 8)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class RedisCluster:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,52 +25,99 @@ pytestmark = pytest.mark.e2e
 APPS = Path(__file__).parent / "apps"
 
 
-def wait_http(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: float = 20) -> None:
+def http_client(uds: str | None = None) -> httpx.Client:
+    """http_client is an HTTP client over TCP, or over the Unix socket `uds`."""
+    if uds is None:
+        return httpx.Client(timeout=5)
+    return httpx.Client(transport=httpx.HTTPTransport(uds=uds), timeout=5)
+
+
+def wait_http(port: int, proc: subprocess.Popen[bytes], log: Path, deadline: float = 20,
+              uds: str | None = None) -> None:
     end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"app exited: {log.read_text()}")
+    with http_client(uds) as http:
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"app exited: {log.read_text()}")
+            try:
+                if http.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+    raise RuntimeError(f"app did not answer on {uds or port}: {log.read_text()}")
+
+
+def start_app(kind: str, port: int, env: dict[str, str], log: Path, extra: tuple[str, ...] = (),
+              uds: str | None = None) -> subprocess.Popen[bytes]:
+    """start_app runs the test app under a real server on 127.0.0.1:`port`, or on the Unix
+    socket `uds` (uvicorn for the FastAPI app, gunicorn for the Flask app), with `extra`
+    server options, and waits until it answers."""
+    if kind == "uvicorn":
+        where = ["--uds", uds] if uds else ["--host", "127.0.0.1", "--port", str(port)]
+        cmd = [sys.executable, "-m", "uvicorn", "asgi_app:app", "--app-dir", str(APPS),
+               *where, "--log-level", "warning", *extra]
+    else:
+        bind = f"unix:{uds}" if uds else f"127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "gunicorn", "--chdir", str(APPS), "-w", "1",
+               "-b", bind, "--log-level", "warning", *extra, "wsgi_app:app"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_http(port, proc, log, uds=uds)
+    except BaseException:
+        stop_apps([proc])
+        raise
+    return proc
+
+
+def stop_apps(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"app did not answer on {port}: {log.read_text()}")
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def app_env(server: RedisServer, **extra: str) -> dict[str, str]:
+    return dict(os.environ, RL_REDIS_URL=server.url, RL_PREFIX=f"e2e{uuid.uuid4().hex[:8]}:", **extra)
 
 
 @pytest.fixture(params=["uvicorn", "gunicorn"])
 def fleet(request: pytest.FixtureRequest, server: RedisServer, mode: str, tmp_path: Path) -> Iterator[list[int]]:
     """fleet is two app processes (ports) on the test's server."""
     kind = str(request.param)
-    env = dict(os.environ, RL_REDIS_URL=server.url, RL_PREFIX=f"e2e{uuid.uuid4().hex[:8]}:")
+    env = app_env(server)
     procs: list[subprocess.Popen[bytes]] = []
     ports: list[int] = []
     try:
         for i in range(2):
             port = free_port()
-            log = tmp_path / f"{kind}-{i}.log"
-            if kind == "uvicorn":
-                cmd = [sys.executable, "-m", "uvicorn", "asgi_app:app", "--app-dir", str(APPS),
-                       "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-            else:
-                cmd = [sys.executable, "-m", "gunicorn", "--chdir", str(APPS), "-w", "1",
-                       "-b", f"127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app"]
-            with open(log, "wb") as out:
-                proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-            procs.append(proc)
-            wait_http(port, proc, log)
+            procs.append(start_app(kind, port, env, tmp_path / f"{kind}-{i}.log"))
             ports.append(port)
         yield ports
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_apps(procs)
+
+
+@pytest.fixture
+def mixed(server: RedisServer, mode: str, tmp_path: Path) -> Iterator[list[int]]:
+    """mixed is the FastAPI app under uvicorn and the Flask app under gunicorn, with the
+    same rules on one prefix (ports: uvicorn's, gunicorn's)."""
+    env = app_env(server)
+    procs: list[subprocess.Popen[bytes]] = []
+    ports: list[int] = []
+    try:
+        for kind in ("uvicorn", "gunicorn"):
+            port = free_port()
+            procs.append(start_app(kind, port, env, tmp_path / f"{kind}.log"))
+            ports.append(port)
+        yield ports
+    finally:
+        stop_apps(procs)
 
 
 def test_two_processes_share_one_limit(fleet: list[int]) -> None:
@@ -197,3 +246,109 @@ def test_the_denial_is_answered_by_the_apps_own_handler(fleet: list[int]) -> Non
         assert r.status_code == 429
         assert r.json()["error"] == "slow_down" and r.json()["retry_after"] == r.headers["Retry-After"]
         assert r.headers["RateLimit"].startswith('"inside";r=0;t=')
+
+
+def test_repeated_header_lines_are_one_key_under_every_server(mixed: list[int]) -> None:
+    # Two X-API-Key lines: gunicorn joins them with "," and uvicorn passes both lines (joined
+    # with ", "); they were two buckets (a%2Cb, a%2C%20b). Now one request has one key
+    # whichever server ran it, and a single line "a,b" is the same value.
+    u, g = mixed
+    two = [("X-API-Key", "rep-a"), ("X-API-Key", "rep-b")]
+    with httpx.Client(timeout=5) as http:
+        seen = [
+            http.get(f"http://127.0.0.1:{u}/api/thing", headers=two),
+            http.get(f"http://127.0.0.1:{g}/api/thing", headers=two),
+            http.get(f"http://127.0.0.1:{g}/api/thing", headers={"X-API-Key": "rep-a,rep-b"}),
+            http.get(f"http://127.0.0.1:{u}/api/thing", headers={"X-API-Key": "rep-a ,  rep-b"}),
+        ]
+    assert [r.status_code for r in seen] == [200] * 4
+    assert [r.headers["RateLimit"].split(", ")[0].split(";t=")[0] for r in seen] == [
+        f'"api";r={n}' for n in (9, 8, 7, 6)
+    ], [r.headers["RateLimit"] for r in seen]
+
+
+# -- no usable client address (docs/clients.md#client-ip) -------------------------------------------
+
+
+def _unknown_warnings(log: Path) -> int:
+    return log.read_text().count("has no usable client address")
+
+
+def test_a_forged_forwarded_for_rewritten_by_uvicorn_is_one_bucket(server: RedisServer, tmp_path: Path) -> None:
+    # uvicorn's default proxy headers trust 127.0.0.1 and make the ASGI client whatever
+    # X-Forwarded-For held: 150 requests with "x<i>" (and a new API key each) were 150
+    # buckets ip:{ip:x<i>}, all admitted. A peer that is not an IP address is the one value
+    # "unknown" now: the per-IP limit (100 per minute) holds, counted, logged once.
+    env = app_env(server)
+    log = tmp_path / "uvicorn.log"
+    port = free_port()
+    proc = start_app("uvicorn", port, env, log)
+    try:
+        with http_client() as http:
+            got = [http.get(f"http://127.0.0.1:{port}/api/thing",
+                            headers={"X-API-Key": f"uv-{i}", "X-Forwarded-For": f"x{i}"}).status_code
+                   for i in range(150)]
+            m = http.get(f"http://127.0.0.1:{port}/metrics").json()
+        assert got.count(200) == 100 and got[100:] == [429] * 50, got
+        assert m["peer_unknown"] == 150 and m["skipped"] == 0
+    finally:
+        stop_apps([proc])
+    assert _unknown_warnings(log) == 1, log.read_text()
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    # A short path: a Unix socket's path is at most 107 bytes.
+    d = tempfile.mkdtemp(prefix="rl-uds-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "gunicorn"])
+def test_requests_over_a_unix_socket_are_limited_not_skipped(
+    server: RedisServer, tmp_path: Path, socket_dir: str, kind: str
+) -> None:
+    # Over a Unix socket there is no peer address: every IP-keyed limit was skipped (1,200
+    # requests, 1,200 × 200). Now they share the bucket ip:unknown, limited.
+    uds = os.path.join(socket_dir, "app.sock")
+    log = tmp_path / f"{kind}.log"
+    proc = start_app(kind, 0, app_env(server), log, uds=uds)
+    try:
+        with http_client(uds) as http:
+            got = [http.get("http://app/api/thing", headers={"X-API-Key": f"s-{i}"}).status_code
+                   for i in range(120)]
+            big = http.post("http://app/upload", headers={"X-Units": "6"})  # GCRA(5,…) per IP
+            m = http.get("http://app/metrics").json()
+        assert got.count(200) == 100 and got[100:] == [429] * 20, got
+        assert big.status_code == 413  # the per-IP upload limit applies too (it was skipped)
+        assert m["peer_unknown"] == 121 and m["skipped"] == 0
+    finally:
+        stop_apps([proc])
+    assert _unknown_warnings(log) == 1, log.read_text()
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "gunicorn"])
+def test_a_proxy_on_a_unix_socket_is_trusted_with_unix(
+    server: RedisServer, tmp_path: Path, socket_dir: str, kind: str
+) -> None:
+    # A proxy in front of the socket writes X-Forwarded-For: trusted_proxies=["unix"] makes
+    # the socket's peer a trusted proxy, so each client has its own bucket; a request the
+    # proxy sent without the header is "unknown".
+    uds = os.path.join(socket_dir, "app.sock")
+    log = tmp_path / f"{kind}.log"
+    proc = start_app(kind, 0, app_env(server, RL_TRUSTED="unix"), log, uds=uds)
+    try:
+        with http_client(uds) as http:
+            def ip_remaining(**headers: str) -> str:
+                r = http.get("http://app/api/thing", headers={"X-API-Key": "px", **headers})
+                assert r.status_code == 200
+                return r.headers["RateLimit"].split(", ")[1].split(";t=")[0]
+
+            seen = [ip_remaining(**{"X-Forwarded-For": "6.6.6.6, 203.0.113.5"}) for _ in range(3)]
+            other = ip_remaining(**{"X-Forwarded-For": "203.0.113.6"})
+            bare = ip_remaining()
+            m = http.get("http://app/metrics").json()
+        assert seen == ['"ip";r=99', '"ip";r=98', '"ip";r=97'] and other == '"ip";r=99'
+        assert bare == '"ip";r=99' and m["peer_unknown"] == 1
+    finally:
+        stop_apps([proc])

@@ -304,6 +304,69 @@ async def test_the_first_probe_after_redis_returns_reaches_it(
         await close(lim)
 
 
+async def test_the_first_call_after_a_restart_while_idle_is_decided_by_redis(
+    own_server: RedisServer, flavor: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # docs/clients.md#recovery: Redis restarts on the same port while the limiter is idle
+    # (no call sees it down): the pooled connections the restart closed are replaced on the
+    # spot. The async limiter answered the next calls from the failure policy (source LOCAL,
+    # degraded, errors 1) until a probe interval had passed. Each kind of call, after its own
+    # restart, with several stale connections in the pool.
+    caplog.set_level(logging.WARNING, logger="redis_rl")
+    # No probe would help (30 s), and a timeout far above what a busy host takes (2 s).
+    kind: Any = Limiter if flavor == "sync" else AsyncLimiter
+    lim = kind.from_url(own_server.url, timeout=2, on_error="open", probe_interval=30)
+    g, w = GCRA(10, 1, 60), Window(10, 60, "FIXED")
+    source = Source.MODULE if mode == "module" else Source.FALLBACK
+
+    async def fill_the_pool() -> None:
+        if isinstance(lim, AsyncLimiter):
+            got = await asyncio.gather(*(lim.check("fill", g, 0) for _ in range(4)))
+        else:
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(lambda _: lim.check("fill", g, 0), range(8)))
+        assert not any(d.degraded for d in got)
+
+    try:
+        calls: list[tuple[str, Any]] = [
+            ("check", lambda: call(lim, "check", "idle", g)),
+            ("check_all", lambda: call(lim, "check_all", {"{i}a": g, "{i}b": w})),
+            ("refund", lambda: call(lim, "refund", "idle", 1)),
+            ("force", lambda: call(lim, "force", "idle", g, 2)),
+        ]
+        for what, make_call in calls:
+            await fill_the_pool()
+            own_server.stop()
+            own_server.start()  # answers PING when this returns; the limiter saw nothing
+            got = await make_call()
+            assert not got.degraded, (what, got)
+            if what != "refund":
+                assert got.source is source and (got.allowed or what == "force"), (what, got)
+        snap = lim.counters.snapshot()
+        assert snap["errors"] == 0 and snap["degraded"] == 0, snap
+        assert outage_logs(caplog) == (0, 0)
+    finally:
+        await close(lim)
+
+
+async def test_a_refused_connect_is_not_tried_twice(flavor: str) -> None:
+    # The retry on a fresh connection is for connections a restart closed: a refused connect
+    # was a fresh one already (nothing listens), so it counts as the outage at once, one
+    # attempt (with a client of redis-py's default retries, a second try doubled them).
+    from .conftest import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
+    kind: Any = Limiter if flavor == "sync" else AsyncLimiter
+    lim = kind.from_url(url, timeout=0.3, on_error="open", mode="module")  # no detection: one call
+    try:
+        d = await call(lim, "check", "r", GCRA(5, 1, 1))
+        assert d.degraded
+        snap = lim.counters.snapshot()
+        assert snap["redis_calls"] == 1 and snap["errors"] == 1, snap
+    finally:
+        await close(lim)
+
+
 async def test_refund_and_release_inside_the_probe_interval_do_not_wait(
     own_server: RedisServer, flavor: str
 ) -> None:

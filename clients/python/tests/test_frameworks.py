@@ -173,10 +173,63 @@ async def test_middleware_closed_policy_answers_503_when_redis_is_unreachable() 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app2), base_url="http://t") as c:
         r = await c.get("/")
         assert r.status_code == 200 and r.text == "ok"
-        assert r.headers["RateLimit-Policy"] == '"g";q=5;w=5' and "RateLimit" not in r.headers
+        assert "RateLimit-Policy" not in r.headers and "RateLimit" not in r.headers
     assert lim.counters["degraded"] == 1 and open_lim.counters["degraded"] == 1
     await lim.redis.aclose()
     await open_lim.redis.aclose()
+
+
+async def test_degraded_answers_carry_no_ratelimit_fields() -> None:
+    # docs/clients.md#closed-policy: the answers of the failure policies "open" and "closed"
+    # carry no RateLimit fields (the open answer carried RateLimit-Policy), from
+    # decision.headers() and from both middlewares, allowed and denied, with x_headers too.
+    import flask
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from redis_rl.asgi import RateLimitMiddleware as Asgi
+    from redis_rl.wsgi import RateLimitMiddleware as Wsgi
+
+    fields = ("ratelimit-policy", "ratelimit", "x-ratelimit-limit", "x-ratelimit-remaining",
+              "x-ratelimit-reset")
+
+    def limit_fields(headers: Any) -> list[str]:
+        return [k for k in (k.lower() for k in dict(headers)) if k in fields]
+
+    async def home(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
+    g, w = GCRA(5, 1, 1, name="g"), Window(3, 60, name="w")
+    rules = [Rule("/", {"g": (g, client_ip()), "w": (w, header("X-API-Key"))})]
+    for policy, status in (("open", 200), ("closed", 503)):
+        sync = Limiter.from_url(url, timeout=0.2, on_error=policy)
+        alim = AsyncLimiter.from_url(url, timeout=0.2, on_error=policy)
+        try:
+            for d in (sync.check("k", g), await alim.check("k", g),
+                      sync.check_all({"a": g, "b": w}), await alim.check_all({"a": g, "b": w})):
+                assert d.degraded and d.blind
+                h = d.headers("p", x_headers=True) if not d.per_key else d.headers(x_headers=True)
+                assert limit_fields(h) == [], (policy, h)
+                assert list(h) == ([] if policy == "open" else ["Retry-After"])
+            app = Asgi(Starlette(routes=[Route("/", home)]), alim, rules, x_headers=True)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+                r = await c.get("/", headers={"X-API-Key": "a"})
+            assert r.status_code == status and limit_fields(r.headers) == [], (policy, r.headers)
+            fapp = flask.Flask("degraded")
+            fapp.get("/")(lambda: "ok")
+            fapp.wsgi_app = Wsgi(fapp.wsgi_app, sync, rules, x_headers=True)  # type: ignore[method-assign]
+            wr = fapp.test_client().get("/", headers={"X-API-Key": "a"})
+            assert wr.status_code == status and limit_fields(wr.headers) == [], (policy, wr.headers)
+            if policy == "closed":
+                assert r.headers["Retry-After"] == wr.headers["Retry-After"] == "1"
+        finally:
+            sync.close()
+            sync.redis.close()
+            await alim.aclose()
+            await alim.redis.aclose()
 
 
 

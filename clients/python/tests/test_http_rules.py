@@ -90,7 +90,13 @@ def test_other_key_functions() -> None:
 def test_client_values_cannot_change_the_hash_tag() -> None:
     assert safe_key_part("{evil}") == "%7Bevil%7D"
     assert safe_key_part("a b") == "a%20b"
-    assert safe_key_part("x" * 200).startswith("sha256:")
+    assert safe_key_part("x" * 200).startswith("~sha256:")
+    # The shared spelling (the Rust crate's tests hold the same vectors).
+    assert safe_key_part("a" * 200) == "~sha256:c2a908d98f5df987ade41b5fce213067efbcc21ef2240212a41e54b5e7c28ae5"
+    assert safe_key_part("~x") == "%7Ex" and safe_key_part("sha256:ab") == "sha256:ab"
+    assert safe_key_part("\xe9" * 64) == "%C3%A9" * 64  # 128 bytes of UTF-8: kept
+    assert safe_key_part("\xe9" * 65) == "~sha256:c8a2666a1a2bceeac205744f944a3f5bdad0fb469a015a9dcb5766c2ea2db470"
+    assert safe_key_part("x" * 128) == "x" * 128
     rule = Rule("/", {"api": (GCRA(5, 1, 1), header("x-api-key")), "ip": (Window(9, 60), client_ip())})
     p = plan([rule], req(x_api_key="}{"))
     assert p is not None

@@ -61,6 +61,9 @@ def client(app: Any, peer: str = "127.0.0.1") -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://t")
 
 
+client_of = client  # for tests with a parameter named `client`
+
+
 # -- identities stay apart (docs/clients.md#identities-stay-apart) ----------------------------
 
 
@@ -119,6 +122,68 @@ def test_keys_carry_the_identity_kind_and_nothing_else() -> None:
 
 
 # -- a missing identity is never "no limit" ---------------------------------------------------
+
+
+async def test_a_literal_value_never_collides_with_a_hashed_one(server: RedisServer, prefix: str) -> None:
+    # The reviewer's collision: a value over 128 characters is hashed; the literal value
+    # "sha256:<that hash>" gave the same key, so 10 requests with it exhausted the long
+    # key's bucket. The hashed form starts with "~", which a literal value always has as
+    # "%7E". The key bytes are the Rust crate's too.
+    import hashlib
+
+    long = "a" * 200
+    digest = hashlib.sha256(long.encode()).hexdigest()
+    lim = async_limiter(server, prefix)
+    sync = Limiter(server.client(), prefix=prefix)
+    rules = [Rule("/api/", Window(10, 60, "FIXED"), key=header("X-API-Key"), name="api")]
+    flask_app = flask.Flask("hashed")
+    flask_app.get("/api/thing")(lambda: {"ok": True})
+    flask_app.wsgi_app = WsgiMiddleware(flask_app.wsgi_app, sync, rules)  # type: ignore[method-assign]
+    wsgi = flask_app.test_client()
+    try:
+        async with client(starlette_app(lim, rules)) as c:
+            for forged in (f"sha256:{digest}", f"~sha256:{digest}"):
+                got = [(await c.get("/api/thing", headers={"X-API-Key": forged})).status_code for _ in range(5)]
+                got += [wsgi.get("/api/thing", headers={"X-API-Key": forged}).status_code for _ in range(5)]
+                assert got == [200] * 10
+                assert (await c.get("/api/thing", headers={"X-API-Key": forged})).status_code == 429
+            # The long key's bucket is untouched by either forgery, under both middlewares.
+            r = await c.get("/api/thing", headers={"X-API-Key": long})
+            assert r.status_code == 200 and '"api";r=9;' in r.headers["RateLimit"]
+            assert wsgi.get("/api/thing", headers={"X-API-Key": long}).status_code == 200
+        names = {k.decode() for k in await lim.redis.keys(prefix + "api:*")}
+        assert names == {
+            f"{prefix}api:{{hdr.x-api-key:~sha256:{digest}}}",    # the long key, hashed
+            f"{prefix}api:{{hdr.x-api-key:sha256:{digest}}}",     # the literal forgeries
+            f"{prefix}api:{{hdr.x-api-key:%7Esha256:{digest}}}",
+        }
+    finally:
+        await close(lim)
+        sync.close()
+
+
+async def test_the_length_bound_counts_utf8_bytes(server: RedisServer, prefix: str) -> None:
+    # 128 bytes of UTF-8 or fewer stay literal (escaped); more are hashed, as the Rust crate
+    # counts them: 64 × "é" (128 bytes) is escaped, 65 × "é" (130) hashed. A header arrives
+    # as latin-1 text, so the key holds the UTF-8 bytes of each latin-1 character.
+    import hashlib
+
+    lim = async_limiter(server, prefix)
+    rules = [Rule("/api/", "5/minute", key=header("X-API-Key"), name="api")]
+    try:
+        async with client(starlette_app(lim, rules)) as c:
+            for raw in (b"\xe9" * 64, b"\xe9" * 65, b"b" * 128, b"b" * 129):
+                r = await c.get("/api/thing", headers=[(b"x-api-key", raw)])
+                assert r.status_code == 200
+        hashed = [raw.decode("latin-1") for raw in (b"\xe9" * 65, b"b" * 129)]
+        names = {k.decode() for k in await lim.redis.keys(prefix + "api:*")}
+        assert names == {
+            f"{prefix}api:{{hdr.x-api-key:{'%C3%A9' * 64}}}",
+            f"{prefix}api:{{hdr.x-api-key:{'b' * 128}}}",
+            *(f"{prefix}api:{{hdr.x-api-key:~sha256:{hashlib.sha256(t.encode()).hexdigest()}}}" for t in hashed),
+        }
+    finally:
+        await close(lim)
 
 
 async def test_a_missing_api_key_is_limited_by_the_client_ip(server: RedisServer, prefix: str) -> None:
@@ -306,6 +371,22 @@ def test_client_ip_decided_details() -> None:
     assert fwd(info("10.0.0.5", forwarded="for=_hidden")) == Identity("ip", "10.0.0.5", unusable_forwarding=True)
     # Repeated header lines are one list (joined by the adapters): the rightmost untrusted.
     assert key(info("10.0.0.5", x_forwarded_for="6.6.6.6, 198.51.100.7, 10.0.0.9")) == Identity("ip", "198.51.100.7")
+    # No usable client address (no peer, a Unix socket, a peer that is not an IP address):
+    # the one shared value "unknown", never None (no limit) and never the string itself.
+    unknown = Identity("ip", "unknown", peer_unknown=True)
+    for peer in (None, "", "x1", "/run/app.sock", "unknown"):
+        assert key(info(peer)) == unknown, peer
+        assert key(info(peer, x_forwarded_for="198.51.100.7")) == unknown, peer  # not trusted
+    # "unix" trusts such a peer as a proxy: its forwarding header is read.
+    unix = client_ip(["unix", "10.0.0.0/8"])
+    assert unix(info(None, x_forwarded_for="6.6.6.6, 198.51.100.7, 10.0.0.9")) == Identity("ip", "198.51.100.7")
+    assert unix(info("", x_forwarded_for="198.51.100.8")) == Identity("ip", "198.51.100.8")
+    assert unix(info(None)) == unknown
+    assert unix(info(None, x_forwarded_for="garbage")) == Identity(
+        "ip", "unknown", unusable_forwarding=True, peer_unknown=True)
+    assert unix(info("203.0.113.4", x_forwarded_for="198.51.100.7")) == Identity("ip", "203.0.113.4")
+    assert client_ip(["unix"], header="Forwarded")(info(None, forwarded='for="[2001:db8::7]"')) == Identity(
+        "ip", "2001:db8::/64")
 
 
 async def test_an_unusable_forwarding_header_is_counted(server: RedisServer, prefix: str) -> None:
@@ -319,6 +400,42 @@ async def test_an_unusable_forwarding_header_is_counted(server: RedisServer, pre
         assert await lim.redis.exists(prefix + "api:{ip:127.0.0.1}") == 1
     finally:
         await close(lim)
+
+
+@pytest.mark.parametrize("value, client", [
+    ('for="198.51.100.1', None),            # an unclosed quote: unusable (it read 198.51.100.1)
+    ('for=198.51.100.1"', None),            # a stray quote
+    ('for="', None),
+    ('for="198.51.100."1"', None),
+    ('for="198.51.100.1"', "198.51.100.1"),  # quoted as a whole: the address
+    ('for="[2001:db8::1]:4711"', "2001:db8::/64"),
+    ("for=198.51.100.2;proto=https", "198.51.100.2"),
+])
+async def test_a_forwarded_value_is_quoted_as_a_whole_or_unusable(
+    server: RedisServer, prefix: str, value: str, client: str | None
+) -> None:
+    # docs/clients.md#client-ip: an unusable value falls back to the peer and is counted as
+    # forwarded_unusable, under both middlewares.
+    lim = async_limiter(server, prefix)
+    sync = Limiter(server.client(), prefix=prefix)
+    rules = [Rule("/api/", Window(5, 60), key=client_ip(["127.0.0.1"], header="Forwarded"), name="api")]
+    flask_app = flask.Flask("fwd")
+    flask_app.get("/api/thing")(lambda: {"ok": True})
+    flask_app.wsgi_app = WsgiMiddleware(flask_app.wsgi_app, sync, rules)  # type: ignore[method-assign]
+    try:
+        async with client_of(starlette_app(lim, rules)) as c:
+            r = await c.get("/api/thing", headers={"Forwarded": value})
+        w = flask_app.test_client().get("/api/thing", headers={"Forwarded": value},
+                                        environ_base={"REMOTE_ADDR": "127.0.0.1"})
+        assert r.status_code == w.status_code == 200
+        expected = client or "127.0.0.1"
+        assert '"api";r=3;' in w.headers["RateLimit"]  # both requests in one bucket
+        assert await lim.redis.exists(f"{prefix}api:{{ip:{expected}}}") == 1
+        unusable = 0 if client else 1
+        assert lim.counters["forwarded_unusable"] == sync.counters["forwarded_unusable"] == unusable
+    finally:
+        await close(lim)
+        sync.close()
 
 
 async def test_routes_key_on_the_template_and_paths_are_normalised(server: RedisServer, prefix: str) -> None:

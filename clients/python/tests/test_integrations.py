@@ -22,8 +22,8 @@ from django.conf import settings
 from fastapi import Response as FResponse
 from starlette.requests import Request
 
-from redis_rl import AsyncLimiter, Limiter, Window
-from redis_rl.http import Denial, Rule, header, report_cost
+from redis_rl import GCRA, AsyncLimiter, Limiter, Window
+from redis_rl.http import Denial, Rule, client_ip, header, report_cost
 
 from .conftest import RedisServer
 
@@ -85,7 +85,9 @@ async def _asgi_kind(kind: str, server: RedisServer, prefix: str, sync: Limiter,
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+    aclient = getattr(server, "aclient", None)
+    client = aclient() if aclient is not None else aredis.Redis(host="127.0.0.1", port=server.port)
+    lim = AsyncLimiter(client, prefix=prefix)
 
     def answer(params: Any, state: Any) -> Response:
         if params.get("boom"):
@@ -361,6 +363,175 @@ async def test_on_denied_answers_and_keeps_the_fields(kind: str, server: RedisSe
         assert len(seen) == 1 and seen[0].decision is not None and not seen[0].decision.allowed
     finally:
         await h.close()
+
+
+async def test_an_open_degraded_answer_carries_no_ratelimit_fields_in_every_integration(kind: str) -> None:
+    # docs/clients.md#closed-policy: Redis unreachable, the failure policy "open" admits with
+    # no RateLimit field (RateLimit-Policy was sent), whichever integration answers.
+    from .conftest import free_port
+
+    class Nowhere:
+        port = free_port()  # nothing listens here
+
+        def client(self) -> Any:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            return redis.Redis(host="127.0.0.1", port=self.port, retry=Retry(NoBackoff(), 0))
+
+        def aclient(self) -> Any:
+            from redis.asyncio.retry import Retry as ARetry
+            from redis.backoff import NoBackoff
+
+            return aredis.Redis(host="127.0.0.1", port=self.port, retry=ARetry(NoBackoff(), 0))
+
+    h = await make(kind, Nowhere(), "nowhere:", x_headers=True)  # type: ignore[arg-type]
+    try:
+        status, headers, _ = await h.get("/thing", {"X-API-Key": "d"})
+        assert status == 200
+        assert not [k for k in headers if "ratelimit" in k], headers
+    finally:
+        await h.close()
+
+
+async def test_a_listed_header_is_one_key_in_every_integration(kind: str, server: RedisServer, prefix: str) -> None:
+    # Repeated X-API-Key lines reached the WSGI apps joined with "," (key a%2Cb) and the ASGI
+    # ones with ", " (a%2C%20b): one request, two buckets depending on the server. The header
+    # key function reads the value as a list and spells it "a, b" everywhere, as the Rust
+    # crate does.
+    h = await make(kind, server, prefix)
+    try:
+        for value in ("a,b", " a ,\tb "):
+            assert (await h.get("/thing", {"X-API-Key": value}))[0] == 200
+        assert (await h.get("/thing", {"X-API-Key": "a, b"}))[0] == 429
+        assert {k.decode() for k in h.sync.redis.keys(prefix + "*")} == {f"{prefix}{NAME}:{{hdr.x-api-key:a%2C%20b}}"}
+    finally:
+        await h.close()
+
+
+async def test_one_limit_name_for_two_different_limits_is_refused(server: RedisServer, prefix: str) -> None:
+    # A limit's name is its bucket's name: a 5/minute "/two/" rule named its per-IP part "ip"
+    # like the 100/minute "/api/" rule, so it answered 429 at once once /api/ had filled
+    # ip:{ip:…} (and two algorithms on one key answer an error, a 500). Every integration
+    # refuses such rules when it is built, naming both rules and the name.
+    from django.test import override_settings
+
+    from redis_rl.asgi import RateLimitMiddleware as AsgiMiddleware
+    from redis_rl.django import RateLimitMiddleware as DjangoMiddleware
+    from redis_rl.flask import RateLimits
+    from redis_rl.wsgi import RateLimitMiddleware as Wsgi
+
+    async def _app(scope: Any, receive: Any, send: Any) -> None:
+        pass
+
+    clashes = [
+        [Rule("/api/", {"ip": ("100/minute", client_ip()), "key": ("1000/minute", header("X-API-Key"))}),
+         Rule("/two/", {"ip": ("5/minute", client_ip())})],
+        [Rule("/a", GCRA(5, 1, 60), key=client_ip(), name="same"),
+         Rule("/b", Window(5, 60), key=header("X-API-Key"), name="same")],
+        [Rule("/x/", "10/minute; 100 per hour", key=client_ip(), name="x"),
+         Rule("/y/", "20/minute", key=client_ip(), name="x-60s", methods=["POST"])],
+    ]
+    lim = Limiter(server.client(), prefix=prefix)
+    alim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+    try:
+        for rules in clashes:
+            builders: list[Any] = [
+                lambda: AsgiMiddleware(_app, alim, rules),
+                lambda: Wsgi(flask.Flask("c").wsgi_app, lim, rules),
+                lambda: RateLimits(flask.Flask("c"), lim, rules),
+            ]
+            for build in builders:
+                with pytest.raises(ValueError, match="limit name") as e:
+                    build()
+                first, second = rules
+                assert repr(first.path) in str(e.value) and repr(second.path) in str(e.value)
+            with override_settings(REDIS_RL={"limiter": lim, "rules": rules}):
+                with pytest.raises(ValueError, match="limit name"):
+                    DjangoMiddleware(lambda request: None)
+        with pytest.raises(ValueError) as e:
+            Wsgi(flask.Flask("c").wsgi_app, lim, clashes[0])
+        assert str(e.value).startswith(
+            "the limit name 'ip' is given to two different limits: WINDOW 100 60 SLIDING in "
+            "Rule('/api/') and WINDOW 5 60 SLIDING in Rule('/two/')")
+    finally:
+        lim.close()
+        await alim.redis.aclose()
+
+
+@pytest.mark.parametrize("flavor", ["asgi", "wsgi"])
+async def test_a_reported_cost_beyond_the_arithmetic_records_the_most_it_holds(
+    server: RedisServer, prefix: str, flavor: str
+) -> None:
+    # A reported 2^64 − 1 on a GCRA limit (and on a FIXED window already counting other
+    # requests) overflowed the FORCE: nothing was recorded, only a log line. Now the most
+    # the limit's arithmetic holds is recorded (the key used up for as long as it can be)
+    # and it is counted in errors.
+    from datetime import timedelta
+
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from redis_rl.asgi import RateLimitMiddleware as Asgi
+    from redis_rl.wsgi import RateLimitMiddleware as Wsgi
+
+    huge = 2**64 - 1
+    rules = [Rule("/g", GCRA(5, 1, 60), key=header("X-API-Key"), name="g"),
+             Rule("/f", Window(5, 60, "FIXED"), key=header("X-API-Key"), name="f")]
+    sync = Limiter(server.client(), prefix=prefix)
+    get: Any
+    if flavor == "asgi":
+        lim: Any = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=server.port), prefix=prefix)
+
+        async def view(request: Request) -> Response:
+            if "cost" in request.query_params:
+                report_cost(int(request.query_params["cost"]))
+            return JSONResponse({"ok": True})
+
+        app = Starlette(routes=[Route("/g", view), Route("/f", view)],
+                        middleware=[Middleware(Asgi, limiter=lim, rules=rules)])
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+        async def get(path: str) -> int:
+            return (await http.get(path, headers={"X-API-Key": "k"})).status_code
+    else:
+        lim = Limiter(server.client(), prefix=prefix)
+        fapp = flask.Flask("huge")
+
+        def fview() -> Any:
+            if "cost" in flask.request.args:
+                report_cost(int(flask.request.args["cost"]))
+            return {"ok": True}
+
+        fapp.get("/g")(fview)
+        fapp.get("/f", endpoint="f")(fview)
+        fapp.wsgi_app = Wsgi(fapp.wsgi_app, lim, rules)  # type: ignore[method-assign]
+        c = fapp.test_client()
+
+        async def get(path: str) -> int:
+            return c.get(path, headers={"X-API-Key": "k"}).status_code
+    try:
+        assert await get(f"/g?cost={huge}") == 200
+        g = sync.check("g:{hdr.x-api-key:k}", GCRA(5, 1, 60), 0, peek=True)
+        assert g.remaining == 0 and g.reset_after > timedelta(days=365 * 400), g  # till ~2554
+        assert await get("/g") == 429
+        assert [await get("/f") for _ in range(2)] == [200, 200]
+        assert await get(f"/f?cost={huge}") == 200  # 3 + (2^64 − 2) passes 2^64 − 1
+        f = sync.check("f:{hdr.x-api-key:k}", Window(5, 60, "FIXED"), 0, peek=True)
+        assert f.remaining == 0 and await get("/f") == 429
+        assert lim.counters["errors"] == 2  # one per reported cost not recorded in full
+        assert lim.counters["degraded"] == 0
+    finally:
+        if flavor == "asgi":
+            await http.aclose()
+            await lim.aclose()
+            await lim.redis.aclose()
+        else:
+            lim.close()
+        sync.close()
 
 
 # -- the framework's own ways -------------------------------------------------------------------

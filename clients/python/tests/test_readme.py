@@ -130,6 +130,32 @@ async def test_a_missing_identity(server: RedisServer, prefix: str, monkeypatch:
     assert allowed.status_code == 200
 
 
+async def test_limits_by_plan_come_from_what_the_server_trusts(
+    server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The by-plan example read the plan from a client-sent X-Plan header: anyone could claim
+    # "pro". It looks the API key up in the server's own records.
+    ns = run(block("Limits as users write them"), server, prefix, monkeypatch)
+    app = ns["app"]
+
+    @app.get("/reports/daily")
+    async def daily() -> dict[str, bool]:
+        return {"ok": True}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://readme") as c:
+        claimed = await c.get("/reports/daily", headers={"X-API-Key": "anyone", "X-Plan": "pro"})
+        pro = await c.get("/reports/daily", headers={"X-API-Key": "key-of-acme"})
+    await ns["limiter"].redis.aclose()
+    assert claimed.headers["RateLimit-Policy"] == '"reports";q=100;w=3600'
+    assert pro.headers["RateLimit-Policy"] == '"reports-3600s";q=1000;w=3600, "reports-86400s";q=10000;w=86400'
+
+
+def test_the_readme_says_how_to_run_the_tests_on_their_own() -> None:
+    tests = README.read_text().split("## Tests", 1)[1]
+    assert '"./clients/python[test]"' in tests  # the extra the suite needs outside make test
+    assert "RL_MODULE=" in tests and "cargo build --release" in tests
+
+
 async def test_exemptions_deduct_when_and_reported_costs(
     server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

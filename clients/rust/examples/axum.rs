@@ -64,12 +64,12 @@ pub fn app(limiter: Limiter, instance: String) -> Result<Router, InvalidLimit> {
                     Key::ip(),
                 ),
             ],
-        )?)
+        )?)?
         .rule(
             Rule::new("/upload", Gcra::new(5, 1, 60)?, Key::ip())?
                 .name("upload")?
                 .cost_header("X-Units"),
-        )
+        )?
         .exempt("/health")
         .exempt("/metrics");
     let reports = Router::new()
@@ -80,7 +80,7 @@ pub fn app(limiter: Limiter, instance: String) -> Result<Router, InvalidLimit> {
                 .rule(Rule::any(
                     Gcra::new(2, 1, 60)?.named("reports")?,
                     Key::header("X-API-Key"),
-                )?),
+                )?)?,
         );
     let metrics = limiter.clone();
     Ok(Router::new()

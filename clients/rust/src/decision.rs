@@ -153,9 +153,11 @@ impl Decision {
     ///   key order, in both fields.
     ///
     /// `policy_name` names a single limit (default: the limit's name, else `"default"`). A
-    /// degraded decision of the open or closed policy carries no `RateLimit` field (nothing
-    /// is known about the key), only `Retry-After` when it denies; one of the local policy
-    /// (not [`Decision::blind`]) carries its limiter's figures. See [`Decision::headers_with`] for the other options.
+    /// degraded decision of the open or closed policy ([`Decision::blind`]) carries no
+    /// RateLimit field, neither `RateLimit` nor `RateLimit-Policy` nor `X-RateLimit-*`
+    /// (nothing is known about the key), only `Retry-After` when it denies; one of the local
+    /// policy (not [`Decision::blind`]) carries its limiter's figures. See
+    /// [`Decision::headers_with`] for the other options.
     pub fn headers(&self, policy_name: Option<&str>) -> HeaderMap {
         self.headers_with(&HeaderOptions {
             policy_name: policy_name.map(str::to_owned),
@@ -170,6 +172,11 @@ impl Decision {
             if let RetryAfter::Wait(d) = self.retry_after {
                 out.insert(RETRY_AFTER, value(&ceil_seconds(d).max(1).to_string()));
             }
+        }
+        if self.blind {
+            // The open or closed policy answered: nothing is known about the key, so no
+            // RateLimit field at all (docs/clients.md#closed-policy), not even the policy.
+            return out;
         }
         let items: Vec<(String, &Decision)> = if self.per_key.is_empty() {
             let name = options
@@ -205,36 +212,34 @@ impl Decision {
                 value(&policies.join(", ")),
             );
         }
-        if !self.blind {
-            let fields: Vec<String> = items
-                .iter()
-                .map(|(n, d)| {
-                    format!(
-                        "{};r={};t={}",
-                        sf_string(n),
-                        d.remaining,
-                        ceil_seconds(d.reset_after)
-                    )
-                })
-                .collect();
+        let fields: Vec<String> = items
+            .iter()
+            .map(|(n, d)| {
+                format!(
+                    "{};r={};t={}",
+                    sf_string(n),
+                    d.remaining,
+                    ceil_seconds(d.reset_after)
+                )
+            })
+            .collect();
+        out.insert(
+            HeaderName::from_static("ratelimit"),
+            value(&fields.join(", ")),
+        );
+        if options.x_headers {
             out.insert(
-                HeaderName::from_static("ratelimit"),
-                value(&fields.join(", ")),
+                HeaderName::from_static("x-ratelimit-limit"),
+                value(&self.limit.to_string()),
             );
-            if options.x_headers {
-                out.insert(
-                    HeaderName::from_static("x-ratelimit-limit"),
-                    value(&self.limit.to_string()),
-                );
-                out.insert(
-                    HeaderName::from_static("x-ratelimit-remaining"),
-                    value(&self.remaining.to_string()),
-                );
-                out.insert(
-                    HeaderName::from_static("x-ratelimit-reset"),
-                    value(&ceil_seconds(self.reset_after).to_string()),
-                );
-            }
+            out.insert(
+                HeaderName::from_static("x-ratelimit-remaining"),
+                value(&self.remaining.to_string()),
+            );
+            out.insert(
+                HeaderName::from_static("x-ratelimit-reset"),
+                value(&ceil_seconds(self.reset_after).to_string()),
+            );
         }
         out
     }

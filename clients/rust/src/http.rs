@@ -17,7 +17,6 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -45,7 +44,8 @@ pub struct RequestInfo<'a> {
     pub peer: Option<IpAddr>,
     /// The client's address as the layer keys it ([`ClientIp`]: the peer, or what trusted
     /// proxies forwarded; an IPv6 client as its /64 network by default), e.g. `"192.0.2.7"`
-    /// or `"2001:db8::/64"`. `None` without a peer address.
+    /// or `"2001:db8::/64"`. `None` without a usable address (no peer address, e.g. a Unix
+    /// socket, and no trusted forwarding header): the `ip` identity is then [`UNKNOWN_IP`].
     pub client_ip: Option<&'a str>,
     /// The matched route (axum's `MatchedPath`), if the framework gave one.
     pub route: Option<&'a str>,
@@ -54,13 +54,27 @@ pub struct RequestInfo<'a> {
 }
 
 impl RequestInfo<'_> {
-    /// All values of a header field, decoded as Latin-1 and joined with `", "` (as a
-    /// repeated field reads), or `None` when absent.
+    /// All values of a header field as one list, decoded as Latin-1, or `None` when absent:
+    /// every line split on `,`, each element's surrounding whitespace (spaces, tabs)
+    /// removed, the elements joined with `", "`. Repeated lines and one comma-separated line
+    /// read the same (`a` and `b` on two lines, `a,b` and `a , b` are all `"a, b"`), as in
+    /// the Python package, so one request has one key whichever server ran it.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use redis_rl_client::http::normalize_list;
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.append("x-api-key", HeaderValue::from_static("a ,b"));
+    /// headers.append("x-api-key", HeaderValue::from_static(" c"));
+    /// let lines = headers.get_all("x-api-key").iter().map(|v| v.to_str().unwrap());
+    /// assert_eq!(normalize_list(lines), "a, b, c");
+    /// ```
     pub fn header(&self, name: &str) -> Option<String> {
         let mut values = self.headers.get_all(name).iter().peekable();
         values.peek()?;
-        let parts: Vec<String> = values.map(|v| latin1(v.as_bytes())).collect();
-        Some(parts.join(", "))
+        let lines: Vec<String> = values.map(|v| latin1(v.as_bytes())).collect();
+        Some(normalize_list(lines.iter().map(String::as_str)))
     }
 
     /// The path normalised: percent-decoded, `//` collapsed, no trailing `/` (except for
@@ -78,6 +92,23 @@ impl RequestInfo<'_> {
                 .headers
                 .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
     }
+}
+
+/// One header field's lines as one list value (what [`RequestInfo::header`] gives): each
+/// line split on `,`, each element trimmed of spaces and tabs (the field's optional
+/// whitespace), the elements joined with `", "`. Empty elements are kept (`"a,,b"` is
+/// `"a, , b"`).
+pub fn normalize_list<'a>(lines: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = String::new();
+    let mut first = true;
+    for element in lines.into_iter().flat_map(|line| line.split(',')) {
+        if !first {
+            out.push_str(", ");
+        }
+        first = false;
+        out.push_str(element.trim_matches([' ', '\t']));
+    }
+    out
 }
 
 fn latin1(bytes: &[u8]) -> String {
@@ -137,9 +168,21 @@ pub enum Forwarding {
     Forwarded,
 }
 
-/// Reads an address from a forwarding header entry (port and brackets off).
+/// An entry without the quotes of a quoted string (RFC 7239 `for="…"`): quoted as a whole,
+/// or not at all; an unclosed or stray quote (`for="1.1.1.1`) makes the entry unusable.
+fn unquoted(text: &str) -> Option<&str> {
+    let t = text.trim();
+    if !t.contains('"') {
+        return Some(t);
+    }
+    let inner = t.strip_prefix('"')?.strip_suffix('"')?;
+    (!inner.contains('"')).then_some(inner)
+}
+
+/// Reads an address from a forwarding header entry (quotes, port and brackets off); `None`:
+/// not an address (garbage, a port alone, an unclosed or stray quote).
 fn parse_addr(text: &str) -> Option<IpAddr> {
-    let mut t = text.trim().trim_matches('"');
+    let mut t = unquoted(text)?;
     if let Some(rest) = t.strip_prefix('[') {
         t = rest.split(']').next().unwrap_or(rest);
     } else if t.matches(':').count() == 1 {
@@ -184,8 +227,9 @@ fn parse_network(text: &str) -> Result<IpNet, InvalidLimit> {
 ///   or `Forwarded`; never both), every line of it counting (repeated fields are one list),
 ///   and the rightmost address not in the trusted set is the client; what a client writes at
 ///   the left is ignored.
-/// * An unusable value (garbage, a port-only entry, an `unknown` or obfuscated hop, an empty
-///   list) falls back to the peer address, and the layer counts it (`forwarded_unusable`).
+/// * An unusable value (garbage, a port-only entry, an `unknown` or obfuscated hop, an
+///   unclosed or stray quote such as `for="1.1.1.1`, an empty list) falls back to the peer
+///   address, and the layer counts it (`forwarded_unusable`).
 /// * An IPv4-mapped IPv6 address is IPv4. IPv6 clients are keyed by their network of
 ///   [`ipv6_prefix`](ClientIp::ipv6_prefix) bits (default /64: rotating addresses inside one
 ///   allocation gains nothing), written `2001:db8:1:2::/64`.
@@ -209,6 +253,8 @@ fn parse_network(text: &str) -> Result<IpNet, InvalidLimit> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientIp {
     trusted: Vec<IpNet>,
+    /// `"unix"` was trusted: a peer with no IP address (a Unix socket) is a trusted proxy.
+    trust_unix: bool,
     forwarding: Forwarding,
     ipv6_prefix: u8,
 }
@@ -224,21 +270,48 @@ impl ClientIp {
     pub fn new() -> ClientIp {
         ClientIp {
             trusted: Vec::new(),
+            trust_unix: false,
             forwarding: Forwarding::XForwardedFor,
             ipv6_prefix: 64,
         }
     }
 
-    /// Trusts these proxies (addresses or CIDR networks). Errors: an entry that is neither.
+    /// Trusts these proxies: addresses, CIDR networks, and the word `"unix"`, which means "a
+    /// peer with no IP address (a Unix socket) is a trusted proxy": behind nginx (or any
+    /// proxy) on a Unix socket, its forwarding header then names the client, read as for any
+    /// trusted proxy. Errors: an entry that is none of these.
+    ///
+    /// ```
+    /// use redis_rl_client::http::ClientIp;
+    ///
+    /// let behind_nginx_on_a_socket = ClientIp::new().trusted(["unix"])?;
+    /// let headers = http::HeaderMap::from_iter([(
+    ///     http::header::HeaderName::from_static("x-forwarded-for"),
+    ///     http::HeaderValue::from_static("198.51.100.7"),
+    /// )]);
+    /// // No peer address (a Unix socket): the trusted proxy's header names the client.
+    /// assert_eq!(behind_nginx_on_a_socket.resolve(None, &headers).0.as_deref(), Some("198.51.100.7"));
+    /// // Without "unix" a socket peer is no proxy: no usable address (the `unknown` bucket).
+    /// assert_eq!(ClientIp::new().resolve(None, &headers).0, None);
+    /// # Ok::<(), redis_rl_client::InvalidLimit>(())
+    /// ```
     pub fn trusted<I, S>(mut self, proxies: I) -> Result<ClientIp, InvalidLimit>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.trusted = proxies
-            .into_iter()
-            .map(|t| parse_network(t.as_ref()))
-            .collect::<Result<_, _>>()?;
+        let mut nets = Vec::new();
+        let mut unix = false;
+        for p in proxies {
+            let p = p.as_ref();
+            if p.trim().eq_ignore_ascii_case("unix") {
+                unix = true;
+            } else {
+                nets.push(parse_network(p)?);
+            }
+        }
+        self.trusted = nets;
+        self.trust_unix = unix;
         Ok(self)
     }
 
@@ -274,18 +347,22 @@ impl ClientIp {
     }
 
     /// The client's key for a request from `peer` with these `headers`, and whether a
-    /// forwarding header was unusable (then the peer is the client). `None` without a peer.
+    /// forwarding header was unusable (then the peer is the client). `None`: no usable
+    /// client address (no peer address, e.g. a Unix socket, unless `"unix"` is trusted and
+    /// its forwarding header names the client); the layer then keys the `ip` identity as
+    /// `unknown`, one bucket shared by all such requests.
     pub fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> (Option<String>, bool) {
-        let Some(peer) = peer.map(|p| p.to_canonical()) else {
-            return (None, false);
-        };
-        let (addr, bad) = self.client_addr(peer, headers);
-        (Some(self.key_of(addr)), bad)
+        let (addr, bad) = self.client_addr(peer.map(|p| p.to_canonical()), headers);
+        (addr.map(|a| self.key_of(a)), bad)
     }
 
-    fn client_addr(&self, peer: IpAddr, headers: &HeaderMap) -> (IpAddr, bool) {
+    fn client_addr(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> (Option<IpAddr>, bool) {
         let trusted = |a: &IpAddr| self.trusted.iter().any(|n| n.contains(a));
-        if self.trusted.is_empty() || !trusted(&peer) {
+        let from_proxy = match peer {
+            Some(p) => trusted(&p),
+            None => self.trust_unix,
+        };
+        if !from_proxy {
             return (peer, false);
         }
         let name = match self.forwarding {
@@ -306,24 +383,49 @@ impl ClientIp {
         for hop in hops.iter().rev() {
             match parse_addr(hop) {
                 None => return (peer, true),
-                Some(a) if !trusted(&a) => return (a, false),
+                Some(a) if !trusted(&a) => return (Some(a), false),
                 Some(a) => leftmost = Some(a),
             }
         }
         // Every hop is a trusted proxy: the request started inside; the leftmost is it.
         match leftmost {
-            Some(a) => (a, false),
+            Some(a) => (Some(a), false),
             None => (peer, true),
         }
     }
 }
 
-/// What a key function found: the identity's value, or nothing; and whether a forwarding
-/// header was unusable on the way.
+/// The `ip` identity's value when no usable client address can be found (no peer address,
+/// e.g. a Unix socket or a server that gives the layer none, and no trusted forwarding
+/// header): every such request counts in the one bucket `<name>:{ip:unknown}`, limited,
+/// never unlimited (the Python package's, too).
+pub const UNKNOWN_IP: &str = "unknown";
+
+/// What a key function found: the identity's value, or nothing; whether a forwarding header
+/// was unusable on the way; whether the value is [`UNKNOWN_IP`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Found {
     pub(crate) value: Option<String>,
     pub(crate) bad_forwarding: bool,
+    pub(crate) peer_unknown: bool,
+}
+
+impl Found {
+    fn of(value: Option<String>) -> Found {
+        Found {
+            value,
+            ..Found::default()
+        }
+    }
+
+    /// An `ip` identity: the address, or [`UNKNOWN_IP`] without one.
+    fn ip(value: Option<String>, bad_forwarding: bool) -> Found {
+        Found {
+            peer_unknown: value.is_none(),
+            value: Some(value.unwrap_or_else(|| UNKNOWN_IP.to_owned())),
+            bad_forwarding,
+        }
+    }
 }
 
 type KeyFn = dyn Fn(&RequestInfo<'_>) -> Found + Send + Sync;
@@ -387,17 +489,12 @@ impl Key {
 
     /// The client's IP address as the layer finds it (its [`ClientIp`] setting:
     /// [`RateLimitLayer::client_ip`](crate::RateLimitLayer::client_ip)), kind `ip`. Without
-    /// a peer address the limit does not apply, and one warning is logged.
+    /// a usable address (no peer address: a Unix socket, or a server that gives none) the
+    /// value is [`UNKNOWN_IP`]: all such requests share one bucket, limited, never
+    /// unlimited (the layer counts them, `peer_unknown`, and warns once).
     pub fn ip() -> Key {
-        let warned = Arc::new(AtomicBool::new(false));
-        Key::new("ip", move |info: &RequestInfo<'_>| {
-            if info.client_ip.is_none() {
-                warn_no_peer(&warned);
-            }
-            Found {
-                value: info.client_ip.map(str::to_owned),
-                bad_forwarding: false,
-            }
+        Key::new("ip", |info: &RequestInfo<'_>| {
+            Found::ip(info.client_ip.map(str::to_owned), false)
         })
     }
 
@@ -406,8 +503,10 @@ impl Key {
     ///
     /// The peer comes from the request's extensions: axum's `ConnectInfo<SocketAddr>` (serve
     /// with `into_make_service_with_connect_info`), or a `SocketAddr` / `IpAddr` extension
-    /// your hyper server inserts; without one, this key does not apply (and a warning is
-    /// logged once). Errors: a proxy entry that is not an address or network.
+    /// your hyper server inserts; without one (a Unix socket) the value is [`UNKNOWN_IP`],
+    /// unless `"unix"` is trusted and the proxy's forwarding header names the client (see
+    /// [`ClientIp::trusted`]). Errors: a proxy entry that is not an address, a network or
+    /// `"unix"`.
     pub fn client_ip<I, S>(trusted_proxies: I) -> Result<Key, InvalidLimit>
     where
         I: IntoIterator<Item = S>,
@@ -432,16 +531,9 @@ impl Key {
 
     /// The client's IP address by the given [`ClientIp`] rule, kind `ip`.
     pub fn client_ip_from(rule: ClientIp) -> Key {
-        let warned = Arc::new(AtomicBool::new(false));
         Key::new("ip", move |info: &RequestInfo<'_>| {
-            if info.peer.is_none() {
-                warn_no_peer(&warned);
-            }
             let (value, bad_forwarding) = rule.resolve(info.peer, info.headers);
-            Found {
-                value,
-                bad_forwarding,
-            }
+            Found::ip(value, bad_forwarding)
         })
     }
 
@@ -451,9 +543,8 @@ impl Key {
     /// keyless client.
     pub fn header(name: &str) -> Key {
         let name = name.to_ascii_lowercase();
-        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| Found {
-            value: info.header(&name).filter(|v| !v.is_empty()),
-            bad_forwarding: false,
+        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| {
+            Found::of(info.header(&name).filter(|v| !v.is_empty()))
         })
     }
 
@@ -463,13 +554,12 @@ impl Key {
     pub fn header_or(name: &str, default: &str) -> Key {
         let name = name.to_ascii_lowercase();
         let default = default.to_owned();
-        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| Found {
-            value: Some(
+        Key::new(format!("hdr.{name}"), move |info: &RequestInfo<'_>| {
+            Found::of(Some(
                 info.header(&name)
                     .filter(|v| !v.is_empty())
                     .unwrap_or_else(|| default.clone()),
-            ),
-            bad_forwarding: false,
+            ))
         })
     }
 
@@ -482,10 +572,7 @@ impl Key {
                 Some(r) => Cow::Borrowed(r),
                 None => Cow::Owned(info.normalized_path()),
             };
-            Found {
-                value: Some(format!("{} {route}", info.method)),
-                bad_forwarding: false,
-            }
+            Found::of(Some(format!("{} {route}", info.method)))
         })
     }
 
@@ -496,9 +583,8 @@ impl Key {
     where
         T: fmt::Display + Send + Sync + 'static,
     {
-        Key::new("user", |info: &RequestInfo<'_>| Found {
-            value: info.extensions.get::<T>().map(ToString::to_string),
-            bad_forwarding: false,
+        Key::new("user", |info: &RequestInfo<'_>| {
+            Found::of(info.extensions.get::<T>().map(ToString::to_string))
         })
     }
 
@@ -507,10 +593,7 @@ impl Key {
     where
         F: Fn(&RequestInfo<'_>) -> Option<String> + Send + Sync + 'static,
     {
-        Key::new("fn", move |info: &RequestInfo<'_>| Found {
-            value: f(info),
-            bad_forwarding: false,
-        })
+        Key::new("fn", move |info: &RequestInfo<'_>| Found::of(f(info)))
     }
 
     /// The same key function under another identity kind (1 to 64 of `A-Za-z0-9._-`): keys
@@ -536,24 +619,28 @@ impl Key {
     }
 }
 
-fn warn_no_peer(warned: &AtomicBool) {
-    if !warned.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            target: "redis_rl_client",
-            "redis-rl: no peer address in the request's extensions: the client-IP limit does \
-             not apply (axum: serve with into_make_service_with_connect_info::<SocketAddr>())"
-        );
-    }
-}
-
 /// Makes a client-supplied value safe inside a Redis key: braces (hash tags), spaces,
-/// control and other bytes are percent-encoded, and values over 128 characters are hashed
-/// (`sha256:<hex>`), so a client cannot choose the hash tag, collide with another identity,
+/// control and other bytes are percent-encoded (UTF-8, upper-case hex), and values over 128
+/// bytes are hashed, so a client cannot choose the hash tag, collide with another identity,
 /// or grow the key.
+///
+/// The hashed form is `~sha256:<lower-case hex of the SHA-256 of the value's UTF-8 bytes>`:
+/// it starts with `~`, which the escaping always encodes (`%7E`), so no literal value can
+/// produce it (a client sending `sha256:<hex>` of another client's long key gets a bucket of
+/// its own). The same bytes as the Python package's `safe_key_part`.
+///
+/// ```
+/// use redis_rl_client::http::safe_key_part;
+///
+/// assert_eq!(safe_key_part("{evil} ~"), "%7Bevil%7D%20%7E");
+/// let long = "a".repeat(200);
+/// assert!(safe_key_part(&long).starts_with("~sha256:"));
+/// assert_eq!(safe_key_part(&long).len(), "~sha256:".len() + 64);
+/// ```
 pub fn safe_key_part(value: &str) -> String {
-    if value.chars().count() > 128 {
+    if value.len() > 128 {
         let digest = Sha256::digest(value.as_bytes());
-        let mut out = String::from("sha256:");
+        let mut out = String::from("~sha256:");
         for b in digest {
             out.push_str(&format!("{b:02x}"));
         }
@@ -955,6 +1042,7 @@ pub enum Missing {
     /// Apply the limit keyed by the client IP instead (kind `ip`, the layer's
     /// [`ClientIp`] rule): keyless clients of one IP share one bucket of that limit, apart
     /// from every other IP and from the rule's own per-IP limit (another limit name).
+    /// Without a usable client address, the IP is [`UNKNOWN_IP`] (one shared bucket).
     #[default]
     Ip,
     /// Answer 401 with `{"error": "identity_required", …}` (counted `missing_denied`).
@@ -1293,6 +1381,73 @@ impl Rule {
         }
         self.name.clone().unwrap_or_else(|| path_name(&self.path))
     }
+
+    /// The names of one part's limits (as in its keys and the RateLimit fields).
+    fn part_names(&self, part: &Part, limits: &[Limit]) -> Vec<String> {
+        let base = self.base_name(part);
+        if limits.len() == 1 && (self.name.is_some() || !self.single) {
+            vec![base]
+        } else {
+            limit_names(&base, limits)
+        }
+    }
+
+    /// What the rule's error messages call it: its methods and path (`POST /login`).
+    pub(crate) fn describe(&self) -> String {
+        let path = match &self.path {
+            PathPattern::Fn(_) => "<path function>".to_owned(),
+            p => p.text().unwrap_or("").to_owned(),
+        };
+        match &self.methods {
+            Some(ms) if !ms.is_empty() => {
+                let ms: Vec<&str> = ms.iter().map(Method::as_str).collect();
+                format!("{} {path}", ms.join(","))
+            }
+            _ => path,
+        }
+    }
+
+    /// The buckets of the limits fixed when the rule was built: (hash tag, limit name,
+    /// limit). A limit computed per request is not known here.
+    fn fixed_buckets(&self) -> Vec<(Option<&str>, String, &Limit)> {
+        let mut out = Vec::new();
+        for part in &self.parts {
+            if let LimitsInner::Fixed(limits) = &part.limits.0 {
+                for (name, limit) in self.part_names(part, limits).into_iter().zip(limits) {
+                    out.push((self.hash_tag.as_deref(), name, limit));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Refuses two rules of one layer that give the same limit name to different limits: the
+/// limit name is the bucket's name (`<name>:{<kind>:<value>}`), so they would share one
+/// bucket, each answering with its own limit (a 5/minute rule denied at once because
+/// another rule's 100/minute filled the bucket; two algorithms on one key, an error).
+/// Sharing a bucket on purpose (one per-IP limit, named alike in several rules) is fine with
+/// the same limit. `a` and `b` name the rules in the message.
+pub(crate) fn check_bucket_names(a: (&str, &Rule), b: (&str, &Rule)) -> Result<(), InvalidLimit> {
+    let theirs = a.1.fixed_buckets();
+    for (tag, name, limit) in b.1.fixed_buckets() {
+        let clash = theirs
+            .iter()
+            .find(|(t, n, l)| *t == tag && *n == name && l.spec() != limit.spec());
+        if let Some((_, _, other)) = clash {
+            return Err(InvalidLimit::new(format!(
+                "{} and {} both name a limit '{name}', with different limits ({} and {}): a \
+                 limit's name is its bucket's name ('{name}:{{<kind>:<value>}}'), so they \
+                 would share one bucket; name one of them otherwise (Rule::name, or its name \
+                 in Rule::all), or give both the same limit to share it on purpose",
+                b.0,
+                a.0,
+                limit.spec().join(" "),
+                other.spec().join(" "),
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Reads a declared cost: absent / not a number → 1, `0` → 1, ≥ 2^64 → `u64::MAX`.
@@ -1319,6 +1474,9 @@ pub struct Plan {
     pub skipped: u64,
     /// A forwarding header was unusable (the peer was taken as the client).
     pub forwarded_unusable: bool,
+    /// An `ip` identity had no usable client address and was keyed [`UNKNOWN_IP`] (the
+    /// layer counts it, `peer_unknown`, and warns once).
+    pub peer_unknown: bool,
 }
 
 /// What a request gets from the rules ([`plan`]).
@@ -1326,7 +1484,7 @@ pub struct Plan {
 pub enum Planned {
     /// No rule applies (no match, an exempt path, `exempt_when`, a CORS preflight).
     Exempt,
-    /// A rule applies, but none of its limits does ([`Missing::Skip`], or no peer address).
+    /// A rule applies, but none of its limits does ([`Missing::Skip`]).
     Unlimited {
         /// Limits skipped.
         skipped: u64,
@@ -1380,6 +1538,7 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
         cost,
         skipped: 0,
         forwarded_unusable: false,
+        peer_unknown: false,
     };
     for part in &rule.parts {
         let limits = match part.limits.resolve(info) {
@@ -1387,23 +1546,20 @@ pub fn plan_rule(rule: &Rule, info: &RequestInfo<'_>, missing: Missing) -> Plann
             Err(e) => return Planned::Failed(e),
         };
         let base = rule.base_name(part);
-        let names = if limits.len() == 1 && (rule.name.is_some() || !rule.single) {
-            vec![base.clone()]
-        } else {
-            limit_names(&base, &limits)
-        };
+        let names = rule.part_names(part, &limits);
         let found = part.key.lookup(info);
         p.forwarded_unusable |= found.bad_forwarding;
+        p.peer_unknown |= found.peer_unknown;
         let (kind, value) = match found.value {
             Some(v) => (part.key.kind_name().to_owned(), v),
             None => match rule.missing.unwrap_or(missing) {
                 Missing::Ip => match info.client_ip {
                     Some(ip) => ("ip".to_owned(), ip.to_owned()),
-                    // No peer address: the limit cannot apply; counted as skipped (as
-                    // the Python package does) and warned by the layer.
+                    // No usable client address either: the one shared `unknown` bucket,
+                    // limited, never unlimited.
                     None => {
-                        p.skipped += limits.len() as u64;
-                        continue;
+                        p.peer_unknown = true;
+                        ("ip".to_owned(), UNKNOWN_IP.to_owned())
                     }
                 },
                 Missing::Deny => return Planned::IdentityRequired { policy: base },
@@ -1645,11 +1801,23 @@ mod tests {
         assert_eq!(safe_key_part("{evil}"), "%7Bevil%7D");
         assert_eq!(safe_key_part("a b"), "a%20b");
         assert_eq!(safe_key_part("é"), "%C3%A9");
-        assert!(safe_key_part(&"x".repeat(200)).starts_with("sha256:"));
+        assert!(safe_key_part(&"x".repeat(200)).starts_with("~sha256:"));
         assert_eq!(
             safe_key_part(&"x".repeat(129)),
-            format!("sha256:{:x}", Sha256::digest("x".repeat(129).as_bytes()))
+            format!("~sha256:{:x}", Sha256::digest("x".repeat(129).as_bytes()))
         );
+        assert_eq!(safe_key_part(&"x".repeat(128)), "x".repeat(128));
+        // Over 128 bytes, not characters (as the Python package counts): 65 × "é" is 130.
+        let e = "é".repeat(65);
+        assert_eq!(
+            safe_key_part(&e),
+            format!("~sha256:{:x}", Sha256::digest(e.as_bytes()))
+        );
+        assert_eq!(safe_key_part(&"é".repeat(64)), "%C3%A9".repeat(64));
+        // No literal takes the hashed form: its `~` is escaped.
+        let hashed = safe_key_part(&"a".repeat(200));
+        assert_eq!(safe_key_part(&hashed), format!("%7E{}", &hashed[1..]));
+        assert_ne!(safe_key_part(&hashed[1..]), hashed);
     }
 
     #[test]

@@ -12,11 +12,11 @@ use tower::{Layer, Service};
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::http::{
-    identity_required, plan_rule, respond, unavailable, ClientIp, DenialReason, Missing,
-    PathPattern, Plan, Planned, RequestInfo, Rule, Verdict,
+    check_bucket_names, identity_required, plan_rule, respond, unavailable, ClientIp, DenialReason,
+    Missing, PathPattern, Plan, Planned, RequestInfo, Rule, Verdict,
 };
 use crate::limiter::{BoxFuture, Entry, Limiter};
-use crate::limits::{Algorithm, Limit};
+use crate::limits::{Algorithm, InvalidLimit, Limit};
 use crate::policy::Counter;
 
 type Predicate = dyn Fn(&RequestInfo<'_>) -> bool + Send + Sync;
@@ -38,6 +38,8 @@ struct Config {
     degraded_status: StatusCode,
     on_denied: Option<Arc<DeniedHook>>,
     warned_log_force: Arc<AtomicBool>,
+    warned_saturated: Arc<AtomicBool>,
+    warned_peer_unknown: Arc<AtomicBool>,
 }
 
 /// The true cost of a request, reported by the handler after the fact: put it in the
@@ -46,8 +48,11 @@ struct Config {
 /// The request was charged its rule's cost up front; after the response, less than that is
 /// refunded (`RL.REFUND` of the difference), more is recorded with `FORCE` (GCRA, FIXED and
 /// SLIDING; a LOG limit cannot record usage past its limit, so the extra is not recorded
-/// there, with one warning). A rule's [`deduct_when`](Rule::deduct_when) that refuses the
-/// status refunds the whole charge instead.
+/// there, with one warning). A cost beyond what the limit's arithmetic can hold (e.g.
+/// `u64::MAX` on a GCRA, whose time would pass 64-bit nanoseconds) is recorded as the most it
+/// holds (the key used up for as long as it can be), counted in `errors` and warned once.
+/// A rule's [`deduct_when`](Rule::deduct_when) that refuses the status refunds the whole
+/// charge instead.
 ///
 /// ```
 /// use axum::{routing::post, Extension, Router};
@@ -111,7 +116,10 @@ impl Denial<'_> {
 /// `http_body_util::Full<Bytes>`, `String`). The client address comes from axum's
 /// `ConnectInfo<SocketAddr>` (feature `axum`), or a `SocketAddr` / `IpAddr` request extension
 /// (plain hyper: insert it where you accept the connection), through the layer's
-/// [`ClientIp`] rule.
+/// [`ClientIp`] rule. A request with no usable client address (no peer, e.g. a Unix socket,
+/// and no trusted forwarding header: trust the socket's proxy with
+/// `ClientIp::new().trusted(["unix"])`) is limited in the one shared bucket `ip:unknown`,
+/// counted `peer_unknown`, and warned about once.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -127,7 +135,7 @@ impl Denial<'_> {
 ///     .layer(
 ///         RateLimitLayer::new(limiter)
 ///             .client_ip(ClientIp::new().trusted(["10.0.0.0/8"])?)
-///             .rule(Rule::new("/api/", Gcra::new(20, 10, 1)?, Key::ip())?)
+///             .rule(Rule::new("/api/", Gcra::new(20, 10, 1)?, Key::ip())?)?
 ///             .exempt("/health"),
 ///     );
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
@@ -171,6 +179,8 @@ impl RateLimitLayer {
                 degraded_status: StatusCode::SERVICE_UNAVAILABLE,
                 on_denied: None,
                 warned_log_force: Arc::new(AtomicBool::new(false)),
+                warned_saturated: Arc::new(AtomicBool::new(false)),
+                warned_peer_unknown: Arc::new(AtomicBool::new(false)),
             }),
         }
     }
@@ -181,12 +191,56 @@ impl RateLimitLayer {
     }
 
     /// Adds a rule (rules are tried in the order added; the first match applies).
-    pub fn rule(self, rule: Rule) -> RateLimitLayer {
-        self.edit(|c| c.rules.push(rule))
+    ///
+    /// A limit's name is its bucket's name (`<name>:{<kind>:<value>}`): rules that give one
+    /// name to a limit share that bucket. That is fine on purpose with the same limit (one
+    /// per-IP limit named `"ip"` in several rules), and refused otherwise. Errors: this rule
+    /// gives a name another rule of the layer (or its default rule) gives a different limit.
+    /// A limit computed per request ([`Limits::from_fn`](crate::http::Limits::from_fn))
+    /// cannot be checked when the layer is built: give it a name no other rule uses.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_rl_client::http::{Key, Rule};
+    /// use redis_rl_client::{Limiter, RateLimitLayer};
+    ///
+    /// let limiter = Limiter::builder("redis://127.0.0.1:6379/").build().await?;
+    /// let api = Rule::all("/api/", [("ip", "100/minute".parse()?, Key::ip())])?;
+    /// let two = Rule::all("/two/", [("ip", "5/minute".parse()?, Key::ip())])?;
+    /// let err = RateLimitLayer::new(limiter.clone()).rule(api.clone())?.rule(two).unwrap_err();
+    /// assert!(err.message().contains("both name a limit 'ip'"));
+    /// // One per-IP limit shared by two rules on purpose: the same limit under one name.
+    /// let shared = Rule::all("/two/", [("ip", "100/minute".parse()?, Key::ip())])?;
+    /// let layer = RateLimitLayer::new(limiter).rule(api)?.rule(shared)?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn rule(self, rule: Rule) -> Result<RateLimitLayer, InvalidLimit> {
+        let label = format!(
+            "rule {} ('{}')",
+            self.config.rules.len() + 1,
+            rule.describe()
+        );
+        self.check_names(&label, &rule)?;
+        Ok(self.edit(|c| c.rules.push(rule)))
+    }
+
+    /// Refuses `rule` when it names a bucket of another rule with a different limit.
+    fn check_names(&self, label: &str, rule: &Rule) -> Result<(), InvalidLimit> {
+        for (i, other) in self.config.rules.iter().enumerate() {
+            let theirs = format!("rule {} ('{}')", i + 1, other.describe());
+            check_bucket_names((&theirs, other), (label, rule))?;
+        }
+        if let Some(default) = &self.config.default_rule {
+            check_bucket_names(("the default rule", default), (label, rule))?;
+        }
+        Ok(())
     }
 
     /// The rule for requests no other rule matches, including those that match no route
-    /// (404s): default limits for every route.
+    /// (404s): default limits for every route (replacing an earlier one). Errors: as
+    /// [`rule`](RateLimitLayer::rule), a limit name another rule gives a different limit.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -198,8 +252,8 @@ impl RateLimitLayer {
     /// let limiter = Limiter::builder("redis://127.0.0.1:6379/").build().await?; // connects lazily
     /// let layer = RateLimitLayer::new(limiter)
     ///     .client_ip(ClientIp::new().trusted(["10.0.0.0/8"])?.forwarding(Forwarding::Forwarded))
-    ///     .rule(Rule::new("/api/", "100/minute", Key::header("X-API-Key"))?)
-    ///     .default_rule(Rule::any("600/minute", Key::ip())?) // every other path
+    ///     .rule(Rule::new("/api/", "100/minute", Key::header("X-API-Key"))?)?
+    ///     .default_rule(Rule::any("600/minute", Key::ip())?)? // every other path
     ///     .missing(Missing::Ip)                                // the default, said out loud
     ///     .exempt("/health")
     ///     .exempt_when(|req| req.header("x-internal-token").is_some())
@@ -210,8 +264,11 @@ impl RateLimitLayer {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn default_rule(self, rule: Rule) -> RateLimitLayer {
-        self.edit(|c| c.default_rule = Some(rule))
+    pub fn default_rule(self, rule: Rule) -> Result<RateLimitLayer, InvalidLimit> {
+        let mut layer = self.edit(|c| c.default_rule = None);
+        layer.check_names("the default rule", &rule)?;
+        layer = layer.edit(|c| c.default_rule = Some(rule));
+        Ok(layer)
     }
 
     /// Never limits paths matching `pattern` (health checks, metrics).
@@ -390,6 +447,24 @@ fn limiter_error<B: From<String>>() -> Response<B> {
     )
 }
 
+/// Once per layer: a request had no usable client address, so its IP limits counted in the
+/// shared `ip:unknown` bucket; how to fix the deployment.
+fn warn_peer_unknown(warned: &AtomicBool) {
+    if !warned.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            target: "redis_rl_client",
+            "redis-rl: a request with no usable client address (no peer address in the \
+             request's extensions, e.g. a Unix socket, and no trusted forwarding header): its \
+             IP limits count in the one bucket shared by all such requests, 'ip:unknown' \
+             (counted peer_unknown). Fix the deployment: behind a proxy on a Unix socket, \
+             trust it with ClientIp::new().trusted([\"unix\"]) so its X-Forwarded-For names \
+             the client; over TCP give the layer the peer address (axum: serve with \
+             into_make_service_with_connect_info::<SocketAddr>(); hyper: insert the \
+             connection's SocketAddr in the request's extensions)"
+        );
+    }
+}
+
 /// The fields a custom denial keeps unless its hook sets them.
 fn is_limit_field(name: &HeaderName) -> bool {
     let n = name.as_str();
@@ -483,9 +558,52 @@ async fn settle(
                 continue;
             }
         }
-        if let Err(e) = limiter.force(key.as_str(), limit, target - charged).await {
-            tracing::warn!(target: "redis_rl_client", "redis-rl: recording the reported cost of '{key}' failed: {e}");
+        let extra = target - charged;
+        let n = recordable(limit, extra);
+        let mut short = n < extra;
+        if short && !config.warned_saturated.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target: "redis_rl_client", "redis-rl: a reported cost beyond what limit '{key}' can hold ({extra} more than charged) is recorded as {n}, the most its arithmetic holds (the key is used up as long as it can be); counted in errors");
         }
+        if n > 0 {
+            match limiter.force(key.as_str(), limit, n).await {
+                Ok(_) => {}
+                // An outage: counted by the limiter's failure policy already.
+                Err(Error::Unavailable(e)) => {
+                    tracing::warn!(target: "redis_rl_client", "redis-rl: recording the reported cost of '{key}' failed: {e}");
+                }
+                Err(e) => {
+                    short = true;
+                    tracing::warn!(target: "redis_rl_client", "redis-rl: recording the reported cost of '{key}' failed: {e}");
+                }
+            }
+        }
+        if short {
+            limiter.counters().add(Counter::Errors, 1);
+        }
+    }
+}
+
+/// How many of `extra` reported units a `FORCE` on `limit` can record: all of them, unless
+/// the limit's arithmetic cannot hold them (the module answers `arithmetic overflow` and
+/// records nothing), then the most it surely can. GCRA: the key's time may not pass 64-bit
+/// nanoseconds since the epoch (the year 2554): its time before the force is at most `now +
+/// burst · T` (now from this host's clock, with a day's margin for the server's), so at most
+/// `(2^64 − 1 − now − margin − burst · T) / T` units. A window: its count may not pass
+/// 2^64 − 1, and holds at most `limit` before the force, so at most `2^64 − 1 − limit`.
+fn recordable(limit: &Limit, extra: u64) -> u64 {
+    match limit {
+        Limit::Gcra(g) => {
+            let t = u128::from(g.interval_ns().max(1));
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let margin = 86_400 * 1_000_000_000u128;
+            let used = now + margin + u128::from(g.burst()) * t;
+            let room = u128::from(u64::MAX).saturating_sub(used) / t;
+            extra.min(u64::try_from(room).unwrap_or(u64::MAX))
+        }
+        Limit::Window(w) => extra.min(u64::MAX - w.limit()),
+        Limit::Lease(_) => extra,
     }
 }
 
@@ -539,6 +657,10 @@ where
                     || matches!(&planned, Planned::Limited(p) if p.forwarded_unusable);
                 if forwarded_unusable {
                     limiter.counters().add(Counter::ForwardedUnusable, 1);
+                }
+                if matches!(&planned, Planned::Limited(p) if p.peer_unknown) {
+                    limiter.counters().add(Counter::PeerUnknown, 1);
+                    warn_peer_unknown(&config.warned_peer_unknown);
                 }
                 match planned {
                     Planned::Exempt => None,

@@ -162,9 +162,11 @@ impl LimiterBuilder {
         self
     }
 
-    /// The connect and command timeout (default 500 ms). Every Redis call is bounded by it;
-    /// the connection this builder makes does not retry (a retried limiter call may be
-    /// counted twice, and retries make an outage slow to detect).
+    /// The connect and command timeout (default 500 ms). Every Redis call is bounded by it
+    /// and a timeout is never retried (retries make an outage slow to detect). A call that
+    /// failed at the connection level (refused, reset, a broken pipe: Redis restarted while
+    /// the limiter was idle) is retried once on a fresh connection before it counts as an
+    /// outage, so the first call after a restart is decided by Redis.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -309,6 +311,12 @@ impl LimiterBuilder {
             }),
         })
     }
+}
+
+/// A failure of the connection, not of the command or of the server: refused, reset,
+/// aborted, a broken pipe, an end of file. Not a timeout.
+fn is_connection_level(e: &RedisError) -> bool {
+    !e.is_timeout() && (e.is_connection_dropped() || e.is_connection_refusal())
 }
 
 fn timed_out(after: Duration) -> RedisError {
@@ -1137,11 +1145,16 @@ impl Limiter {
                     }
                 }
             };
-            // After a failed connect, the connection manager answers the next call with that
-            // stale error without sending it, and only then reconnects: try once more, so the
-            // first call after Redis is back reaches it. A refused connection never carried
-            // the command: it cannot count twice.
-            if !reconnected && e.is_connection_refusal() {
+            // A connection-level failure is retried once, on a fresh connection, before it
+            // counts as an outage (docs/clients.md#recovery). Redis restarted while this
+            // limiter was idle: the pooled connection it closed answers the next call with a
+            // broken pipe, a reset or an end of file, and the connection manager starts the
+            // new connection as it reports it. After a failed connect, the manager answers
+            // the next call with that stale refusal without sending it. Either way the call
+            // that saw it reaches the server on its second try. Never a timeout (the server
+            // may be working on the command, and waiting twice makes an outage slow to
+            // detect).
+            if !reconnected && is_connection_level(&e) {
                 reconnected = true;
                 continue;
             }

@@ -53,7 +53,7 @@ pub enum FailurePolicy {
 }
 
 /// The counter names, in the order [`CounterSnapshot`] lists them.
-pub const COUNTER_NAMES: [&str; 13] = [
+pub const COUNTER_NAMES: [&str; 14] = [
     "allowed",
     "denied",
     "allowed_locally",
@@ -67,6 +67,7 @@ pub const COUNTER_NAMES: [&str; 13] = [
     "missing_denied",
     "leases_lost",
     "forwarded_unusable",
+    "peer_unknown",
 ];
 
 /// A hook called as `hook(counter_name, n)` on every counter increment (for a metrics
@@ -79,7 +80,9 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 /// * `allowed_locally`: admitted from a batch credit, without a Redis call.
 /// * `denied_locally`: denied by the deny cache, without a Redis call.
 /// * `degraded`: answered by the failure policy.
-/// * `errors`: Redis calls that failed (connect, timeout, OOM, failover).
+/// * `errors`: Redis calls that failed (connect, timeout, OOM, failover), and reported costs
+///   the layer could not record in full ([`ReportedCost`](crate::ReportedCost) beyond the
+///   limit's arithmetic).
 /// * `redis_calls`: Redis calls made (one per round trip).
 /// * `refunded`: units given back (`refund`, batch leftovers, the layer's `deduct_when`
 ///   and reported costs), counted before the refund is sent.
@@ -91,6 +94,9 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 ///   for a whole lease time).
 /// * `forwarded_unusable`: requests whose forwarding header was unusable (the peer was taken
 ///   as the client).
+/// * `peer_unknown`: requests with no usable client address (no peer address, e.g. a Unix
+///   socket, and no trusted forwarding header), whose IP limits counted in the one shared
+///   bucket `ip:unknown`.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), redis_rl_client::Error> {
@@ -109,7 +115,7 @@ pub type Hook = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
 /// # Ok(()) }
 /// ```
 pub struct Counters {
-    values: [AtomicU64; 13],
+    values: [AtomicU64; 14],
     hook: Option<Hook>,
 }
 
@@ -148,6 +154,8 @@ pub struct CounterSnapshot {
     pub leases_lost: u64,
     /// Requests whose forwarding header was unusable.
     pub forwarded_unusable: u64,
+    /// Requests with no usable client address (keyed `ip:unknown`).
+    pub peer_unknown: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -165,6 +173,7 @@ pub(crate) enum Counter {
     MissingDenied = 10,
     LeasesLost = 11,
     ForwardedUnusable = 12,
+    PeerUnknown = 13,
 }
 
 impl Counters {
@@ -205,6 +214,7 @@ impl Counters {
             local: v(Counter::Local),
             leases_lost: v(Counter::LeasesLost),
             forwarded_unusable: v(Counter::ForwardedUnusable),
+            peer_unknown: v(Counter::PeerUnknown),
         }
     }
 

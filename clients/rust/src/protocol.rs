@@ -202,7 +202,13 @@ impl Connection {
             (Connection::Cluster(c), Some(key)) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                c.clone().route_command(cmd.clone(), routing).await
+                // A routed command's error reply comes back as a value: an error it is, so
+                // that "function not found" and NOSCRIPT (a restarted or new node) are
+                // recovered on a Cluster as on one server.
+                match c.clone().route_command(cmd.clone(), routing).await? {
+                    Value::ServerError(e) => Err(e.into()),
+                    v => Ok(v),
+                }
             }
             (Connection::Cluster(c), None) => cmd.query_async(&mut c.clone()).await,
         }

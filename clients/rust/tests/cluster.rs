@@ -156,3 +156,57 @@ async fn module_a_denied_request_across_slots_leaves_no_charge() {
 async fn fallback_a_denied_request_across_slots_leaves_no_charge() {
     a_denied_request_across_slots_leaves_no_charge(Kind::Fallback).await;
 }
+
+/// docs/clients.md#recovery on a Cluster: a master restarted on the same port while the
+/// limiter was idle (it never saw it go) answers the very next call for its slots, from
+/// Redis (in fallback mode the library, gone with the restart, is loaded again on that call),
+/// and no outage is counted.
+async fn a_master_restarted_while_idle_answers_the_next_call(kind: Kind) {
+    let mut cl = cluster(kind);
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    let lim = Limiter::cluster_builder(urls)
+        .prefix("r:")
+        .on_error(redis_rl_client::FailurePolicy::Open)
+        .probe_interval(Duration::from_secs(60))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let want = match kind {
+        Kind::Module => redis_rl_client::Source::Module,
+        Kind::Fallback => redis_rl_client::Source::Fallback,
+    };
+    let g = Gcra::new(5, 1, 60).unwrap();
+    // A key on every master, each decided once so every node's connection is pooled.
+    let keys: Vec<String> = (0..30).map(|i| format!("{{u{i}}}:k")).collect();
+    for k in &keys {
+        assert!(!lim.check(k.as_str(), &g).await.unwrap().degraded);
+    }
+    for round in 0..cl.nodes.len() {
+        let port = cl.nodes[round].port;
+        cl.nodes[round].restart(); // same port, same nodes.conf: same slots, no data
+        cl.wait_ok();
+        let on_it: Vec<&String> = keys
+            .iter()
+            .filter(|k| cl.owner(&format!("r:{k}")).port == port)
+            .collect();
+        assert!(!on_it.is_empty());
+        let d = lim.check(on_it[0].as_str(), &g).await.unwrap();
+        assert!(
+            !d.degraded && d.source == want && d.remaining == 4,
+            "node {round}: the first call after its restart: {d:?}"
+        );
+    }
+    let c = lim.counters().snapshot();
+    assert_eq!((c.errors, c.degraded), (0, 0), "{c:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_a_master_restarted_while_idle_answers_the_next_call() {
+    a_master_restarted_while_idle_answers_the_next_call(Kind::Module).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_a_master_restarted_while_idle_answers_the_next_call() {
+    a_master_restarted_while_idle_answers_the_next_call(Kind::Fallback).await;
+}

@@ -134,6 +134,30 @@ async fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> 
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
+    http_on(stream, &format!("127.0.0.1:{port}"), method, path, headers).await
+}
+
+/// One real HTTP/1.1 request on a new connection to the Unix socket at `socket`.
+async fn http_unix(
+    socket: &std::path::Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    http_on(stream, "localhost", method, path, headers).await
+}
+
+async fn http_on<S>(
+    stream: S,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
@@ -141,7 +165,7 @@ async fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> 
     let mut req = Request::builder()
         .method(method)
         .uri(path)
-        .header("host", format!("127.0.0.1:{port}"));
+        .header("host", host);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -182,6 +206,14 @@ both_modes!(
     rotating_api_keys_on_a_cluster_are_held_to_the_per_ip_limit,
     zero_units_are_charged,
     the_example_keeps_limiting_while_redis_is_down,
+    a_restart_while_the_app_is_idle_is_answered_by_redis,
+    a_literal_hash_never_shares_a_long_keys_bucket,
+    degraded_answers_carry_no_ratelimit_fields,
+    repeated_header_lines_are_one_list,
+    a_forwarded_value_with_an_unclosed_quote_is_unusable,
+    over_a_unix_socket_requests_without_an_address_share_one_bucket,
+    one_limit_name_is_one_bucket_across_rules,
+    a_reported_cost_beyond_the_arithmetic_is_recorded_saturated_and_counted,
 );
 
 /// Issue 23's reproduction: one client (one IP) rotating `X-API-Key` on every request gets a
@@ -222,6 +254,22 @@ fn assert_no_charge_on_denial(admitted: &[bool], exists: impl Fn(&str) -> bool, 
 /// never a silent fail-open admission.
 const STRICT: Option<(FailurePolicy, Duration)> =
     Some((FailurePolicy::Closed, Duration::from_secs(5)));
+
+/// A limiter on `server` decided by Redis only (as [`STRICT`]), configured by `f`.
+async fn strict_with(
+    server: &common::Server,
+    f: impl FnOnce(redis_rl_client::LimiterBuilder) -> redis_rl_client::LimiterBuilder,
+) -> Limiter {
+    support::limiter_with(server, |b| {
+        f(b.on_error(FailurePolicy::Closed)
+            .timeout(Duration::from_secs(5)))
+    })
+    .await
+}
+
+async fn strict(server: &common::Server) -> Limiter {
+    strict_with(server, |b| b).await
+}
 
 async fn rotating_api_keys_from_one_ip_are_held_to_the_per_ip_limit(kind: Kind) {
     let server = kind.server();
@@ -321,11 +369,13 @@ async fn two_instances_share_one_limit(kind: Kind) {
         "the handler sees the decision"
     );
     let last = replies.last().unwrap();
-    assert_eq!(last.header("retry-after"), "60");
+    let retry = retry_after_near(last.header("retry-after"), 60);
     assert!(last.header("content-type").starts_with("application/json"));
     assert_eq!(
         last.body,
-        r#"{"error": "rate_limited", "message": "too many requests", "policy": "api", "retry_after": 60}"#
+        format!(
+            r#"{{"error": "rate_limited", "message": "too many requests", "policy": "api", "retry_after": {retry}}}"#
+        )
     );
     // Another API key has its own limit.
     let other = http(b.port, "GET", "/api/thing", &[("X-API-Key", "cust-2")]).await;
@@ -429,7 +479,7 @@ async fn per_route_limit_and_exemptions(kind: Kind) {
         [200, 200, 429]
     );
     assert_eq!(got[0].header("ratelimit-policy"), "\"reports\";q=2;w=120");
-    assert_eq!(got[2].header("retry-after"), "60");
+    retry_after_near(got[2].header("retry-after"), 60);
     assert!(got[2].body.contains("\"policy\": \"reports\""));
     let health = http(a.port, "GET", "/health", &[]).await;
     assert_eq!(health.status, StatusCode::OK);
@@ -487,14 +537,16 @@ async fn plain_hyper_service(kind: Kind) {
     // address inserted where the connection is accepted.
     let server = kind.server();
     let limiter = support::limiter(&server).await;
-    let layer = RateLimitLayer::new(limiter).rule(
-        Rule::new(
-            "/",
-            Gcra::new(2, 1, 60).unwrap().named("hyper").unwrap(),
-            Key::ip(),
+    let layer = RateLimitLayer::new(limiter)
+        .rule(
+            Rule::new(
+                "/",
+                Gcra::new(2, 1, 60).unwrap().named("hyper").unwrap(),
+                Key::ip(),
+            )
+            .unwrap(),
         )
-        .unwrap(),
-    );
+        .unwrap();
     let svc = layer.layer(tower::service_fn(|req: Request<Incoming>| async move {
         let remaining = req
             .extensions()
@@ -534,7 +586,7 @@ async fn plain_hyper_service(kind: Kind) {
     );
     assert_eq!(got[0].body, "remaining 1");
     assert_eq!(got[0].header("ratelimit"), "\"hyper\";r=1;t=60");
-    assert_eq!(got[2].header("retry-after"), "60");
+    retry_after_near(got[2].header("retry-after"), 60);
 }
 
 /// The example's own limiter (`main`'s: FailurePolicy::Local): with Redis stopped the
@@ -552,10 +604,12 @@ async fn the_example_keeps_limiting_while_redis_is_down(kind: Kind) {
     let up = http(a.port, "POST", "/upload", &[]).await;
     assert_eq!(up.status, StatusCode::OK);
     server.stop();
+    let first_local = Instant::now();
     let mut got = Vec::new();
     for _ in 0..6 {
         got.push(http(a.port, "POST", "/upload", &[]).await);
     }
+    let elapsed = first_local.elapsed();
     assert_eq!(
         got.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
         [200, 200, 200, 200, 200, 429],
@@ -566,7 +620,12 @@ async fn the_example_keeps_limiting_while_redis_is_down(kind: Kind) {
         "{:?}",
         got[0].headers
     );
-    assert_eq!(got[5].header("retry-after"), "60");
+    // 60 s from the first local charge, less the time the requests took (measured).
+    let retry: u64 = got[5].header("retry-after").parse().unwrap();
+    assert!(
+        retry <= 60 && retry + elapsed.as_secs() + 1 >= 60,
+        "{retry}"
+    );
     let m = http(a.port, "GET", "/metrics", &[]).await;
     assert!(!m.body.contains("\"local\": 0,"), "{}", m.body);
     server.restart();
@@ -587,4 +646,534 @@ async fn the_example_keeps_limiting_while_redis_is_down(kind: Kind) {
         "{:?}",
         back.headers
     );
+}
+
+/// docs/clients.md#recovery, over HTTP: Redis restarts on the same port while the example
+/// (the local failure policy, as its own limiter; a 5 s timeout, so that a slow reply on this
+/// loaded machine is not taken for an outage) is idle; the very next request is decided by
+/// Redis (its key is written there), not by the failure policy, and no outage is counted.
+async fn a_restart_while_the_app_is_idle_is_answered_by_redis(kind: Kind) {
+    let mut server = kind.server();
+    let prefix = support::prefix();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        prefix.clone(),
+        "a",
+        Some((FailurePolicy::Local, Duration::from_secs(5))),
+    );
+    let key = format!("{prefix}upload:{{ip:127.0.0.1}}");
+    let exists = |server: &common::Server| {
+        common::q::<i64>(&mut server.conn(), &["EXISTS", key.as_str()]) == 1
+    };
+    for round in 0..3 {
+        let r = http(a.port, "POST", "/upload", &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "round {round}: {}", r.body);
+        assert!(r.header("ratelimit").starts_with("\"upload\";r=4;"));
+        assert!(exists(&server), "round {round}: decided in Redis");
+        server.restart(); // no persistence: the key goes with it
+        assert!(!exists(&server));
+    }
+    let m = http(a.port, "GET", "/metrics", &[]).await;
+    for zero in ["\"degraded\": 0,", "\"local\": 0,", "\"errors\": 0,"] {
+        assert!(m.body.contains(zero), "{zero} {}", m.body);
+    }
+}
+
+/// docs/clients.md#identity-values: a value over 128 bytes is stored hashed, as
+/// `~sha256:<hex>`, a form no literal value can take (a literal `~` is `%7E`). The reviewer's
+/// collision: 10 requests with `X-API-Key: sha256:<sha256 of 200 × "a">` used to exhaust the
+/// real long key's bucket.
+async fn a_literal_hash_never_shares_a_long_keys_bucket(kind: Kind) {
+    use sha2::{Digest, Sha256};
+
+    let server = kind.server();
+    let prefix = support::prefix();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        prefix.clone(),
+        "a",
+        STRICT,
+    );
+    let long = "a".repeat(200);
+    let hex = format!("{:x}", Sha256::digest(long.as_bytes()));
+    let literal = format!("sha256:{hex}");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(
+            http(
+                a.port,
+                "GET",
+                "/reports",
+                &[("X-API-Key", literal.as_str())],
+            )
+            .await,
+        );
+    }
+    assert_eq!(
+        got.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [200, 200, 429],
+        "the literal's own bucket (2 at once)"
+    );
+    let real = http(a.port, "GET", "/reports", &[("X-API-Key", long.as_str())]).await;
+    assert_eq!(
+        real.status,
+        StatusCode::OK,
+        "the long key's bucket is its own"
+    );
+    assert!(real.header("ratelimit").starts_with("\"reports\";r=1;"));
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:~sha256:{hex}}}"
+    )));
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:sha256:{hex}}}"
+    )));
+    // A literal `~sha256:…` is escaped, so it cannot reach the hashed form either.
+    let tilde = format!("~sha256:{hex}");
+    let r = http(a.port, "GET", "/reports", &[("X-API-Key", tilde.as_str())]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:%7Esha256:{hex}}}"
+    )));
+}
+
+/// docs/clients.md#closed-policy: the degraded answers of the open and closed policies (an
+/// admission, a 503) carry no RateLimit fields, neither `RateLimit` nor `RateLimit-Policy`,
+/// for one limit (`/reports`) and for several (`/api/thing`: one check_all); the closed
+/// policy's 503 keeps its `Retry-After`.
+async fn degraded_answers_carry_no_ratelimit_fields(kind: Kind) {
+    let mut server = kind.server();
+    let url = support::url(&server);
+    let open = Instance::start_on(
+        vec![url.clone()],
+        false,
+        support::prefix(),
+        "open",
+        Some((FailurePolicy::Open, Duration::from_secs(5))),
+    );
+    let closed = Instance::start_on(
+        vec![url],
+        false,
+        support::prefix(),
+        "closed",
+        Some((FailurePolicy::Closed, Duration::from_secs(5))),
+    );
+    let key = [("X-API-Key", "dg")];
+    for port in [open.port, closed.port] {
+        let r = http(port, "GET", "/reports", &key).await;
+        assert!(r.headers.contains_key("ratelimit-policy"), "Redis up");
+    }
+    server.stop();
+    for (port, want) in [
+        (open.port, StatusCode::OK),
+        (closed.port, StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        for path in ["/reports", "/api/thing"] {
+            let r = http(port, "GET", path, &key).await;
+            assert_eq!(r.status, want, "{path}: {}", r.body);
+            for field in ["ratelimit", "ratelimit-policy", "x-ratelimit-limit"] {
+                assert!(
+                    !r.headers.contains_key(field),
+                    "{want} {path}: a degraded answer with {field}: {:?}",
+                    r.headers
+                );
+            }
+            assert_eq!(
+                r.headers.contains_key("retry-after"),
+                want == StatusCode::SERVICE_UNAVAILABLE,
+                "{path}"
+            );
+        }
+    }
+    server.restart();
+}
+
+/// One request has one key whichever server ran it: a header key sent on two lines, as one
+/// comma-separated line, or with spaces around the comma is the one list `a, b` (split on
+/// `,`, each element trimmed, joined with `", "`, as the Python package's WSGI and ASGI
+/// integrations read it), so all three spellings share one bucket.
+async fn repeated_header_lines_are_one_list(kind: Kind) {
+    let server = kind.server();
+    let prefix = support::prefix();
+    let a = Instance::start_on(
+        vec![support::url(&server)],
+        false,
+        prefix.clone(),
+        "a",
+        STRICT,
+    );
+    let spellings: [&[(&str, &str)]; 3] = [
+        &[("X-API-Key", "a"), ("X-API-Key", "b")],
+        &[("X-API-Key", "a,b")],
+        &[("X-API-Key", " a ,\tb ")],
+    ];
+    let mut got = Vec::new();
+    for headers in spellings {
+        got.push(
+            http(a.port, "GET", "/reports", headers)
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(got, [200, 200, 429], "one bucket (2 at once)");
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    assert!(exists(&format!(
+        "{prefix}reports:{{hdr.x-api-key:a%2C%20b}}"
+    )));
+}
+
+/// An axum app served on a loopback port in this runtime (with the peer address), until the
+/// handle is dropped or aborted.
+async fn serve(app: axum::Router) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    (port, task)
+}
+
+/// docs/clients.md#client-ip: `Forwarded: for="1.1.1.1` (an unclosed quote) and
+/// `for=2.2.2.2"` (a stray one) are unusable values: the peer is the client and it is
+/// counted (`forwarded_unusable`); only a value quoted as a whole (`for="1.1.1.1"`) names
+/// 1.1.1.1.
+async fn a_forwarded_value_with_an_unclosed_quote_is_unusable(kind: Kind) {
+    use redis_rl_client::http::{ClientIp, Forwarding};
+
+    let server = kind.server();
+    let lim = strict(&server).await;
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(
+            RateLimitLayer::new(lim.clone())
+                .client_ip(
+                    ClientIp::new()
+                        .trusted(["127.0.0.1"])
+                        .unwrap()
+                        .forwarding(Forwarding::Forwarded),
+                )
+                .rule(
+                    Rule::any("1/minute", Key::ip())
+                        .unwrap()
+                        .name("fw")
+                        .unwrap(),
+                )
+                .unwrap(),
+        );
+    let (port, task) = serve(app).await;
+    let mut got = Vec::new();
+    for value in ["for=\"1.1.1.1", "for=2.2.2.2\"", "for=\"1.1.1.1\""] {
+        got.push(
+            http(port, "GET", "/", &[("Forwarded", value)])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    task.abort();
+    assert_eq!(
+        got,
+        [200, 429, 200],
+        "the first two are the peer's bucket, the third 1.1.1.1's"
+    );
+    assert_eq!(lim.counters().snapshot().forwarded_unusable, 2);
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    let prefix = lim.prefix();
+    assert!(exists(&format!("{prefix}fw:{{ip:127.0.0.1}}")));
+    assert!(exists(&format!("{prefix}fw:{{ip:1.1.1.1}}")));
+    assert!(!exists(&format!("{prefix}fw:{{ip:2.2.2.2}}")));
+}
+
+/// An axum app served on a Unix socket in `dir` (as behind nginx, or uvicorn `--uds`): its
+/// requests carry no peer address.
+async fn serve_unix(
+    app: axum::Router,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, tokio::task::JoinHandle<()>) {
+    let path = dir.join("app.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (path, task)
+}
+
+/// Issue 23b, 1: over a Unix socket there is no peer address. The IP limits are neither
+/// skipped nor unlimited: every request without a usable client address counts in the one
+/// bucket `<name>:{ip:unknown}` (Key::ip, and a keyless request's Missing::Ip fallback),
+/// counted `peer_unknown`. With "unix" trusted (a proxy in front of the socket), the
+/// proxy's X-Forwarded-For names each client.
+async fn over_a_unix_socket_requests_without_an_address_share_one_bucket(kind: Kind) {
+    use redis_rl_client::http::ClientIp;
+
+    let server = kind.server();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = |lim: Limiter, client_ip: ClientIp| {
+        axum::Router::new()
+            .route("/ip", axum::routing::get(|| async { "ok" }))
+            .route("/key", axum::routing::get(|| async { "ok" }))
+            .layer(
+                RateLimitLayer::new(lim)
+                    .client_ip(client_ip)
+                    .rule(
+                        Rule::new("/ip", "3/minute", Key::ip())
+                            .unwrap()
+                            .name("u")
+                            .unwrap(),
+                    )
+                    .unwrap()
+                    .rule(
+                        Rule::new("/key", "2/minute", Key::header("X-API-Key"))
+                            .unwrap()
+                            .name("k")
+                            .unwrap(),
+                    )
+                    .unwrap(),
+            )
+    };
+    let direct = strict(&server).await;
+    let (socket, task) = serve_unix(rules(direct.clone(), ClientIp::new()), dir.path()).await;
+    let mut by_ip = Vec::new();
+    for _ in 0..5 {
+        by_ip.push(http_unix(&socket, "GET", "/ip", &[]).await.status.as_u16());
+    }
+    let mut keyless = Vec::new();
+    for _ in 0..3 {
+        keyless.push(http_unix(&socket, "GET", "/key", &[]).await.status.as_u16());
+    }
+    // A forwarding header from an untrusted socket peer names nobody.
+    let forged = http_unix(
+        &socket,
+        "GET",
+        "/ip",
+        &[("X-Forwarded-For", "198.51.100.9")],
+    )
+    .await;
+    task.abort();
+    assert_eq!(
+        by_ip,
+        [200, 200, 200, 429, 429],
+        "one shared bucket, limited"
+    );
+    assert_eq!(keyless, [200, 200, 429], "the keyless fallback too");
+    assert_eq!(forged.status, StatusCode::TOO_MANY_REQUESTS);
+    let c = direct.counters().snapshot();
+    assert_eq!((c.peer_unknown, c.skipped), (9, 0), "{c:?}");
+    let exists = |k: &str| common::q::<i64>(&mut server.conn(), &["EXISTS", k]) == 1;
+    let prefix = direct.prefix().to_owned();
+    assert!(exists(&format!("{prefix}u:{{ip:unknown}}")));
+    assert!(exists(&format!("{prefix}k:{{ip:unknown}}")));
+
+    // Behind a proxy on the socket: trust it, and its header names each client.
+    let proxied = strict(&server).await;
+    let sub = dir.path().join("proxied");
+    std::fs::create_dir(&sub).unwrap();
+    let trusted = ClientIp::new().trusted(["unix"]).unwrap();
+    let (socket, task) = serve_unix(rules(proxied.clone(), trusted), &sub).await;
+    let mut one = Vec::new();
+    for _ in 0..4 {
+        let r = http_unix(
+            &socket,
+            "GET",
+            "/ip",
+            &[("X-Forwarded-For", "198.51.100.1")],
+        )
+        .await;
+        one.push(r.status.as_u16());
+    }
+    let other = http_unix(
+        &socket,
+        "GET",
+        "/ip",
+        &[("X-Forwarded-For", "198.51.100.2")],
+    )
+    .await;
+    let health_check = http_unix(&socket, "GET", "/ip", &[]).await;
+    task.abort();
+    assert_eq!(one, [200, 200, 200, 429]);
+    assert_eq!(other.status, StatusCode::OK, "another client's own bucket");
+    assert_eq!(health_check.status, StatusCode::OK);
+    let prefix = proxied.prefix().to_owned();
+    assert!(exists(&format!("{prefix}u:{{ip:198.51.100.1}}")));
+    assert!(
+        exists(&format!("{prefix}u:{{ip:unknown}}")),
+        "no header: unknown"
+    );
+    assert_eq!(proxied.counters().snapshot().peer_unknown, 1);
+}
+
+/// A limit's name is its bucket's name across the rules of a layer: two rules that give the
+/// name `ip` to different limits (the reviewer's 100/minute `/api/` and 5/minute `/two/`,
+/// which answered 429 at once; a GCRA and a window on one key answered 500) are refused
+/// when the layer is built, naming both rules and the name. The same limit under one name in
+/// several rules is one bucket on purpose, over HTTP.
+async fn one_limit_name_is_one_bucket_across_rules(kind: Kind) {
+    let server = kind.server();
+    let lim = strict(&server).await;
+    let ip = |path: &str, limit: &str| {
+        Rule::all(path, [("ip", limit.parse().unwrap(), Key::ip())]).unwrap()
+    };
+    let layer = || RateLimitLayer::new(lim.clone());
+    let err = layer()
+        .rule(ip("/api/", "100/minute"))
+        .unwrap()
+        .rule(ip("/two/", "5/minute"))
+        .unwrap_err();
+    let m = err.message();
+    assert!(
+        m.contains("rule 2 ('/two/')") && m.contains("rule 1 ('/api/')"),
+        "{m}"
+    );
+    assert!(m.contains("both name a limit 'ip'"), "{m}");
+    let gcra = Rule::new("/g/", Gcra::new(5, 1, 1).unwrap(), Key::ip())
+        .unwrap()
+        .methods(["POST"])
+        .name("ip")
+        .unwrap();
+    let err = layer()
+        .rule(ip("/api/", "5/minute"))
+        .unwrap()
+        .rule(gcra.clone())
+        .unwrap_err();
+    assert!(err.message().contains("rule 2 ('POST /g/')"), "{err}");
+    let err = layer()
+        .default_rule(gcra)
+        .unwrap()
+        .rule(ip("/api/", "5/minute"))
+        .unwrap_err();
+    assert!(err.message().contains("the default rule"), "{err}");
+    // Several limits of one string are named `<name>-<window>s`: the same string in two rules
+    // named alike is the same limits, so it is accepted.
+    let named = |path: &str| {
+        Rule::new(path, "3/minute; 10/hour", Key::ip())
+            .unwrap()
+            .name("both")
+            .unwrap()
+    };
+    assert!(layer()
+        .rule(named("/a/"))
+        .unwrap()
+        .rule(named("/b/"))
+        .is_ok());
+    // One shared per-IP limit on purpose, and a differently named one apart.
+    let app = axum::Router::new()
+        .route("/api/x", axum::routing::get(|| async { "ok" }))
+        .route("/two/x", axum::routing::get(|| async { "ok" }))
+        .route("/three/x", axum::routing::get(|| async { "ok" }))
+        .layer(
+            layer()
+                .rule(ip("/api/", "5/minute"))
+                .unwrap()
+                .rule(ip("/two/", "5/minute"))
+                .unwrap()
+                .rule(
+                    Rule::new("/three/", "5/minute", Key::ip())
+                        .unwrap()
+                        .name("three-ip")
+                        .unwrap(),
+                )
+                .unwrap(),
+        );
+    let (port, task) = serve(app).await;
+    let mut got = Vec::new();
+    for path in [
+        "/api/x", "/api/x", "/api/x", "/two/x", "/two/x", "/two/x", "/three/x",
+    ] {
+        got.push(http(port, "GET", path, &[]).await.status.as_u16());
+    }
+    task.abort();
+    assert_eq!(got, [200, 200, 200, 200, 200, 429, 200]);
+}
+
+/// A reported cost beyond what a limit's arithmetic can hold (2^64 − 1 on a GCRA: its time
+/// would pass 64-bit nanoseconds) used to record nothing, with one log line. The layer now
+/// records the largest FORCE the limit can hold (the key is used up for as long as the
+/// arithmetic goes: centuries), and counts the shortfall in `errors`; the same for the
+/// windows (their count saturates). Over HTTP.
+async fn a_reported_cost_beyond_the_arithmetic_is_recorded_saturated_and_counted(kind: Kind) {
+    use axum::response::IntoResponse;
+    use redis_rl_client::{Algorithm, ReportedCost, Window};
+
+    let server = kind.server();
+    let lim = strict_with(&server, |b| b.deny_cache(false)).await;
+    let handler = |headers: http::HeaderMap| async move {
+        let n: u64 = headers["x-report"].to_str().unwrap().parse().unwrap();
+        (axum::Extension(ReportedCost(n)), "ok").into_response()
+    };
+    let g = Gcra::new(5, 1, 60).unwrap();
+    let fixed = Window::new(5, 60, Algorithm::Fixed).unwrap();
+    let sliding = Window::new(5, 60, Algorithm::Sliding).unwrap();
+    let rule = |path: &str, name: &str, limit: redis_rl_client::Limit| {
+        Rule::new(path, limit, Key::ip())
+            .unwrap()
+            .name(name)
+            .unwrap()
+    };
+    let app = axum::Router::new()
+        .route("/g", axum::routing::get(handler))
+        .route("/f", axum::routing::get(handler))
+        .route("/s", axum::routing::get(handler))
+        .layer(
+            RateLimitLayer::new(lim.clone())
+                .rule(rule("/g", "g", g.clone().into()))
+                .unwrap()
+                .rule(rule("/f", "f", fixed.clone().into()))
+                .unwrap()
+                .rule(rule("/s", "s", sliding.clone().into()))
+                .unwrap(),
+        );
+    let (port, task) = serve(app).await;
+    let max = u64::MAX.to_string();
+    let mut first = Vec::new();
+    let mut then = Vec::new();
+    for path in ["/g", "/f", "/s"] {
+        first.push(http(port, "GET", path, &[("x-report", max.as_str())]).await);
+        then.push(http(port, "GET", path, &[("x-report", "1")]).await);
+    }
+    task.abort();
+    assert!(first.iter().all(|r| r.status == StatusCode::OK));
+    assert_eq!(
+        then.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [429, 429, 429],
+        "the reported usage was recorded"
+    );
+    let c = lim.counters().snapshot();
+    assert_eq!(c.errors, 3, "each shortfall counted: {c:?}");
+    // The GCRA key is used up for centuries (as far as 64-bit nanoseconds go), not 60 s.
+    let state = lim.check("g:{ip:127.0.0.1}", &g).cost(0).await.unwrap();
+    assert_eq!(state.remaining, 0);
+    assert!(
+        state.reset_after > Duration::from_secs(100 * 365 * 86_400),
+        "{state:?}"
+    );
+    let retry: u64 = then[0].header("retry-after").parse().unwrap();
+    assert!(retry > 100 * 365 * 86_400, "{retry}");
+    // The windows' counts are saturated: used up until the window ends.
+    for (key, w) in [("f:{ip:127.0.0.1}", &fixed), ("s:{ip:127.0.0.1}", &sliding)] {
+        let d = lim.check(key, w).cost(0).await.unwrap();
+        assert_eq!(d.remaining, 0, "{key}: {d:?}");
+    }
+}
+
+/// Checks a denial's `Retry-After` against the `full` seconds it names when the requests
+/// before it took no time: the seconds that passed between them on a loaded machine are
+/// taken off (at most WALL_SLACK_S), never added. Returns the value.
+fn retry_after_near(header: &str, full: u64) -> u64 {
+    const WALL_SLACK_S: u64 = 10;
+    let secs: u64 = header
+        .parse()
+        .unwrap_or_else(|_| panic!("Retry-After {header:?}"));
+    assert!(
+        (full.saturating_sub(WALL_SLACK_S)..=full).contains(&secs),
+        "Retry-After {secs}, expected {full} less the time the requests took"
+    );
+    secs
 }

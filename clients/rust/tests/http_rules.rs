@@ -135,6 +135,24 @@ fn client_ip_reads_forwarded_only_when_configured() {
         &[("forwarded", fwd), ("x-forwarded-for", "9.9.9.9")],
     );
     assert_eq!(key_of(&key, &r).unwrap(), "2001:db8::/64");
+    // Quoted as a whole or not at all: an unclosed or stray quote is unusable (the peer).
+    let rule = ClientIp::new()
+        .trusted(["10.0.0.0/8"])
+        .unwrap()
+        .forwarding(Forwarding::Forwarded);
+    for (value, want, unusable) in [
+        ("for=\"1.1.1.1\"", "1.1.1.1", false),
+        ("for=1.1.1.1", "1.1.1.1", false),
+        ("for=\"1.1.1.1", "10.0.0.1", true),
+        ("for=1.1.1.1\"", "10.0.0.1", true),
+        ("for=\"1.1.1\".1\"", "10.0.0.1", true),
+        ("for=\"\"", "10.0.0.1", true),
+        ("for=\"[2001:db8::1]:4711", "10.0.0.1", true),
+    ] {
+        let h = req(None, "/", &[("forwarded", value)]).headers;
+        let (got, bad) = rule.resolve("10.0.0.1".parse().ok(), &h);
+        assert_eq!((got.as_deref(), bad), (Some(want), unusable), "{value}");
+    }
 }
 
 #[test]
@@ -171,9 +189,9 @@ fn client_ip_normalises_ports_and_ipv6() {
         "192.0.2.7"
     );
     assert_eq!(
-        key_of(&any, &req(None, "/", &[])),
-        None,
-        "no peer: the key does not apply"
+        key_of(&any, &req(None, "/", &[])).as_deref(),
+        Some("unknown"),
+        "no peer: the one shared `unknown` bucket, never no limit"
     );
     assert!(Key::client_ip(["not-a-network"]).is_err());
 }
@@ -216,10 +234,43 @@ fn other_key_functions() {
 }
 
 #[test]
+fn a_header_is_one_list_however_it_was_sent() {
+    let key = Key::header("X-API-Key");
+    for headers in [
+        &[("x-api-key", "a"), ("x-api-key", "b")][..],
+        &[("x-api-key", "a,b")],
+        &[("x-api-key", "a , b")],
+        &[("x-api-key", "\ta,\tb\t")],
+        &[("x-api-key", "a ,"), ("x-api-key", " b")],
+    ] {
+        let r = req(Some("203.0.113.9"), "/", headers);
+        let want = if headers.len() == 2 && headers[0].1 == "a ," {
+            "a, , b" // an empty element is kept
+        } else {
+            "a, b"
+        };
+        assert_eq!(
+            r.info().header("x-api-key").as_deref(),
+            Some(want),
+            "{headers:?}"
+        );
+        assert_eq!(key_of(&key, &r).as_deref(), Some(want), "{headers:?}");
+    }
+    let r = req(
+        Some("203.0.113.9"),
+        "/",
+        &[("x-api-key", "a,,b"), ("x-api-key", "c")],
+    );
+    assert_eq!(r.info().header("x-api-key").as_deref(), Some("a, , b, c"));
+    let r = req(Some("203.0.113.9"), "/", &[("x-api-key", "  ")]);
+    assert_eq!(key_of(&key, &r), None, "blank is missing");
+}
+
+#[test]
 fn client_values_cannot_change_the_hash_tag() {
     assert_eq!(safe_key_part("{evil}"), "%7Bevil%7D");
     assert_eq!(safe_key_part("a b"), "a%20b");
-    assert!(safe_key_part(&"x".repeat(200)).starts_with("sha256:"));
+    assert!(safe_key_part(&"x".repeat(200)).starts_with("~sha256:"));
     let rule = Rule::all(
         "/",
         [
@@ -318,12 +369,12 @@ fn a_missing_identity_is_never_no_limit() {
         Planned::Unlimited { skipped } => assert_eq!(skipped, 1),
         other => panic!("{other:?}"),
     }
-    // Keyless and without a peer address (a server that records none): the IP fallback
-    // cannot apply, and that is counted as skipped, never silent.
-    match plan(&[rule(None)], None, &req(None, "/", &[]).info(), &[]) {
-        Planned::Unlimited { skipped } => assert_eq!(skipped, 1),
-        other => panic!("{other:?}"),
-    }
+    // Keyless and without a usable client address (a Unix socket, a server that records
+    // none): the IP fallback is the one shared `unknown` bucket, limited, never skipped.
+    let p = limited(&[rule(None)], &req(None, "/", &[]), &[]).unwrap();
+    assert_eq!(p.keys[0].0, "api:{ip:unknown}");
+    assert!(p.peer_unknown && p.skipped == 0, "{p:?}");
+    assert!(!limited(&[rule(None)], &keyless, &[]).unwrap().peer_unknown);
     // header_or shares one bucket among keyless clients, as asked.
     let shared = Rule::new("/", "5/minute", Key::header_or("x-api-key", "anonymous")).unwrap();
     let p = limited(&[shared], &keyless, &[]).unwrap();
@@ -454,10 +505,63 @@ fn rules_match_by_path_and_method_first_match_wins() {
 }
 
 #[test]
-fn a_rule_whose_keys_do_not_apply_does_not_limit() {
-    // No peer address: the client IP is unknown, so neither the key nor its fallback applies.
-    let rule = Rule::any(Gcra::new(1, 1, 1).unwrap(), Key::header("authorization")).unwrap();
-    assert!(limited(&[rule], &req(None, "/", &[]), &[]).is_none());
+fn a_request_without_a_usable_address_shares_the_unknown_bucket() {
+    // No peer address (a Unix socket): Key::ip, Key::client_ip and the Missing::Ip fallback
+    // all key the `ip` identity `unknown`, so every such request counts in one bucket.
+    let rule = Rule::all(
+        "/",
+        [
+            (
+                "auth",
+                Gcra::new(1, 1, 1).unwrap().into(),
+                Key::header("authorization"),
+            ),
+            ("ip", "9/minute".parse().unwrap(), Key::ip()),
+            (
+                "own",
+                "9/minute".parse().unwrap(),
+                Key::client_ip(["10.0.0.0/8"]).unwrap(),
+            ),
+        ],
+    )
+    .unwrap();
+    let p = limited(std::slice::from_ref(&rule), &req(None, "/", &[]), &[]).unwrap();
+    let keys: Vec<&str> = p.keys.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["auth:{ip:unknown}", "ip:{ip:unknown}", "own:{ip:unknown}"]
+    );
+    assert!(p.peer_unknown);
+    // A Unix socket's forwarding header is not read unless "unix" is trusted.
+    let forwarded = req(None, "/", &[("x-forwarded-for", "198.51.100.7")]);
+    let ip = Key::client_ip(["10.0.0.0/8"]).unwrap();
+    assert_eq!(key_of(&ip, &forwarded).as_deref(), Some("unknown"));
+    let behind_a_socket = Key::client_ip(["unix", "10.0.0.0/8"]).unwrap();
+    assert_eq!(
+        key_of(&behind_a_socket, &forwarded).as_deref(),
+        Some("198.51.100.7")
+    );
+    let hops = req(
+        None,
+        "/",
+        &[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.0.0.3")],
+    );
+    assert_eq!(
+        key_of(&behind_a_socket, &hops).as_deref(),
+        Some("198.51.100.7"),
+        "the rightmost untrusted hop"
+    );
+    // A trusted socket without the header, or with garbage: no usable address.
+    let rule = ClientIp::new().trusted(["UNIX"]).unwrap();
+    assert_eq!(rule.resolve(None, &HeaderMap::new()), (None, false));
+    let garbage = req(None, "/", &[("x-forwarded-for", "nope")]).headers;
+    assert_eq!(rule.resolve(None, &garbage), (None, true));
+    // An IP peer is never taken for a socket: "unix" trusts no address.
+    let h = req(None, "/", &[("x-forwarded-for", "198.51.100.7")]).headers;
+    assert_eq!(
+        rule.resolve("10.0.0.1".parse().ok(), &h).0.as_deref(),
+        Some("10.0.0.1")
+    );
 }
 
 #[test]

@@ -135,8 +135,9 @@ class Decision:
 
         `policy_name` names a single limit (default: the limit's `name`, else "default");
         `names` maps keys to names for a combined decision (default: each limit's `name`,
-        else "limit1", "limit2", …). A blind decision (failure policy "open" or "closed")
-        carries no RateLimit field (nothing is known about the key), only Retry-After when it
+        else "limit1", "limit2", …). A degraded blind decision (failure policy "open" or
+        "closed") carries no RateLimit field, neither RateLimit-Policy nor RateLimit (nothing
+        is known about the key: docs/clients.md#closed-policy), only Retry-After when it
         denies; a "local" policy's degraded decision carries the local limiter's numbers.
         """
         out: dict[str, str] = {}
@@ -156,6 +157,8 @@ class Decision:
         else:
             name = policy_name or (self.policy.name if self.policy and self.policy.name else None)
             items = [(name or "default", self)]
+        if self.blind and self.degraded:
+            return out  # the failure policy "open" or "closed": no RateLimit field at all
         policies = [d._policy_item(n) for n, d in items]
         policies = [p for p in policies if p]
         if policies:

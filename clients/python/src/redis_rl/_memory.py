@@ -556,8 +556,8 @@ class MemoryStore:
         entry = self._keys.get((key, kind))
         if entry is None:
             return None
-        state, expires = entry
-        if now >= expires:
+        state, expire_at_ms = entry
+        if now // _NS_PER_MS > expire_at_ms:  # Redis: expired once its ms clock passes the expiry
             del self._keys[(key, kind)]
             return None
         return state
@@ -566,7 +566,10 @@ class MemoryStore:
         if state is None:
             self._keys.pop((key, kind), None)
             return
-        self._keys[(key, kind)] = (state, now + max(1, _ceil_ms(reset) * _NS_PER_MS))
+        # The module's expiry: the instant the key is idle, rounded up to the millisecond
+        # (docs/reference.md#r-time-4), kept by Redis while its clock's milliseconds do not
+        # pass it.
+        self._keys[(key, kind)] = (state, _ceil_ms(now + reset))
         self._keys.move_to_end((key, kind))
         while len(self._keys) > self.max_keys:
             self._keys.popitem(last=False)

@@ -23,6 +23,7 @@ __all__ = [
     "LeaseLost",
     "LimiterUnavailable",
     "RateLimitExceeded",
+    "is_connection_level",
     "is_unavailable",
 ]
 
@@ -98,6 +99,40 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+# Connection errors that are not about the link: a refused login or permission, a server
+# still loading its data, a full pool. Retrying them at once changes nothing.
+_NOT_THE_LINK: tuple[type[BaseException], ...] = (
+    rexc.AuthenticationError,
+    rexc.AuthorizationError,
+    rexc.BusyLoadingError,
+    rexc.MaxConnectionsError,
+    getattr(rexc, "ExternalAuthProviderError", rexc.AuthenticationError),
+)
+
+
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(5):  # redis-py raises its ConnectionError while handling the OSError
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def is_connection_level(exc: BaseException) -> bool:
+    """is_connection_level: a connection that was there failed, not the command or the
+    server: reset, aborted, a broken pipe, an end of file ("Connection closed by server"), as
+    a pooled connection that a Redis restart closed answers. Not a refused connect (redis-py
+    has just tried a fresh connection: nothing is listening, and trying again at once gains
+    nothing) and never a timeout (the server may be working on the command, and waiting
+    twice makes an outage slow to detect)."""
+    if isinstance(exc, (rexc.TimeoutError, TimeoutError, asyncio.TimeoutError, *_NOT_THE_LINK)):
+        return False
+    return isinstance(exc, (rexc.ConnectionError, ConnectionError)) and not _refused(exc)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """is_unavailable tells a Redis outage (connect, timeout, OOM, failover) from misuse."""
     if isinstance(exc, _UNAVAILABLE):
@@ -126,6 +161,7 @@ COUNTER_NAMES = (
     "missing_denied",
     "leases_lost",
     "forwarded_unusable",
+    "peer_unknown",
 )
 
 
@@ -136,7 +172,9 @@ class Counters:
     * allowed_locally: admitted from a batch credit, without a Redis call.
     * denied_locally: denied by the deny cache, without a Redis call.
     * degraded: answered by the failure policy.
-    * errors: Redis calls that failed (connect, timeout, OOM, failover).
+    * errors: Redis calls that failed (connect, timeout, OOM, failover), and reported costs
+      a middleware could not record in full (beyond the limit's arithmetic: the most it
+      holds was recorded).
     * redis_calls: Redis calls made (one per round trip).
     * refunded: units given back (refund() and batch leftovers). A background refund of
       batch leftovers is counted as it is sent, so this never lags what Redis shows.
@@ -149,6 +187,9 @@ class Counters:
     * leases_lost: held leases found lost (LEASELOST, or not renewed for a whole lease time).
     * forwarded_unusable: requests from a trusted proxy whose forwarding header held no
       usable address, keyed by the peer address instead.
+    * peer_unknown: requests a middleware keyed by the client IP without a usable client
+      address (no peer, a peer that is not an IP address, a Unix socket without a trusted
+      forwarding header): they share the one bucket `ip:unknown`.
 
     `hook(name, n)` is called for every increment (for a metrics library); it must be cheap
     and must not raise.

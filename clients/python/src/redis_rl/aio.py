@@ -24,7 +24,7 @@ from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release, duration_
 from ._decision import Decision, decision_from_reply, ms_to_timedelta
 from ._limits import MAX_SECONDS, Lease, Limit, check_token, positive
 from ._local import Credit
-from ._policy import RateLimitExceeded, is_unavailable
+from ._policy import RateLimitExceeded, is_connection_level, is_unavailable
 from ._protocol import (
     Arg,
     LibraryPlan,
@@ -230,13 +230,30 @@ class AsyncLimiter(LimiterBase):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _guarded(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode] | BaseException:
+        """_guarded: see `Limiter._guarded` (a connection-level failure is tried once more on
+        a fresh connection before it counts as an outage)."""
         try:
-            return await self._call(op, keys, args)
+            try:
+                return await self._call(op, keys, args)
+            except Exception as e:
+                if not is_connection_level(e):
+                    raise
+                await self._drop_idle_connections()
+                return await self._call(op, keys, args)
         except Exception as e:
             if not is_unavailable(e):
                 raise
             self.health.failure(e)
             return e
+
+    async def _drop_idle_connections(self) -> None:
+        """_drop_idle_connections: see `Limiter._drop_idle_connections`."""
+        pool = getattr(self.redis, "connection_pool", None)
+        if pool is not None:
+            try:
+                await pool.disconnect(inuse_connections=False)
+            except Exception:  # closing a dead socket may fail; the retry reconnects anyway
+                pass
 
     # -- decisions --------------------------------------------------------------------------
 

@@ -194,7 +194,7 @@ class RateLimitMiddleware:
         if p is None:
             await self.app(scope, receive, send)
             return
-        self.gate.count(self.limiter, p)
+        self.gate.count(self.limiter, p, info.peer)
         if p.missing is not None:
             await deny(self.gate, scope, receive, send, identity_required(p.missing), None, info)
             return

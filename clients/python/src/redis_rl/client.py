@@ -18,7 +18,7 @@ from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release, duration_
 from ._decision import Decision, decision_from_reply, ms_to_timedelta
 from ._limits import Lease, Limit, check_token, positive
 from ._local import Credit
-from ._policy import RateLimitExceeded, is_unavailable
+from ._policy import RateLimitExceeded, is_connection_level, is_unavailable
 from ._protocol import (
     Arg,
     LibraryPlan,
@@ -233,14 +233,36 @@ class Limiter(LimiterBase):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _guarded(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode] | BaseException:
-        """_guarded returns (reply, mode), or the outage error (after counting it)."""
+        """_guarded returns (reply, mode), or the outage error (after counting it).
+
+        A connection-level failure (`is_connection_level`: a pooled connection that a Redis
+        restart closed) is tried once more on a fresh connection before it counts as an
+        outage, so the first call after a restart the limiter did not see is
+        decided by Redis (docs/clients.md#recovery)."""
         try:
-            return self._call(op, keys, args)
+            try:
+                return self._call(op, keys, args)
+            except Exception as e:
+                if not is_connection_level(e):
+                    raise
+                self._drop_idle_connections()
+                return self._call(op, keys, args)
         except Exception as e:
             if not is_unavailable(e):
                 raise
             self.health.failure(e)
             return e
+
+    def _drop_idle_connections(self) -> None:
+        """_drop_idle_connections closes the pool's idle connections (a restart closed them
+        all on the server's side): the next call connects afresh. A cluster client replaces
+        a failed node's connections itself."""
+        pool = getattr(self.redis, "connection_pool", None)
+        if pool is not None:
+            try:
+                pool.disconnect(inuse_connections=False)
+            except Exception:  # closing a dead socket may fail; the retry reconnects anyway
+                pass
 
     # -- decisions --------------------------------------------------------------------------
 

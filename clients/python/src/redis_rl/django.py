@@ -107,7 +107,7 @@ def _deny(gate: Gate, v: Verdict, d: Decision | None, request: Any) -> Any:
 
 
 def _run(limiter: Limiter, gate: Gate, p: Plan, request: Any, view: Callable[[], Any]) -> Any:
-    gate.count(limiter, p)
+    gate.count(limiter, p, request.META.get("REMOTE_ADDR"))
     if p.missing is not None:
         return _deny(gate, identity_required(p.missing), None, request)
     if not p.checks:

@@ -150,7 +150,7 @@ class _Flask:
         p = self.gate.plan(info, rule)
         if p is None:
             return None
-        self.gate.count(self.limiter, p)
+        self.gate.count(self.limiter, p, info.peer)
         if p.missing is not None:
             return self.deny(identity_required(p.missing), None, info)
         if not p.checks:

@@ -33,6 +33,8 @@ import ipaddress
 import json
 import logging
 import re
+import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -43,7 +45,7 @@ import redis
 from redis.crc import key_slot
 
 from ._decision import NEVER, Decision, RetryAfter, Source, ceil_seconds
-from ._limits import U64_MAX, Algorithm, InvalidLimit, Lease, Limit, StringAlgorithm, Window, parse_limits
+from ._limits import GCRA, U64_MAX, Algorithm, InvalidLimit, Lease, Limit, StringAlgorithm, Window, parse_limits
 from ._policy import LimiterUnavailable
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ __all__ = [
     "custom_key",
     "decide",
     "header",
+    "list_value",
     "normalise_path",
     "plan",
     "report_cost",
@@ -127,6 +130,10 @@ class Identity:
     #: client_ip only: the trusted proxy's forwarding header held no usable address, so the
     #: peer address was used (counted as `forwarded_unusable`).
     unusable_forwarding: bool = False
+    #: client_ip only: no usable client address was found (no peer, a peer that is not an IP
+    #: address, a Unix socket without a trusted forwarding header): the value is UNKNOWN_IP,
+    #: one bucket shared by every such request (counted as `peer_unknown`).
+    peer_unknown: bool = False
 
 
 #: A key function: the request's identity for a limit, or None when it has none.
@@ -161,10 +168,35 @@ def _networks(trusted: Iterable[str]) -> list[Network]:
     return [ipaddress.ip_network(t.strip(), strict=False) for t in trusted]
 
 
+#: The `ip` identity of a request with no usable client address: all such requests share the
+#: one bucket `<name>:{ip:unknown}` (limited together, never unlimited).
+UNKNOWN_IP = "unknown"
+
+#: The word in `trusted_proxies` that makes a peer with no IP address (a Unix socket) a
+#: trusted proxy, whose forwarding header is read.
+UNIX = "unix"
+
+
+def _unquoted(text: str) -> str | None:
+    """_unquoted is an entry without the quotes of a quoted string (RFC 7239 `for="…"`):
+    quoted as a whole, or not at all; an unclosed or stray quote (`for="1.1.1.1`) makes the
+    entry unusable (None)."""
+    t = text.strip()
+    if '"' not in t:
+        return t
+    if len(t) >= 2 and t[0] == t[-1] == '"' and '"' not in t[1:-1]:
+        return t[1:-1]
+    return None
+
+
 def _parse_addr(text: str) -> Address | None:
-    """_parse_addr reads an address from a peer or a forwarding header entry (port and
-    brackets off); an IPv4-mapped IPv6 address is its IPv4 address."""
-    t = text.strip().strip('"')
+    """_parse_addr reads an address from a peer or a forwarding header entry (quotes, port
+    and brackets off); an IPv4-mapped IPv6 address is its IPv4 address. None: not an
+    address (garbage, a port alone, an unclosed quote)."""
+    u = _unquoted(text)
+    if u is None:
+        return None
+    t = u
     if t.startswith("["):  # [v6] or [v6]:port
         end = t.find("]")
         if end < 0:
@@ -210,12 +242,23 @@ def client_ip(
     "Forwarded" for RFC 7239 `for=` values), never both; all its lines count (repeated lines
     are one list); the rightmost address not in the trusted set is the client (what a client
     writes at the left is ignored). A header that holds no usable address there (garbage, a
-    port alone, an obfuscated `for=`, an empty list) is ignored: the peer address is used and
-    the request counted as `forwarded_unusable`. IPv4-mapped IPv6 is IPv4. IPv6 clients are
-    keyed by their `/ipv6_prefix` network (48 to 128; default 64, one allocation), so rotating
-    addresses inside it gains nothing.
+    port alone, an obfuscated `for=`, an unclosed quote, an empty list) is ignored: the peer
+    address is used and the request counted as `forwarded_unusable`. IPv4-mapped IPv6 is
+    IPv4. IPv6 clients are keyed by their `/ipv6_prefix` network (48 to 128; default 64, one
+    allocation), so rotating addresses inside it gains nothing.
+
+    A request with no usable client address (no peer: a Unix socket; a peer that is not an
+    IP address, such as what uvicorn's proxy headers made of a forged X-Forwarded-For) is
+    never unlimited and never keyed by that string: its value is `unknown`, one bucket for
+    all such requests (`<name>:{ip:unknown}`), counted as `peer_unknown` and logged once by
+    the middleware. The word `"unix"` among `trusted_proxies` makes such a peer (a Unix
+    socket, with a proxy in front of it) a trusted proxy: its forwarding header is read as
+    any trusted proxy's, and the value is `unknown` only when that header is missing or
+    unusable.
     """
-    nets = _networks(trusted_proxies)
+    given = [t.strip() for t in trusted_proxies]
+    unix = any(t.lower() == UNIX for t in given)
+    nets = _networks(t for t in given if t.lower() != UNIX)
     name = header.lower()
     if name not in ("x-forwarded-for", "forwarded"):
         raise ValueError("header must be X-Forwarded-For or Forwarded")
@@ -230,47 +273,63 @@ def client_ip(
     def trusted(ip: Address) -> bool:
         return any(ip in n for n in nets)
 
-    def key(info: RequestInfo) -> Identity | None:
-        if not info.peer:
-            return None
-        peer = _parse_addr(info.peer)
-        if peer is None:  # a Unix socket path, or a server that reports no address
-            return Identity("ip", info.peer)
-        if not nets or not trusted(peer):
-            return Identity("ip", shown(peer))
+    def forwarded(info: RequestInfo, peer: Identity) -> Identity:
+        # The peer is a trusted proxy: the rightmost untrusted address of its header, else
+        # the peer's own identity (flagged when the header was unusable).
         raw = info.headers.get(name)
         if raw is None:
-            return Identity("ip", shown(peer))
+            return peer
         hops = _forwarded_for(raw) if name == "forwarded" else raw.split(",")
         if not any(h.strip() for h in hops):
-            return Identity("ip", shown(peer), unusable_forwarding=True)
+            return replace(peer, unusable_forwarding=True)
         first: Address | None = None
         for hop in reversed(hops):
             addr = _parse_addr(hop)
             if addr is None:
-                return Identity("ip", shown(peer), unusable_forwarding=True)
+                return replace(peer, unusable_forwarding=True)
             first = addr
             if not trusted(addr):
                 return Identity("ip", shown(addr))
         # Every hop is a trusted proxy: the leftmost is the nearest thing to a client.
-        return Identity("ip", shown(first or peer))
+        assert first is not None
+        return Identity("ip", shown(first))
+
+    def key(info: RequestInfo) -> Identity:
+        peer = _parse_addr(info.peer) if info.peer else None
+        if peer is None:  # no address: a Unix socket, a server that reports none, garbage
+            unknown = Identity("ip", UNKNOWN_IP, peer_unknown=True)
+            return forwarded(info, unknown) if unix else unknown
+        if not nets or not trusted(peer):
+            return Identity("ip", shown(peer))
+        return forwarded(info, Identity("ip", shown(peer)))
 
     key.kind = "ip"  # type: ignore[attr-defined]
     return key
 
 
+def list_value(value: str) -> str:
+    """list_value is a header's value as one list, spelt one way: split on ",", each element's
+    optional whitespace (spaces, tabs) stripped, joined with ", ". Repeated header lines reach
+    an app joined with ", " (ASGI, the Rust layer) or "," (WSGI servers), or as one line: each
+    is the same value here, so one request has one key whichever server ran it."""
+    return ", ".join(part.strip(" \t") for part in value.split(","))
+
+
 def header(name: str, default: str | None = None) -> KeyFunc:
     """header keys by a request header (kind "hdr.<lower-case name>"), e.g. an API key.
 
-    A request without the header has no such identity (the rule's `missing` policy applies:
-    by default the client IP), unless `default` is given: then every request without it
-    shares one bucket under that value, as asked.
+    Its value is read as a list (`list_value`): repeated lines, or elements around ",", are
+    one value spelt "a, b" whichever server joined them. A request without the header (or
+    with an empty one) has no such identity (the rule's `missing` policy applies: by default
+    the client IP), unless `default` is given: then every request without it shares one
+    bucket under that value, as asked.
     """
     lower = name.lower()
     kind = _check_kind("hdr." + re.sub(r"[^a-z0-9._-]", "_", lower))
 
     def key(info: RequestInfo) -> Identity | None:
-        value = info.headers.get(lower)
+        raw = info.headers.get(lower)
+        value = list_value(raw) if raw else ""
         if value:
             return Identity(kind, value)
         return Identity(kind, default) if default else None
@@ -321,12 +380,21 @@ def custom_key(fn: Callable[[RequestInfo], str | None], *, kind: str = "fn") -> 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 
 
+#: The most UTF-8 bytes a value keeps as itself in a key; longer ones are hashed.
+_MAX_LITERAL = 128
+
+
 def safe_key_part(value: str) -> str:
-    """safe_key_part makes a client-supplied value safe inside a Redis key: braces (hash
-    tags), spaces, control and other bytes are percent-encoded, and values over 128 bytes are
-    hashed, so no value can pick a hash tag or collide with another identity's key."""
-    if len(value.encode()) > 128:
-        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    """safe_key_part makes a client-supplied value safe inside a Redis key: every character
+    but `A-Z a-z 0-9 . _ : @ / + = -` is percent-encoded (the bytes of its UTF-8 form, upper
+    case hex: braces, spaces, control bytes, `%`, `~`), so no value can pick a hash tag; a
+    value of more than 128 bytes (UTF-8) is `~sha256:<lower-case hex of the SHA-256 of its
+    UTF-8 bytes>`. A literal value never starts with `~` (it is `%7E`), so no value a client
+    sends can produce another value's hashed form. The Rust crate spells keys byte for byte
+    the same, so services in both languages share buckets."""
+    raw = value.encode()
+    if len(raw) > _MAX_LITERAL:
+        return "~sha256:" + hashlib.sha256(raw).hexdigest()
     return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), value)
 
 
@@ -408,7 +476,10 @@ class Rule:
       `key`; or a mapping `name -> (limit, key function)` of limits on different identities
       (per API key and per IP).
     * `name` names the policy in the RateLimit fields and in the keys (default: the limit's
-      name, else the path); a spec with several limits names each `<name>-<window>s`.
+      name, else the path); a spec with several limits names each `<name>-<window>s`. The
+      name is the bucket's name: rules that give one name to the same limit share its
+      buckets, and an integration refuses rules that give it to different limits
+      (`check_limit_names`); a limit computed per request should have a name of its own.
     * `cost`: units per request, an int ≥ 0 or a function of the request. A cost that can
       never pass (above a limit, or 2^64 and more) is answered 413.
     * `missing`: when a key function finds no identity: "ip" (key the limit by the client IP
@@ -541,7 +612,8 @@ class Plan:
     identity is missing under `missing="deny"` (then the request is answered 401 and nothing
     is checked); `never` is set for a cost of 2^64 or more (413 without a Redis call);
     `unusable_forwarding` says the client IP came from the peer because a trusted proxy's
-    forwarding header was unusable.
+    forwarding header was unusable; `peer_unknown` that a limit was keyed by the client IP
+    and the request had no usable client address (the shared value `unknown`).
     """
 
     rule: Rule
@@ -551,6 +623,7 @@ class Plan:
     missing: str | None = None
     never: bool = False
     unusable_forwarding: bool = False
+    peer_unknown: bool = False
 
     @property
     def keys(self) -> dict[str, Limit]:
@@ -606,7 +679,7 @@ def plan_rule(
     cost = min(raw_cost, U64_MAX)
     checks: list[Check] = []
     skipped = 0
-    unusable = False
+    unusable = unknown = False
     for name, lim, kf in rule.limits_for(info):
         ident = identity_of(kf, info)
         if ident is None:
@@ -616,10 +689,11 @@ def plan_rule(
                 skipped += 1
                 continue
             ident = identity_of(ip_key or _DEFAULT_IP, info)
-            if ident is None:  # no peer address either: nothing to key by
+            if ident is None:  # a caller's ip_key that found nothing (client_ip never does)
                 skipped += 1
                 continue
         unusable = unusable or ident.unusable_forwarding
+        unknown = unknown or ident.peer_unknown
         kind, value = safe_key_part(ident.kind), safe_key_part(ident.value)
         n = safe_key_part(name)
         if rule.hash_tag is not None:
@@ -630,8 +704,11 @@ def plan_rule(
             key = f"{prefix}{n}:{{{tag}}}"
         checks.append(Check(key, lim, name, cost, tag))
     if not checks:
-        return Plan(rule, (), cost, skipped, unusable_forwarding=unusable) if skipped else None
-    return Plan(rule, tuple(checks), cost, skipped, never=never, unusable_forwarding=unusable)
+        return Plan(rule, (), cost, skipped, unusable_forwarding=unusable, peer_unknown=unknown) if skipped else None
+    return Plan(
+        rule, tuple(checks), cost, skipped, never=never, unusable_forwarding=unusable,
+        peer_unknown=unknown,
+    )
 
 
 # -- deciding -------------------------------------------------------------------------------
@@ -831,6 +908,85 @@ async def _aguard(call: Callable[[], Awaitable[Any]]) -> None:
         log.warning("redis-rl: settling a request's charge failed: %s", e)
 
 
+# -- a reported cost beyond the arithmetic -------------------------------------------------
+
+_DAY_NS = 86_400 * 10**9
+_told_overflow: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _is_overflow(e: BaseException) -> bool:
+    return isinstance(e, redis.ResponseError) and str(e).startswith("arithmetic overflow")
+
+
+def _most_forceable(lim: Limit, now: Decision, n: int) -> int:
+    """_most_forceable is, after FORCE n overflowed, the most a FORCE can record on the key as
+    a PEEK (`now`) shows it (docs/reference.md#r-force-5): GCRA, the units whose time fits
+    before the end of 64-bit nanoseconds once the bucket's backlog (reset_after) is counted,
+    with a day to spare for the clocks; FIXED and SLIDING, what fits under 2^64 − 1 on top of
+    the count (known while the window is not full, with the limit's worth to spare; else
+    half of `n`)."""
+    if isinstance(lim, GCRA):
+        backlog_ns = now.reset_after // timedelta(microseconds=1) * 1000
+        room = U64_MAX - time.time_ns() - backlog_ns - _DAY_NS
+        return max(0, room // lim.emission_interval_ns)
+    if now.remaining > 0:
+        return max(0, U64_MAX - (lim.capacity - now.remaining) - lim.capacity)
+    return n // 2
+
+
+def _overflowed(limiter: Limiter | AsyncLimiter, key: str, n: int, recorded: int) -> None:
+    limiter.counters.add("errors")
+    if limiter not in _told_overflow:
+        _told_overflow.add(limiter)
+        log.warning(
+            "redis-rl: a reported cost on %r is beyond what its limit's arithmetic holds (FORCE %d "
+            "would pass 64-bit time or count): recorded %d, the most it holds; counted in errors "
+            "(logged once)", limiter.full_key(key), n, recorded,
+        )
+
+
+def _force(limiter: Limiter, key: str, lim: Limit, n: int) -> None:
+    """_force records a reported cost's extra with FORCE; one beyond the limit's arithmetic
+    (an overflow) records the most it can hold instead, so the key is used up as far as it
+    can be, never left as if the extra had not happened."""
+    try:
+        limiter.force(key, lim, n)
+        return
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+            return
+    try:
+        m = min(n - 1, _most_forceable(lim, limiter.check(key, lim, 0, peek=True), n))
+        if m > 0:
+            limiter.force(key, lim, m)
+        _overflowed(limiter, key, n, max(m, 0))
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        _overflowed(limiter, key, n, 0)
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+
+
+async def _aforce(limiter: AsyncLimiter, key: str, lim: Limit, n: int) -> None:
+    """_aforce is `_force` with an AsyncLimiter."""
+    try:
+        await limiter.force(key, lim, n)
+        return
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+            return
+    try:
+        m = min(n - 1, _most_forceable(lim, await limiter.check(key, lim, 0, peek=True), n))
+        if m > 0:
+            await limiter.force(key, lim, m)
+        _overflowed(limiter, key, n, max(m, 0))
+    except (LimiterUnavailable, redis.ResponseError) as e:
+        _overflowed(limiter, key, n, 0)
+        if not _is_overflow(e):
+            log.warning("redis-rl: settling a request's charge failed: %s", e)
+
+
 # -- once the status is known: deduct_when and the reported cost ---------------------------
 
 
@@ -867,7 +1023,9 @@ def report_cost(cost: int) -> None:
     When the response's status is known, the charge taken up front is settled to it: less
     than charged is refunded (RL.REFUND), more is recorded with FORCE (GCRA, FIXED, SLIDING; a LOG limit
     cannot record usage after the fact, so its extra is not recorded). `cost` is an int ≥ 0
-    (above 2^64 − 1 it counts as 2^64 − 1). The frameworks' own places do the same:
+    (above 2^64 − 1 it counts as 2^64 − 1); an extra beyond what the limit's arithmetic
+    holds (a GCRA time past 64-bit nanoseconds, a window count past 2^64 − 1) records the
+    most it holds instead, and is counted in `errors`. The frameworks' own places do the same:
     `request.state.rate_limit_cost` (Starlette, FastAPI), `flask.g.rate_limit_cost`,
     `request.rate_limit_cost` (Django), `environ["redis_rl.cost"]` (WSGI).
     Raises LookupError outside a limited request, ValueError for a bad cost.
@@ -937,7 +1095,7 @@ def settle(
         else:
             _guard(lambda: limiter.refund(key, n))
     for key, lim, n in forces:
-        _guard(lambda: limiter.force(key, lim, n))
+        _force(limiter, key, lim, n)
 
 
 async def asettle(
@@ -953,7 +1111,7 @@ async def asettle(
         else:
             await _aguard(lambda: limiter.refund(key, n))
     for key, lim, n in forces:
-        await _aguard(lambda: limiter.force(key, lim, n))
+        await _aforce(limiter, key, lim, n)
 
 
 # -- answers -------------------------------------------------------------------------------
@@ -1099,6 +1257,40 @@ def merge_headers(own: Iterable[tuple[str, str]], ours: Mapping[str, str]) -> li
 
 # -- the gate: what every integration shares ------------------------------------------------
 
+
+def _rule_label(rule: Rule) -> str:
+    path = rule.path if isinstance(rule.path, str) else rule.path.pattern
+    methods = f" {'|'.join(rule.methods)}" if rule.methods else ""
+    return f"Rule({path!r}{methods}" + (f", name={rule.name!r})" if rule.name else ")")
+
+
+def check_limit_names(rules: Sequence[Rule]) -> None:
+    """check_limit_names refuses rules that give one limit name to two different limits.
+
+    A limit's name is its bucket's name (`<name>:{<kind>:<value>}`): two rules that name a
+    limit "ip" share the bucket of each client IP. That is how one global per-IP limit is
+    shared by several rules, when it is the same limit in each; with different limits, one
+    rule's traffic would deny the other's at once (or, with two algorithms on one key, the
+    server would answer an error). Limits a function computes per request cannot be checked
+    here: give them names no other rule uses. Raises ValueError naming both rules.
+    """
+    seen: dict[str, tuple[Rule, Limit]] = {}
+    for rule in rules:
+        for entry in rule._entries:
+            if not entry.static:
+                continue
+            for name, lim in entry.spec:
+                first = seen.setdefault(name, (rule, lim))
+                if first[1].spec() != lim.spec():
+                    raise ValueError(
+                        f"the limit name {name!r} is given to two different limits: "
+                        f"{' '.join(first[1].spec())} in {_rule_label(first[0])} and "
+                        f"{' '.join(lim.spec())} in {_rule_label(rule)}; a limit's name is its "
+                        f"bucket's name (keys {name}:{{<identity>}}), so these rules would share "
+                        "buckets: give each limit its own name (or the same limit, to share one "
+                        "on purpose)"
+                    )
+
 #: An `on_denied` hook: given the Denial, returns the framework's response (or None for the
 #: package's own answer).
 OnDenied = Callable[[Denial], Any]
@@ -1116,7 +1308,8 @@ class Gate:
     * `missing`: the default of the rules' `missing` ("ip", "deny" or "skip").
     * `x_headers`: add X-RateLimit-Limit/-Remaining/-Reset.
     * `trusted_proxies`, `forwarded_header`, `ipv6_prefix`: how the client IP is read where a
-      rule keys a missing identity by it (`missing="ip"`); see `client_ip`.
+      rule keys a missing identity by it (`missing="ip"`); see `client_ip` (`"unix"` trusts
+      a peer without an IP address, a Unix socket, as a proxy).
     * `on_denied(denial) -> response`: answer denials yourself (the framework's response
       type); None from it, or no hook, gives the package's JSON answer.
     * `degraded_status`: the status of a "closed" failure-policy denial (503).
@@ -1146,6 +1339,7 @@ class Gate:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}' (it would become the hash tag)")
         self.rules = list(rules)
+        check_limit_names(self.rules)
         self.exempt = list(exempt)
         self.exempt_when = exempt_when
         self.deduct_when = deduct_when
@@ -1156,6 +1350,7 @@ class Gate:
         self.degraded_status = degraded_status
         self.prefix = prefix
         self.exempt_preflight = exempt_preflight
+        self._told_unknown = False
 
     def plan(self, info: RequestInfo, rule: Rule | None = None) -> Plan | None:
         """plan is the request's plan under these rules (or one `rule`), None when exempt or
@@ -1170,14 +1365,30 @@ class Gate:
             return plan_rule(rule, info, missing=self.missing, ip_key=self.ip_key, prefix=self.prefix)
         return plan(self.rules, info, self.exempt, missing=self.missing, ip_key=self.ip_key, prefix=self.prefix)
 
-    def count(self, limiter: Limiter | AsyncLimiter, p: Plan) -> None:
-        """count bumps the plan's counters (skipped, missing_denied, forwarded_unusable)."""
+    def count(self, limiter: Limiter | AsyncLimiter, p: Plan, peer: str | None = None) -> None:
+        """count bumps the plan's counters (skipped, missing_denied, forwarded_unusable,
+        peer_unknown); the first request without a usable client address is logged."""
         if p.skipped:
             limiter.counters.add("skipped", p.skipped)
         if p.missing is not None:
             limiter.counters.add("missing_denied")
         if p.unusable_forwarding:
             limiter.counters.add("forwarded_unusable")
+        if p.peer_unknown:
+            limiter.counters.add("peer_unknown")
+            if not self._told_unknown:
+                self._told_unknown = True
+                log.warning(
+                    "redis-rl: a request has no usable client address (peer %s): its IP-keyed "
+                    "limits count it in the one bucket 'ip:unknown' shared by every such request "
+                    "(limited together, never unlimited; counted as peer_unknown, logged once). "
+                    "Fix the deployment: behind a proxy on a Unix socket, pass "
+                    "trusted_proxies=[\"unix\"] so its X-Forwarded-For (or Forwarded) is read; "
+                    "else have the server report the peer's address (uvicorn rewrites it from "
+                    "X-Forwarded-For: run it with --no-proxy-headers and give redis_rl "
+                    "trusted_proxies, or let uvicorn resolve it and give redis_rl none)",
+                    repr(peer) if peer else "none (a Unix socket?)",
+                )
 
     def verdict(self, limiter: Limiter | AsyncLimiter, p: Plan, d: Decision) -> Verdict:
         return respond(

@@ -218,7 +218,7 @@ class RateLimit:
         p = self.gate.plan(info, self.rule)
         if p is None:
             return None, None, Verdict(None, {})
-        self.gate.count(self.limiter, p)
+        self.gate.count(self.limiter, p, info.peer)
         if p.missing is not None:
             return p, None, identity_required(p.missing)
         if not p.checks:

@@ -165,7 +165,7 @@ class RateLimitMiddleware:
         p = self.gate.plan(info)
         if p is None:
             return self.app(environ, start_response)
-        self.gate.count(self.limiter, p)
+        self.gate.count(self.limiter, p, info.peer)
         if p.missing is not None:
             return deny(self.gate, environ, start_response, identity_required(p.missing), None, info)
         if not p.checks:

@@ -12,6 +12,8 @@ from redis_rl.asgi import RateLimitMiddleware
 from redis_rl.http import Rule, client_ip, header
 from redis_rl.starlette import RateLimit
 
+# The proxies the app trusts ("unix": a Unix socket's peer, which has no address).
+TRUSTED = os.environ.get("RL_TRUSTED", "127.0.0.1").split(",")
 limiter = AsyncLimiter.from_url(
     os.environ["RL_REDIS_URL"],
     mode=os.environ.get("RL_MODE", "auto"),
@@ -28,16 +30,16 @@ app.add_middleware(
         # IP under the "api" limit.
         Rule("/api/", {
             "api": (GCRA(10, 1, 60), header("X-API-Key")),
-            "ip": (Window(100, 60, "LOG"), client_ip(["127.0.0.1"])),
+            "ip": (Window(100, 60, "LOG"), client_ip(TRUSTED)),
         }),
-        Rule("/upload", GCRA(5, 1, 60), key=client_ip(["127.0.0.1"]), name="upload",
+        Rule("/upload", GCRA(5, 1, 60), key=client_ip(TRUSTED), name="upload",
              cost=lambda info: max(1, int(info.headers.get("x-units", "1")))),
         # Only answers below 400 are charged.
         Rule("/maybe", "2/minute", key=header("X-API-Key"), name="maybe",
              deduct_when=lambda status: status < 400),
     ],
     exempt=["/health"],
-    trusted_proxies=["127.0.0.1"],
+    trusted_proxies=TRUSTED,
 )
 reports = RateLimit(limiter, GCRA(2, 1, 60, name="reports"), key=header("X-API-Key", "anonymous"))
 inside = RateLimit(limiter, "1/minute", key=header("X-API-Key"), name="inside")
