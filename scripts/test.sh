@@ -80,6 +80,7 @@ cargo_suites() {
 }
 
 # ---- Builds: the module once in release, every test binary once.
+started=$SECONDS
 build cargo build --release
 build cargo test --no-run --lib --no-default-features
 build cargo test --no-run --test '*'
@@ -106,6 +107,7 @@ fi
 export RL_PYTHON="$PWD/$PYVENV/bin/python"
 
 # ---- Suites.
+built=$SECONDS
 # The pure core, without the Redis crate.
 cargo_suites "" --lib --no-default-features
 # docs/reference.md: every named file, function and test exists.
@@ -159,5 +161,7 @@ details=""
 line="$passed passed, $failed failed, $notrun suite$([ "$notrun" -eq 1 ] || echo s) not run"
 [ -z "$details" ] || line="$line ($details)"
 echo
+# How long it took (README.md's build and test times are read from this line).
+echo "builds and installs $((built - started)) s, suites $((SECONDS - built)) s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 echo "$line"
 [ "$failed" -eq 0 ] && [ "$notrun" -eq 0 ]
