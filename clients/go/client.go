@@ -1,0 +1,846 @@
+package redisrl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Client makes rate-limit decisions in Redis, shared by every process of a service.
+//
+// Decisions come from the redis-rl module when the server has it, else from the project's
+// Lua library (the same replies; see Mode). When Redis does not answer, the FailurePolicy
+// does. A Client is safe for concurrent use; build one per Redis deployment and share it.
+type Client struct {
+	rdb         redis.UniversalClient
+	cluster     *redis.ClusterClient // nil unless rdb is one
+	modeSetting Mode
+	prefix      string
+	timeout     time.Duration
+	loadLibrary bool
+	ctxDeadline bool // the go-redis client honours context deadlines on reads
+
+	resolved     atomic.Uint32 // 0: not detected; 1: module; 2: fallback
+	libraryReady atomic.Bool
+	scripts      atomic.Bool // the fallback runs as a script (no FUNCTION here)
+	sha          atomic.Pointer[string]
+	detectMu     sync.Mutex
+
+	counters  Counters
+	health    health
+	denyCache *denyCache
+}
+
+type config struct {
+	mode             Mode
+	policy           FailurePolicy
+	prefix           string
+	timeout          time.Duration
+	probeInterval    time.Duration
+	closedRetryAfter time.Duration
+	loadLibrary      bool
+	denyCache        bool
+	hook             Hook
+	logger           *slog.Logger
+}
+
+// Option configures a Client (New).
+type Option func(*config)
+
+// WithMode chooses the module, the fallback, or detection (ModeAuto, the default).
+func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
+
+// WithFailurePolicy says what a check answers when Redis does not (FailOpen by default).
+func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.policy = p } }
+
+// WithPrefix is prepended to every key sent (no braces: it would become the hash tag).
+func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+
+// WithTimeout bounds each Redis call (500 ms by default: it holds on a loaded host). A call
+// that runs out of it is an outage, answered by the failure policy; the caller's own
+// context deadline, when earlier, is honoured too and returned as the context's error.
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithProbeInterval is how long, after a failed call, checks are answered by the policy
+// without trying Redis (1 s by default); the first call after it tries again.
+func WithProbeInterval(d time.Duration) Option { return func(c *config) { c.probeInterval = d } }
+
+// WithClosedRetryAfter is the RetryAfter of FailClosed's denials (1 s by default).
+func WithClosedRetryAfter(d time.Duration) Option {
+	return func(c *config) { c.closedRetryAfter = d }
+}
+
+// WithLoadLibrary allows (the default) or forbids loading the Lua library with FUNCTION
+// LOAD when the fallback finds it missing or older than this package's.
+func WithLoadLibrary(allowed bool) Option { return func(c *config) { c.loadLibrary = allowed } }
+
+// WithDenyCache turns the local deny cache on (the default) or off.
+func WithDenyCache(on bool) Option { return func(c *config) { c.denyCache = on } }
+
+// WithHook calls hook(counterName, n) on every counter increment.
+func WithHook(hook Hook) Option { return func(c *config) { c.hook = hook } }
+
+// WithLogger sets the logger of the one line per outage and its recovery (slog.Default()
+// by default).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// New builds a Client on a go-redis client: *redis.Client (one server, or a failover client
+// from redis.NewFailoverClient), *redis.ClusterClient, or any redis.UniversalClient. It does
+// not talk to Redis; the mode is detected on the first call.
+//
+// Options are validated here: a bad one is an error matching ErrUsage.
+func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
+	if rdb == nil {
+		return nil, usage("New needs a go-redis client")
+	}
+	cfg := config{
+		timeout:          500 * time.Millisecond,
+		probeInterval:    time.Second,
+		closedRetryAfter: time.Second,
+		loadLibrary:      true,
+		denyCache:        true,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if strings.ContainsAny(cfg.prefix, "{}") {
+		return nil, usage("prefix must not contain '{' or '}' (it would become the hash tag)")
+	}
+	for _, d := range []struct {
+		v    time.Duration
+		name string
+	}{{cfg.timeout, "timeout"}, {cfg.probeInterval, "probe interval"}, {cfg.closedRetryAfter, "closed retry after"}} {
+		if d.v <= 0 || d.v > maxSpan {
+			return nil, usage("%s must be a positive duration of at most %d s", d.name, MaxSeconds)
+		}
+	}
+	if cfg.mode > ModeFallback {
+		return nil, usage("unknown mode %d", cfg.mode)
+	}
+	switch cfg.policy {
+	case FailOpen, FailClosed, FailError:
+	case FailLocal:
+		return nil, usage("FailLocal is not implemented in this package yet (use FailOpen, FailClosed or FailError)")
+	default:
+		return nil, usage("unknown failure policy %d", cfg.policy)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	c := &Client{
+		rdb:         rdb,
+		modeSetting: cfg.mode,
+		prefix:      cfg.prefix,
+		timeout:     cfg.timeout,
+		loadLibrary: cfg.loadLibrary,
+	}
+	switch r := rdb.(type) {
+	case *redis.Client:
+		c.ctxDeadline = r.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		c.cluster = r
+		c.ctxDeadline = r.Options().ContextTimeoutEnabled
+	}
+	c.counters.hook = cfg.hook
+	c.health = health{policy: cfg.policy, probeInterval: cfg.probeInterval, closedRetryAfter: cfg.closedRetryAfter, logger: cfg.logger}
+	if cfg.denyCache {
+		c.denyCache = newDenyCache(10_000)
+	}
+	return c, nil
+}
+
+// Counters are the client's counters (docs/clients.md#counters).
+func (c *Client) Counters() *Counters { return &c.counters }
+
+// Prefix is the prefix prepended to every key.
+func (c *Client) Prefix() string { return c.prefix }
+
+// FailurePolicy is the client's failure policy.
+func (c *Client) FailurePolicy() FailurePolicy { return c.health.policy }
+
+// ResolvedMode is the mode in use (ModeModule or ModeFallback), detecting it if needed (and
+// loading the fallback library if it is missing and allowed).
+func (c *Client) ResolvedMode(ctx context.Context) (Mode, error) {
+	return c.mode(ctx)
+}
+
+// -- options of one call ----------------------------------------------------------------
+
+type checkOptions struct {
+	cost    uint64
+	peek    bool
+	force   bool
+	maxWait time.Duration
+	hasWait bool
+}
+
+// CheckOption is an option of one Check or CheckAll.
+type CheckOption func(*checkOptions)
+
+// Cost is the units this request costs (default 1; 0 only reports the key's state). For
+// CheckAll, the quantity of every entry without its own cost.
+func Cost(n uint64) CheckOption { return func(o *checkOptions) { o.cost = n } }
+
+// Peek evaluates exactly as a real request and writes nothing (a dry run).
+func Peek() CheckOption { return func(o *checkOptions) { o.peek = true } }
+
+// Force records usage that already happened, allowed or not (FORCE; not for LOG).
+func Force() CheckOption { return func(o *checkOptions) { o.force = true } }
+
+// MaxWait makes a GCRA check a reservation (MAXWAIT): a request that would be allowed
+// within d is admitted now, and the decision's RetryAfter is the wait before acting.
+func MaxWait(d time.Duration) CheckOption {
+	return func(o *checkOptions) { o.maxWait, o.hasWait = d, true }
+}
+
+func gather(opts []CheckOption) checkOptions {
+	o := checkOptions{cost: 1}
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	return o
+}
+
+func u(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// -- decisions ----------------------------------------------------------------------------
+
+// Check asks whether one request (cost 1 unless Cost) of limit on key may go ahead now, and
+// takes it (RL.GCRA or RL.WINDOW). Options: Cost, Peek, MaxWait (GCRA), Force.
+//
+// Errors: an invalid limit (ErrInvalidLimit), a misuse (ErrUsage), an error reply that is
+// not an outage (WRONGTYPE, a server-side cap), the context's error when ctx ends first, and
+// under FailError an outage (ErrUnavailable). Under FailOpen and FailClosed an outage is a
+// Degraded decision, not an error.
+func (c *Client) Check(ctx context.Context, key string, limit Spec, opts ...CheckOption) (Decision, error) {
+	if limit == nil {
+		return Decision{}, usage("Check needs a limit")
+	}
+	s, err := limit.spec()
+	if err != nil {
+		return Decision{}, err
+	}
+	o := gather(opts)
+	if s.kind == kindLease {
+		return Decision{}, usage("a Lease is taken with Acquire, not Check")
+	}
+	if o.hasWait && s.kind != kindGCRA {
+		return Decision{}, usage("MaxWait (MAXWAIT) is offered by GCRA limits only")
+	}
+	if o.hasWait && o.maxWait < 0 {
+		return Decision{}, usage("MaxWait must not be negative")
+	}
+	full, err := c.fullKey(key)
+	if err != nil {
+		return Decision{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	opc := opWindow
+	if s.kind == kindGCRA {
+		opc = opGCRA
+	}
+	// A request larger than the limit goes to Redis, which answers Never (HTTP 413).
+	plain := !o.peek && !o.force && !o.hasWait && o.cost >= 1 && o.cost <= s.capacity
+	var ck string
+	if plain && c.denyCache != nil {
+		ck = full + "\x00" + s.ident()
+		if d, ok := c.denyCache.lookup(ck, o.cost, time.Now()); ok {
+			c.counters.add(cDeniedLocally, 1)
+			c.counters.countDecision(d)
+			return d, nil
+		}
+	}
+	if c.health.skip() {
+		return c.degraded(limit, full, nil)
+	}
+	args := s.args()
+	if o.cost != 1 {
+		args = append(args, "QUANTITY", u(o.cost))
+	}
+	if o.peek {
+		args = append(args, "PEEK")
+	}
+	if o.hasWait {
+		args = append(args, "MAXWAIT", strconv.FormatInt(o.maxWait.Milliseconds(), 10))
+	}
+	if o.force {
+		args = append(args, "FORCE")
+	}
+	sent := time.Now()
+	v, mode, err := c.guarded(ctx, opc, []string{full}, args)
+	if err != nil {
+		if errors.Is(err, errDown) {
+			return c.degraded(limit, full, errors.Unwrap(err))
+		}
+		return Decision{}, err
+	}
+	r, err := five(v)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := fromReply(r, limit, full, mode.source(), o.hasWait)
+	if plain && c.denyCache != nil {
+		c.denyCache.store(ck, []string{full}, o.cost, d, sent)
+	}
+	return c.decided(d), nil
+}
+
+// Entry is one limit of a CheckAll: a key, its limit, and optionally its own cost (or, for
+// a Lease, its token).
+type Entry struct {
+	key      string
+	limit    Spec
+	cost     uint64
+	hasCost  bool
+	token    string
+	hasToken bool
+}
+
+// NewEntry is key under limit, at the call's cost.
+func NewEntry(key string, limit Spec) Entry { return Entry{key: key, limit: limit} }
+
+// Cost gives this entry its own cost (RL.ALL's COST).
+func (e Entry) Cost(n uint64) Entry { e.cost, e.hasCost = n, true; return e }
+
+// Token gives a Lease entry its token (1 to 64 bytes).
+func (e Entry) Token(token string) Entry { e.token, e.hasToken = token, true; return e }
+
+// Key is the entry's key (without the client's prefix).
+func (e Entry) Key() string { return e.key }
+
+// CheckAll decides one request against several limits atomically (RL.ALL): every limit
+// admits it and all are charged, or none is. The combined decision has each key's decision
+// in PerKey, in entry order. On a Cluster, give the keys one hash tag ({user42}:rpm,
+// {user42}:tpm; see Tag): keys in several slots are an error (CROSSSLOT). Options: Cost
+// (the quantity of every entry without its own cost), Peek, Force.
+func (c *Client) CheckAll(ctx context.Context, entries []Entry, opts ...CheckOption) (Decision, error) {
+	if len(entries) == 0 {
+		return Decision{}, usage("CheckAll needs at least one entry")
+	}
+	o := gather(opts)
+	if o.hasWait {
+		return Decision{}, usage("MaxWait (MAXWAIT) is offered by Check on a GCRA limit only")
+	}
+	keys := make([]string, len(entries))
+	specs := make([]spec, len(entries))
+	seen := make(map[string]bool, len(entries))
+	for i, e := range entries {
+		if e.limit == nil {
+			return Decision{}, usage("entry %d has no limit", i+1)
+		}
+		s, err := e.limit.spec()
+		if err != nil {
+			return Decision{}, err
+		}
+		if s.kind == kindLease && !e.hasToken {
+			return Decision{}, usage("the Lease entry for %q needs a Token", e.key)
+		}
+		if e.hasToken {
+			if s.kind != kindLease {
+				return Decision{}, usage("only a Lease entry takes a Token (%q)", e.key)
+			}
+			if err := checkToken(e.token); err != nil {
+				return Decision{}, err
+			}
+		}
+		full, err := c.fullKey(e.key)
+		if err != nil {
+			return Decision{}, err
+		}
+		if seen[full] {
+			return Decision{}, usage("key %q is given twice", e.key)
+		}
+		seen[full] = true
+		keys[i], specs[i] = full, s
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	if c.health.skip() {
+		return c.degradedAll(entries, keys, nil)
+	}
+	var args []any
+	for i, s := range specs {
+		args = append(args, s.head())
+		args = append(args, s.args()...)
+		if entries[i].hasToken {
+			args = append(args, entries[i].token)
+		}
+		if entries[i].hasCost {
+			args = append(args, "COST", u(entries[i].cost))
+		}
+	}
+	if o.cost != 1 {
+		args = append(args, "QUANTITY", u(o.cost))
+	}
+	if o.peek {
+		args = append(args, "PEEK")
+	}
+	if o.force {
+		args = append(args, "FORCE")
+	}
+	v, mode, err := c.guarded(ctx, opAll, keys, args)
+	if err != nil {
+		if errors.Is(err, errDown) {
+			return c.degradedAll(entries, keys, errors.Unwrap(err))
+		}
+		return Decision{}, err
+	}
+	combined, each, err := allReply(v)
+	if err != nil {
+		return Decision{}, err
+	}
+	if len(each) != len(entries) {
+		return Decision{}, protocolError(fmt.Sprintf("%d per-key replies", len(entries)), v)
+	}
+	d := fromReply(combined, nil, "", mode.source(), false)
+	d.PerKey = make([]Decision, len(entries))
+	for i, r := range each {
+		d.PerKey[i] = fromReply(r, entries[i].limit, keys[i], mode.source(), false)
+	}
+	d.Spec = binding(d)
+	return c.decided(d), nil
+}
+
+// binding is the limit of a combined decision: the per-key decision whose figures it
+// reports.
+func binding(d Decision) Spec {
+	for _, p := range d.PerKey {
+		if p.Limit == d.Limit && p.Remaining == d.Remaining {
+			return p.Spec
+		}
+	}
+	return nil
+}
+
+// Refunded is what RL.REFUND (or RL.RELEASE) gave back.
+type Refunded struct {
+	// Units given back (slots freed, for a release).
+	Units uint64
+	// Remaining and ResetAfter are the key's figures after it.
+	Remaining  uint64
+	ResetAfter time.Duration
+	// Degraded: Redis did not answer (nothing was given back).
+	Degraded bool
+}
+
+// Refund gives back up to n units to key (RL.REFUND), and forgets this client's local
+// denials of it. n must be at least 1.
+func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, error) {
+	if n == 0 {
+		return Refunded{}, invalid("quantity must be a positive integer")
+	}
+	full, err := c.fullKey(key)
+	if err != nil {
+		return Refunded{}, err
+	}
+	if c.denyCache != nil {
+		c.denyCache.forget(full)
+	}
+	r, err := c.report(ctx, opRefund, full, u(n))
+	if err == nil && !r.Degraded {
+		c.counters.add(cRefunded, r.Units)
+	}
+	return r, err
+}
+
+// Release frees the lease token holds on key (RL.RELEASE); harmless twice.
+func (c *Client) Release(ctx context.Context, key, token string) (Refunded, error) {
+	full, err := c.fullKey(key)
+	if err != nil {
+		return Refunded{}, err
+	}
+	if err := checkToken(token); err != nil {
+		return Refunded{}, err
+	}
+	return c.report(ctx, opRelease, full, token)
+}
+
+// report runs a one-key call that reports without deciding (refund, release).
+func (c *Client) report(ctx context.Context, o op, full, arg string) (Refunded, error) {
+	if err := ctx.Err(); err != nil {
+		return Refunded{}, err
+	}
+	var cause error
+	if !c.health.skip() {
+		v, _, err := c.guarded(ctx, o, []string{full}, []any{arg})
+		if err == nil {
+			c.health.success()
+			r, err := ints(v, 3)
+			if err != nil {
+				return Refunded{}, err
+			}
+			return Refunded{Units: nonNeg(r[0]), Remaining: nonNeg(r[1]), ResetAfter: msDuration(r[2])}, nil
+		}
+		if !errors.Is(err, errDown) {
+			return Refunded{}, err
+		}
+		cause = errors.Unwrap(err)
+	}
+	if _, err := c.health.answer(nil, full, cause); err != nil {
+		return Refunded{}, err
+	}
+	return Refunded{Degraded: true}, nil
+}
+
+func nonNeg(v int64) uint64 {
+	if v < 0 {
+		return 0
+	}
+	return uint64(v)
+}
+
+func msDuration(v int64) time.Duration {
+	if v <= 0 {
+		return 0
+	}
+	if v > int64(1<<63-1)/int64(time.Millisecond) {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
+// -- internals ----------------------------------------------------------------------------
+
+func (c *Client) fullKey(key string) (string, error) {
+	if key == "" {
+		return "", usage("key must be a non-empty string")
+	}
+	return c.prefix + key, nil
+}
+
+func (c *Client) degraded(limit Spec, full string, cause error) (Decision, error) {
+	d, err := c.health.answer(limit, full, cause)
+	if err != nil {
+		return Decision{}, err
+	}
+	c.counters.countDecision(d)
+	return d, nil
+}
+
+func (c *Client) degradedAll(entries []Entry, keys []string, cause error) (Decision, error) {
+	d, err := c.health.answer(nil, "", cause)
+	if err != nil {
+		return Decision{}, err
+	}
+	d.PerKey = make([]Decision, len(entries))
+	for i, e := range entries {
+		p, _ := c.health.answer(e.limit, keys[i], cause)
+		d.PerKey[i] = p
+		if p.Limit > 0 && (d.Limit == 0 || p.Limit < d.Limit) {
+			d.Limit, d.Spec = p.Limit, e.limit
+		}
+	}
+	c.counters.countDecision(d)
+	return d, nil
+}
+
+func (c *Client) decided(d Decision) Decision {
+	c.health.success()
+	c.counters.countDecision(d)
+	return d
+}
+
+// errDown wraps an outage that guarded turned into a policy answer.
+var errDown = errors.New("redis-rl: outage")
+
+type downError struct{ cause error }
+
+func (e *downError) Error() string        { return "redis-rl: outage: " + e.cause.Error() }
+func (e *downError) Unwrap() error        { return e.cause }
+func (e *downError) Is(target error) bool { return target == errDown }
+
+// guarded is call with outages counted and returned as a *downError (errors.Is errDown);
+// errors.Unwrap gives the cause.
+func (c *Client) guarded(ctx context.Context, o op, keys []string, args []any) (any, Mode, error) {
+	v, mode, err := c.call(ctx, o, keys, args)
+	if err != nil && ctx.Err() == nil && isUnavailable(err) {
+		c.health.failure(&c.counters, err)
+		return nil, mode, &downError{err}
+	}
+	return v, mode, err
+}
+
+// raw runs one command with the client's timeout, honouring ctx. pos is the first key's
+// position (0: none) for Cluster routing. When ctx ends first its error is returned; when
+// the client's own timeout runs out, errTimedOut (an outage).
+func (c *Client) raw(ctx context.Context, args []any, pos int) (any, error) {
+	tctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	cmd := redis.NewCmd(tctx, args...)
+	if pos > 0 {
+		cmd.SetFirstKeyPos(int8(pos))
+	}
+	if c.ctxDeadline {
+		_ = c.rdb.Process(tctx, cmd)
+	} else {
+		// go-redis reads with its own ReadTimeout unless ContextTimeoutEnabled is set: wait
+		// on the context here, so a paused server costs no more than the timeout.
+		done := make(chan struct{})
+		go func() {
+			_ = c.rdb.Process(tctx, cmd)
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-tctx.Done():
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return nil, errTimedOut
+		}
+	}
+	v, err := cmd.Result()
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		if tctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || isUnavailable(err)) && serverError(err) == "" {
+			return nil, fmt.Errorf("%w: %v", errTimedOut, err)
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+func (c *Client) mode(ctx context.Context) (Mode, error) {
+	m := c.modeSetting
+	if m == ModeAuto {
+		switch c.resolved.Load() {
+		case 1:
+			m = ModeModule
+		case 2:
+			m = ModeFallback
+		default:
+			var err error
+			if m, err = c.detect(ctx); err != nil {
+				return ModeAuto, err
+			}
+		}
+	}
+	if m == ModeFallback && !c.libraryReady.Load() {
+		c.detectMu.Lock()
+		defer c.detectMu.Unlock()
+		if !c.libraryReady.Load() {
+			if err := c.ensureLibrary(ctx); err != nil {
+				return ModeFallback, err
+			}
+			c.libraryReady.Store(true)
+		}
+	}
+	return m, nil
+}
+
+// detect asks the server whether the module is loaded (COMMAND INFO RL.GCRA).
+func (c *Client) detect(ctx context.Context) (Mode, error) {
+	c.detectMu.Lock()
+	defer c.detectMu.Unlock()
+	switch c.resolved.Load() {
+	case 1:
+		return ModeModule, nil
+	case 2:
+		return ModeFallback, nil
+	}
+	reply, err := c.raw(ctx, []any{"COMMAND", "INFO", "RL.GCRA"}, 0)
+	m := ModeModule
+	switch {
+	case err == nil && !commandExists(reply):
+		m = ModeFallback
+	case err == nil:
+	case errorCode(err) == "NOPERM":
+		// An ACL that admits the limiter's commands but not COMMAND: try the module; an
+		// unknown command moves to the fallback.
+	default:
+		return ModeAuto, err
+	}
+	if m == ModeModule {
+		c.resolved.Store(1)
+	} else {
+		c.resolved.Store(2)
+	}
+	return m, nil
+}
+
+// onMasters runs args on every master (a Cluster) or the one server; returns each reply.
+func (c *Client) onMasters(ctx context.Context, args []any) ([]any, error) {
+	if c.cluster == nil {
+		v, err := c.raw(ctx, args, 0)
+		if err != nil {
+			return nil, err
+		}
+		return []any{v}, nil
+	}
+	var mu sync.Mutex
+	var out []any
+	tctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	err := c.cluster.ForEachMaster(tctx, func(ctx context.Context, node *redis.Client) error {
+		v, err := node.Do(ctx, args...).Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		out = append(out, v)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// ensureLibrary makes sure every master runs our library (or a newer one), loading it when
+// it is missing or older and loading is allowed; where FUNCTION is refused, the fallback
+// runs as a script.
+func (c *Client) ensureLibrary(ctx context.Context) error {
+	listings, err := c.onMasters(ctx, []any{"FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE"})
+	if err != nil {
+		if isRefused(err) {
+			return c.useScripts(ctx)
+		}
+		return err
+	}
+	ours := libraryVersion(LuaLibrary)
+	plans := make([]libraryPlan, len(listings))
+	codes := make([]string, len(listings))
+	newer := false
+	for i, l := range listings {
+		version, code, loaded := listedLibrary(l)
+		plans[i], codes[i] = planFor(version, loaded, ours), code
+		newer = newer || plans[i] == planNewer
+	}
+	if newer {
+		c.health.logger.Warn("redis-rl: the server's redis_rl library is newer than this client's: left in place", slog.String("ours", ours))
+	}
+	todo, missing := false, false
+	replaced := ""
+	for i, p := range plans {
+		switch p {
+		case planLoad:
+			todo, missing = true, true
+		case planReplace:
+			todo = true
+			if replaced == "" {
+				replaced = configuredCode(LuaLibrary, codes[i])
+			}
+		}
+	}
+	if !todo {
+		return nil
+	}
+	if !c.loadLibrary {
+		if missing {
+			return &libraryError{"the redis_rl Functions library is not loaded and loading it is not allowed (WithLoadLibrary(false))"}
+		}
+		c.health.logger.Warn("redis-rl: the server's redis_rl library is older than this client's", slog.String("ours", ours))
+		return nil
+	}
+	if newer {
+		// FUNCTION LOAD REPLACE goes to every master: rather none than over a newer one.
+		return nil
+	}
+	code := LuaLibrary
+	if replaced != "" {
+		code = replaced
+	}
+	_, err = c.onMasters(ctx, []any{"FUNCTION", "LOAD", "REPLACE", code})
+	return err
+}
+
+// useScripts switches the fallback to scripts: SCRIPT LOAD on every master for the SHA1 (if
+// SCRIPT is refused too, every call sends the text with EVAL).
+func (c *Client) useScripts(ctx context.Context) error {
+	replies, err := c.onMasters(ctx, []any{"SCRIPT", "LOAD", scriptText()})
+	var sha string
+	switch {
+	case err == nil:
+		for _, r := range replies {
+			if s, ok := r.(string); ok {
+				sha = s
+				break
+			}
+		}
+	case isRefused(err):
+	default:
+		return err
+	}
+	if !c.scripts.Swap(true) {
+		c.health.logger.Info("redis-rl: FUNCTION is not available here: the Lua fallback runs as a script (EVALSHA)")
+	}
+	c.sha.Store(&sha)
+	return nil
+}
+
+// frameFor is the wire command for o in mode.
+func (c *Client) frameFor(mode Mode, o op, keys []string, args []any, asText bool) ([]any, int) {
+	if mode != ModeFallback || !c.scripts.Load() {
+		return frame(mode, viaFunctions, "", o, keys, args)
+	}
+	if p := c.sha.Load(); p != nil && *p != "" && !asText {
+		return frame(mode, viaSHA, *p, o, keys, args)
+	}
+	return frame(mode, viaText, "", o, keys, args)
+}
+
+// call runs one command in the resolved mode, detecting again once when the module
+// disappeared or the library was flushed (a restart, a failover), and retrying once a
+// connection-level failure (docs/clients.md#recovery).
+func (c *Client) call(ctx context.Context, o op, keys []string, args []any) (any, Mode, error) {
+	reconnected, redetected, asText := false, false, false
+	for {
+		mode, err := c.mode(ctx)
+		if err == nil {
+			c.counters.add(cRedisCalls, 1)
+			wire, pos := c.frameFor(mode, o, keys, args, asText)
+			var v any
+			if v, err = c.raw(ctx, wire, pos); err == nil {
+				return v, mode, nil
+			}
+		} else if errors.Is(err, ErrLibrary) {
+			return nil, mode, err
+		}
+		if ctx.Err() != nil {
+			return nil, mode, ctx.Err()
+		}
+		if !reconnected && isConnectionLevel(err) {
+			reconnected = true
+			continue
+		}
+		if !redetected && mode == ModeModule && c.modeSetting == ModeAuto && isUnknownCommand(err) {
+			redetected = true
+			c.resolved.Store(2)
+			continue
+		}
+		if mode == ModeFallback && c.scripts.Load() {
+			if !asText && isNoScript(err) {
+				asText = true
+				continue
+			}
+			if isRefused(err) {
+				return nil, mode, &libraryError{fmt.Sprintf("this server has no redis-rl module and refuses Lua scripts to this client (%v): load the module (MODULE LOAD), or allow FUNCTION or EVAL/EVALSHA", err)}
+			}
+		}
+		if !redetected && mode == ModeFallback && isMissingFunction(err) {
+			redetected = true
+			c.libraryReady.Store(false)
+			continue
+		}
+		return nil, mode, err
+	}
+}
