@@ -278,3 +278,11 @@ func ok[T any](v T, err error) T {
 	}
 	return v
 }
+
+var errContextCanceled = context.Canceled
+
+func contextWithCancel(t testing.TB) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return ctx, cancel
+}
