@@ -52,9 +52,9 @@ func TestAtMostLimitLeasesAreHeldAndReleaseFreesOne(t *testing.T) {
 
 func TestAGuardRenewsInTheBackground(t *testing.T) {
 	bothModes(t, func(t *testing.T, k testMode, s *server, c *Client) {
-		l := MustLease(1, 300*time.Millisecond)
+		l := MustLease(1, time.Second)
 		g := ok(c.Acquire(ctxT(t), "renewed", l))
-		time.Sleep(700 * time.Millisecond) // more than two lease times
+		time.Sleep(2100 * time.Millisecond) // more than two lease times
 		if g.Err() != nil {
 			t.Fatalf("lost: %v", g.Err())
 		}

@@ -69,7 +69,7 @@ func TestWaitReservesAndSleepsUntilTheSlot(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		between(t, "four waits", time.Since(start), 290*time.Millisecond, 700*time.Millisecond)
+		between(t, "four waits", time.Since(start), 290*time.Millisecond, 3*time.Second)
 		// Windows: checks and sleeps.
 		w := MustWindow(2, 200*time.Millisecond, Fixed)
 		start = time.Now()
@@ -78,7 +78,7 @@ func TestWaitReservesAndSleepsUntilTheSlot(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		between(t, "the third in the next window", time.Since(start), 0, 500*time.Millisecond)
+		between(t, "the third in the next window", time.Since(start), 0, 3*time.Second)
 	})
 }
 
@@ -103,8 +103,8 @@ func TestWaitGivesTheReservationBackWhenTheContextEnds(t *testing.T) {
 		if err := c.Wait(ctx, "wb", g); !errors.Is(err, ErrRateLimited) {
 			t.Errorf("%v", err)
 		}
-		if took := time.Since(start); took > 100*time.Millisecond {
-			t.Errorf("took %v", took)
+		if took := time.Since(start); took > 140*time.Millisecond {
+			t.Errorf("took %v: it waited for the deadline", took)
 		}
 		if err := c.Wait(ctxT(t), "wb", g); err != nil {
 			t.Errorf("%v", err)
