@@ -16,11 +16,12 @@ build: deps ## Build the module: target/release/libredis_rl.so
 run: build ## Start redis-server on 127.0.0.1:$(PORT) in the foreground with the module
 	redis-server --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no --loadmodule $(MODULE)
 
-lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe block documented)
+lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe block documented), gofmt and go vet for clients/go
 	cargo fmt --all --check
 	cargo fmt --manifest-path fuzz/Cargo.toml --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings
+	cd clients/go && go generate ./... && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt -l: $$out"; exit 1; }; } && go vet ./...
 
 test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh

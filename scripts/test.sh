@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the pure core without the Redis crate, the reference check, the integration
 # suites against a real redis-server (release module; the panic test uses the debug build) and
-# README.md's examples (tests/readme.rs), rl-replay, then the Rust and Python client packages'
-# tests.
+# README.md's examples (tests/readme.rs), rl-replay, then the Rust, Python and Go client
+# packages' tests.
 #
 # Everything is built first, once: a build that fails stops the run there, with a line that
 # names it ("build failed: …"). Then every suite runs, whatever happened to the ones before it
@@ -106,6 +106,11 @@ if [ "$py_ready" -eq 1 ]; then
 fi
 export RL_PYTHON="$PWD/$PYVENV/bin/python"
 
+# ---- The Go package (clients/go): the Lua library copied into it from scripts/lua (go
+# generate: the copy is ignored by git), its modules downloaded, its tests compiled.
+build go -C clients/go generate ./...
+build go -C clients/go test -count=1 -run '^$' ./...
+
 # ---- Suites.
 built=$SECONDS
 # The pure core, without the Redis crate.
@@ -148,6 +153,27 @@ else
         for _ in $(seq $((counted - named))); do echo "fail clients/python/tests (unnamed)" >>"$results"; done
     fi
 fi
+
+# The Go package (clients/go): the behaviour suite against real servers with the module and
+# without it (the Lua fallback), the failure policies (servers stopped and paused mid-run),
+# leases, a three-master cluster; each top-level test counts once. Then each fuzz target
+# (escaping, the limit and seconds grammars) for a bounded time.
+golog="$work/go.log"
+echo "+ go test -v ./... (clients/go)"
+(cd clients/go && go test -count=1 -v ./...) 2>&1 | tee "$golog" | grep -E '^(--- |ok |FAIL|panic)'
+if ! grep -Eq '^(ok|FAIL)[[:space:]]' "$golog"; then
+    echo "notrun clients/go: go test stopped before its summary" >>"$results"
+fi
+awk '/^--- PASS: / {n++} END {if (n) print "pass " n}' "$golog" >>"$results"
+awk '/^--- FAIL: / {print "fail clients/go::" $3}' "$golog" >>"$results"
+for target in FuzzSafeKeyPart FuzzParseLimits FuzzParseSeconds; do
+    echo "+ go test -fuzz $target -fuzztime ${GO_FUZZ_TIME:-10s} (clients/go)"
+    if (cd clients/go && go test -run '^$' -fuzz "^$target\$" -fuzztime "${GO_FUZZ_TIME:-10s}" .) 2>&1 | tail -3; then
+        echo "pass 1" >>"$results"
+    else
+        echo "fail clients/go::$target" >>"$results"
+    fi
+done
 
 # ---- Summary.
 passed=$(awk '$1 == "pass" {s += $2} END {print s + 0}' "$results")
