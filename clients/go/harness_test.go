@@ -25,6 +25,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// fataler is what the harness needs of a testing.TB (examples pass a panicking one).
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
+type panicker struct{}
+
+func (panicker) Helper()                   {}
+func (panicker) Fatal(args ...any)         { panic(fmt.Sprint(args...)) }
+func (panicker) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+
+// exampleAddr is the address of the shared server with the module, for the Example
+// functions (which get no testing.T).
+func exampleAddr() string { return shared(panicker{}, true).addr() }
+
 type server struct {
 	port   int
 	dir    string
@@ -44,7 +61,7 @@ func serverBinary() string {
 	return "/usr/bin/redis-server"
 }
 
-func modulePath(t testing.TB) string {
+func modulePath(t fataler) string {
 	if m := os.Getenv("RL_MODULE"); m != "" {
 		return m
 	}
@@ -58,7 +75,7 @@ func modulePath(t testing.TB) string {
 	return p
 }
 
-func freePort(t testing.TB) int {
+func freePort(t fataler) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +102,7 @@ func startServer(t testing.TB, module bool, extra ...string) *server {
 
 func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
-func (s *server) start(t testing.TB) {
+func (s *server) start(t fataler) {
 	t.Helper()
 	args := append([]string{"--port", strconv.Itoa(s.port), "--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
 	s.cmd = exec.Command(serverBinary(), args...)
@@ -187,7 +204,7 @@ var (
 	prefixCounter atomic.Uint64
 )
 
-func shared(t *testing.T, module bool) *server {
+func shared(t fataler, module bool) *server {
 	t.Helper()
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
