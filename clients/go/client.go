@@ -163,6 +163,10 @@ func (c *Client) Counters() *Counters { return &c.counters }
 // Prefix is the prefix prepended to every key.
 func (c *Client) Prefix() string { return c.prefix }
 
+// IsCluster reports whether the client talks to a Redis Cluster (a *redis.ClusterClient),
+// where keys of different hash tags cannot share one RL.ALL.
+func (c *Client) IsCluster() bool { return c.cluster != nil }
+
 // FailurePolicy is the client's failure policy.
 func (c *Client) FailurePolicy() FailurePolicy { return c.health.policy }
 

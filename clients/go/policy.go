@@ -230,3 +230,14 @@ func (h *health) answer(s Spec, key string, cause error) (Decision, error) {
 	}
 	return d, nil
 }
+
+// Add adds n to the counter called name (the HTTP middleware in rlhttp counts skipped,
+// missing_denied, forwarded_unusable and peer_unknown here); an unknown name is ignored.
+func (c *Counters) Add(name string, n uint64) {
+	for i, cn := range CounterNames {
+		if cn == name {
+			c.add(i, n)
+			return
+		}
+	}
+}

@@ -1,0 +1,467 @@
+package rlhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	redisrl "github.com/redis-rl/redis-rl/clients/go"
+)
+
+// Missing is what a rule does when a limit's key function finds no identity in a request
+// (docs/clients.md#a-missing-identity-is-never-no-limit).
+type Missing uint8
+
+const (
+	// MissingIP counts the request under the client's IP instead (the default).
+	MissingIP Missing = iota
+	// MissingDeny answers 401 with {"error": "identity_required", ...}.
+	MissingDeny
+	// MissingSkip does not apply the limit (an explicit opt-in, counted as skipped).
+	MissingSkip
+)
+
+// found is what a key function found in a request.
+type found struct {
+	value    string
+	ok       bool
+	unusable bool // a forwarding header was unusable (the peer was taken)
+	unknown  bool // no usable client address: the shared UnknownIP bucket
+}
+
+// Key is a key function: the identity a limit counts by (its kind, part of every key) and
+// its value for a request, or nothing when the request does not carry it.
+type Key struct {
+	kind string
+	fn   func(r *http.Request, ip ClientIP) found
+}
+
+// Kind is the identity kind written in the key ("ip", "hdr.x-api-key", "route", ...).
+func (k Key) Kind() string { return k.kind }
+
+// IP keys by the client's address under the middleware's ClientIP rule (WithClientIP): kind
+// "ip". A request without a usable address counts in the one shared UnknownIP bucket.
+func IP() Key {
+	return Key{kind: "ip", fn: func(r *http.Request, ip ClientIP) found {
+		k, ok, unusable := ip.FromRequest(r)
+		if !ok {
+			return found{value: UnknownIP, ok: true, unusable: unusable, unknown: true}
+		}
+		return found{value: k, ok: true, unusable: unusable}
+	}}
+}
+
+// Header keys by a request header (every line, as one list: NormalizeList), kind
+// "hdr.<lower-case name>". An absent or empty header is a missing identity.
+func Header(name string) Key {
+	canonical := http.CanonicalHeaderKey(name)
+	return Key{kind: "hdr." + strings.ToLower(name), fn: func(r *http.Request, _ ClientIP) found {
+		lines := r.Header.Values(canonical)
+		if len(lines) == 0 {
+			return found{}
+		}
+		v := NormalizeList(lines)
+		return found{value: v, ok: strings.Trim(v, ", ") != ""}
+	}}
+}
+
+// Route keys by the route: the ServeMux pattern that matched (http.Request.Pattern, Go
+// 1.23+), else the normalised path (NormalizePath), kind "route". One shared limit per
+// endpoint.
+func Route() Key {
+	return Key{kind: "route", fn: func(r *http.Request, _ ClientIP) found {
+		if r.Pattern != "" {
+			return found{value: r.Pattern, ok: true}
+		}
+		return found{value: NormalizePath(r.URL.Path), ok: true}
+	}}
+}
+
+// Func keys by a function of the request, of the given kind ("fn" when empty; "user" for an
+// authenticated user). ok false is a missing identity.
+func Func(kind string, f func(r *http.Request) (value string, ok bool)) Key {
+	if kind == "" {
+		kind = "fn"
+	}
+	return Key{kind: kind, fn: func(r *http.Request, _ ClientIP) found {
+		if f == nil {
+			return found{}
+		}
+		v, ok := f(r)
+		return found{value: v, ok: ok && v != ""}
+	}}
+}
+
+// Limit is one limit of a rule: its name (the bucket's name, in the key and the RateLimit
+// fields), the limit, and the key function it counts by.
+type Limit struct {
+	Name string
+	Spec redisrl.Spec
+	Key  Key
+}
+
+// Rule applies its limits to the requests it matches: every limit admits a request or none
+// is charged.
+type Rule struct {
+	// Name names the rule in configuration errors (default "rule <n>").
+	Name string
+	// Path is a path prefix on the normalised path ("" or "/": every path).
+	Path string
+	// Methods, when set, restricts the rule to these methods.
+	Methods []string
+	// Limits are checked together for every matching request.
+	Limits []Limit
+	// Cost is the units each request costs (0: 1).
+	Cost uint64
+	// Missing is what to do when a limit's identity is missing (default MissingIP).
+	Missing Missing
+	// HashTag, when set, is the hash tag of every key of the rule (one RL.ALL on a Cluster).
+	HashTag string
+}
+
+func (r Rule) matches(req *http.Request, path string) bool {
+	if len(r.Methods) > 0 {
+		ok := false
+		for _, m := range r.Methods {
+			if strings.EqualFold(m, req.Method) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	p := strings.TrimSuffix(NormalizePath(r.Path), "/")
+	return p == "" || path == p || strings.HasPrefix(path, p+"/")
+}
+
+// Denial is a refused request, handed to the denial handler.
+type Denial struct {
+	// Status is 429 (rate limited), 413 (can never pass), 503 (the limiter could not
+	// decide) or 401 (identity required).
+	Status int
+	// Decision is the limiter's decision (zero for a 401).
+	Decision redisrl.Decision
+	// Policy is the name of the binding limit.
+	Policy string
+	// Header holds the fields to send (Retry-After, RateLimit-Policy, RateLimit).
+	Header http.Header
+	// Body is the JSON body the default handler sends.
+	Body string
+}
+
+// Middleware limits requests by rules; build it with New and use Handler.
+type Middleware struct {
+	limiter   *redisrl.Client
+	rules     []Rule
+	clientIP  ClientIP
+	exempt    func(*http.Request) bool
+	denied    func(http.ResponseWriter, *http.Request, Denial)
+	xHeaders  bool
+	preflight bool // limit CORS preflights too
+}
+
+// Option configures a Middleware.
+type Option func(*Middleware)
+
+// WithClientIP sets the client-IP rule of IP keys (default: the socket peer is the client).
+func WithClientIP(c ClientIP) Option { return func(m *Middleware) { m.clientIP = c } }
+
+// WithExempt exempts the requests f returns true for.
+func WithExempt(f func(*http.Request) bool) Option { return func(m *Middleware) { m.exempt = f } }
+
+// WithDenied replaces the default denial response (JSON with the fields).
+func WithDenied(f func(http.ResponseWriter, *http.Request, Denial)) Option {
+	return func(m *Middleware) { m.denied = f }
+}
+
+// WithXHeaders adds X-RateLimit-Limit, -Remaining and -Reset.
+func WithXHeaders() Option { return func(m *Middleware) { m.xHeaders = true } }
+
+// LimitPreflights limits CORS preflights (OPTIONS with Origin and
+// Access-Control-Request-Method), which are exempt by default.
+func LimitPreflights() Option { return func(m *Middleware) { m.preflight = true } }
+
+// New builds a middleware on limiter with rules, checking the rules: every limit has a name
+// (printable ASCII), a limit and a key function, and one name is one bucket: two rules that
+// give one name to two different limits are refused, naming both
+// (docs/clients.md#limit-names-are-bucket-names).
+func New(limiter *redisrl.Client, rules []Rule, opts ...Option) (*Middleware, error) {
+	if limiter == nil {
+		return nil, errors.New("rlhttp: New needs a limiter")
+	}
+	m := &Middleware{limiter: limiter, rules: append([]Rule(nil), rules...)}
+	for _, o := range opts {
+		o(m)
+	}
+	type owner struct {
+		rule string
+		spec redisrl.Spec
+	}
+	names := map[string]owner{}
+	for i := range m.rules {
+		r := &m.rules[i]
+		if r.Name == "" {
+			r.Name = fmt.Sprintf("rule %d", i+1)
+		}
+		if len(r.Limits) == 0 {
+			return nil, fmt.Errorf("rlhttp: %s has no limit", r.Name)
+		}
+		if strings.ContainsAny(r.HashTag, "{}") {
+			return nil, fmt.Errorf("rlhttp: %s: hash tag must hold no braces", r.Name)
+		}
+		for _, l := range r.Limits {
+			if l.Spec == nil || l.Key.fn == nil {
+				return nil, fmt.Errorf("rlhttp: %s: limit %q needs a Spec and a Key", r.Name, l.Name)
+			}
+			if l.Name == "" || strings.IndexFunc(l.Name, func(c rune) bool { return c < 0x20 || c >= 0x7f }) >= 0 {
+				return nil, fmt.Errorf("rlhttp: %s: limit name %q must be non-empty printable ASCII", r.Name, l.Name)
+			}
+			if prev, ok := names[l.Name]; ok && prev.spec != l.Spec {
+				return nil, fmt.Errorf("rlhttp: limit name %q names two different limits, in %s and %s: one name is one bucket", l.Name, prev.rule, r.Name)
+			}
+			names[l.Name] = owner{r.Name, l.Spec}
+		}
+	}
+	return m, nil
+}
+
+type ctxKey struct{}
+
+// DecisionFrom returns the decision the middleware made for this request's context.
+func DecisionFrom(ctx context.Context) (redisrl.Decision, bool) {
+	d, ok := ctx.Value(ctxKey{}).(redisrl.Decision)
+	return d, ok
+}
+
+func isPreflight(r *http.Request) bool {
+	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
+}
+
+type check struct {
+	key, name string
+	spec      redisrl.Spec
+}
+
+// Handler wraps next: func(http.Handler) http.Handler, so it composes with chi, gorilla and
+// the standard mux.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if (!m.preflight && isPreflight(r)) || (m.exempt != nil && m.exempt(r)) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		path := NormalizePath(r.URL.Path)
+		var rule *Rule
+		for i := range m.rules {
+			if m.rules[i].matches(r, path) {
+				rule = &m.rules[i]
+				break
+			}
+		}
+		if rule == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		counters := m.limiter.Counters()
+		var checks []check
+		for _, l := range rule.Limits {
+			f := l.Key.fn(r, m.clientIP)
+			kind := l.Key.kind
+			if !f.ok {
+				switch rule.Missing {
+				case MissingDeny:
+					counters.Add("missing_denied", 1)
+					m.deny(w, r, Denial{Status: http.StatusUnauthorized, Policy: l.Name, Header: http.Header{},
+						Body: fmt.Sprintf(`{"error": "identity_required", "message": "this request must identify itself (e.g. with an API key) to be served", "policy": %s}`, jsonString(l.Name))})
+					return
+				case MissingSkip:
+					counters.Add("skipped", 1)
+					continue
+				}
+				f, kind = IP().fn(r, m.clientIP), "ip"
+			}
+			if f.unusable {
+				counters.Add("forwarded_unusable", 1)
+			}
+			if f.unknown {
+				counters.Add("peer_unknown", 1)
+			}
+			checks = append(checks, check{redisrl.IdentityKey(l.Name, kind, f.value, rule.HashTag), l.Name, l.Spec})
+		}
+		if len(checks) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		cost := rule.Cost
+		if cost == 0 {
+			cost = 1
+		}
+		d, err := m.decide(r.Context(), checks, cost)
+		if err != nil {
+			if errors.Is(err, redisrl.ErrUnavailable) {
+				d = redisrl.Decision{Degraded: true, Blind: true, RetryAfter: 1e9}
+			} else if ctxErr := r.Context().Err(); ctxErr != nil {
+				return // the client went away
+			} else {
+				http.Error(w, "rate limiter error", http.StatusInternalServerError)
+				return
+			}
+		}
+		names := map[string]string{}
+		for _, c := range checks {
+			names[m.limiter.Prefix()+c.key] = c.name
+		}
+		policy := checks[0].name
+		opts := redisrl.HeaderOptions{PolicyName: policy, Names: names, XHeaders: m.xHeaders}
+		h := d.HeadersWith(opts)
+		if len(d.PerKey) > 0 {
+			policy = bindingName(d, names)
+		}
+		if d.Allowed {
+			for k, v := range h {
+				w.Header()[k] = v
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, d)))
+			return
+		}
+		retry := h.Get("Retry-After")
+		den := Denial{Decision: d, Policy: policy, Header: h}
+		switch {
+		case d.Never:
+			den.Status = http.StatusRequestEntityTooLarge
+			den.Body = fmt.Sprintf(`{"error": "request_too_large", "message": "this request asks for more than the limit allows and can never pass", "policy": %s}`, jsonString(policy))
+		case d.Blind:
+			den.Status = http.StatusServiceUnavailable
+			if retry == "" {
+				retry = "null"
+			}
+			den.Body = fmt.Sprintf(`{"error": "limiter_unavailable", "message": "the rate limiter is unavailable; retry shortly", "retry_after": %s}`, retry)
+		default:
+			den.Status = http.StatusTooManyRequests
+			if retry == "" {
+				retry = "1"
+			}
+			den.Body = fmt.Sprintf(`{"error": "rate_limited", "message": "too many requests", "policy": %s, "retry_after": %s}`, jsonString(policy), retry)
+		}
+		m.deny(w, r, den)
+	})
+}
+
+// decide checks the request's limits: one Check, one CheckAll (RL.ALL) on a single server or
+// when the keys share a hash tag, else in order with refunds of what the earlier ones took
+// when a later one denies (a denied request leaves no charge).
+func (m *Middleware) decide(ctx context.Context, checks []check, cost uint64) (redisrl.Decision, error) {
+	if len(checks) == 1 {
+		return m.limiter.Check(ctx, checks[0].key, checks[0].spec, redisrl.Cost(cost))
+	}
+	if !m.limiter.IsCluster() || oneSlot(checks) {
+		entries := make([]redisrl.Entry, len(checks))
+		for i, c := range checks {
+			entries[i] = redisrl.NewEntry(c.key, c.spec)
+		}
+		return m.limiter.CheckAll(ctx, entries, redisrl.Cost(cost))
+	}
+	var per []redisrl.Decision
+	for i, c := range checks {
+		d, err := m.limiter.Check(ctx, c.key, c.spec, redisrl.Cost(cost))
+		if err != nil || !d.Allowed {
+			for j := 0; j < i; j++ {
+				if !per[j].Degraded {
+					_, _ = m.limiter.Refund(context.WithoutCancel(ctx), checks[j].key, cost)
+				}
+			}
+			if err != nil {
+				return d, err
+			}
+			d.PerKey = append(per, d)
+			d.Key = ""
+			return d, nil
+		}
+		per = append(per, d)
+	}
+	out := per[0]
+	for _, d := range per[1:] {
+		if d.Remaining < out.Remaining {
+			out = d
+		}
+	}
+	out.PerKey, out.Key = per, ""
+	return out, nil
+}
+
+// oneSlot: every key carries the same hash tag.
+func oneSlot(checks []check) bool {
+	tag := func(k string) string {
+		i := strings.IndexByte(k, '{')
+		if i < 0 {
+			return k
+		}
+		j := strings.IndexByte(k[i+1:], '}')
+		if j <= 0 {
+			return k
+		}
+		return k[i+1 : i+1+j]
+	}
+	first := tag(checks[0].key)
+	for _, c := range checks[1:] {
+		if tag(c.key) != first {
+			return false
+		}
+	}
+	return true
+}
+
+func bindingName(d redisrl.Decision, names map[string]string) string {
+	for _, p := range d.PerKey {
+		if !p.Allowed && p.Never == d.Never {
+			return names[p.Key]
+		}
+	}
+	for _, p := range d.PerKey {
+		if p.Spec != nil && p.Spec == d.Spec {
+			return names[p.Key]
+		}
+	}
+	if len(d.PerKey) > 0 {
+		return names[d.PerKey[0].Key]
+	}
+	return "default"
+}
+
+func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, d Denial) {
+	if m.denied != nil {
+		m.denied(w, r, d)
+		return
+	}
+	for k, v := range d.Header {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(d.Body)))
+	w.WriteHeader(d.Status)
+	_, _ = w.Write([]byte(d.Body))
+}
+
+func jsonString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, c := range s {
+		switch {
+		case c == '"':
+			b.WriteString(`\"`)
+		case c == '\\':
+			b.WriteString(`\\`)
+		case c < 0x20:
+			fmt.Fprintf(&b, `\u%04x`, c)
+		default:
+			b.WriteRune(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

@@ -1,0 +1,262 @@
+package rlhttp
+
+// The middleware through real net/http servers (httptest.NewServer listens on loopback)
+// against a real redis-server with the module.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	redisrl "github.com/redis-rl/redis-rl/clients/go"
+)
+
+type reply struct {
+	status int
+	header http.Header
+	body   map[string]any
+	text   string
+}
+
+func get(t *testing.T, url string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	r := reply{status: resp.StatusCode, header: resp.Header, text: string(b)}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(b, &r.body); err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+	}
+	return r
+}
+
+func serve(t *testing.T, mw *Middleware) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		d, ok := DecisionFrom(r.Context())
+		fmt.Fprintf(w, "ok %v %d", ok, d.Remaining)
+	})
+	s := httptest.NewServer(mw.Handler(mux))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func mustNew(t *testing.T, l *redisrl.Client, rules []Rule, opts ...Option) *Middleware {
+	t.Helper()
+	m, err := New(l, rules, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// Two services behind a load balancer: two servers on two ports, each with its own limiter
+// (its own connection pool), share one limit in Redis.
+func TestTwoServersOnTwoPortsShareOneLimit(t *testing.T) {
+	rs := startServer(t)
+	rules := []Rule{{Limits: []Limit{{Name: "ip", Spec: redisrl.MustWindow(5, time.Minute, redisrl.Fixed), Key: IP()}}}}
+	a := serve(t, mustNew(t, rs.limiter(t), rules))
+	b := serve(t, mustNew(t, rs.limiter(t), rules))
+	var statuses []int
+	for i := range 6 {
+		url := a.URL
+		if i%2 == 1 {
+			url = b.URL
+		}
+		r := get(t, url+"/api")
+		statuses = append(statuses, r.status)
+		if r.status == 200 {
+			if r.header.Get("RateLimit-Policy") != `"ip";q=5;w=60` || !strings.HasPrefix(r.header.Get("RateLimit"), `"ip";r=`) {
+				t.Errorf("admitted response fields: %v", r.header)
+			}
+			if !strings.HasPrefix(r.text, "ok true ") {
+				t.Errorf("the decision is not in the context: %q", r.text)
+			}
+		}
+		if i == 5 {
+			if r.status != 429 || r.body["error"] != "rate_limited" || r.body["policy"] != "ip" || r.header.Get("Retry-After") == "" {
+				t.Errorf("the 6th: %d %v %v", r.status, r.header, r.body)
+			}
+			if ra, _ := r.body["retry_after"].(float64); fmt.Sprint(ra) != r.header.Get("Retry-After") {
+				t.Errorf("retry_after %v, Retry-After %q", r.body["retry_after"], r.header.Get("Retry-After"))
+			}
+		}
+	}
+	if fmt.Sprint(statuses) != "[200 200 200 200 200 429]" {
+		t.Errorf("%v", statuses)
+	}
+}
+
+func TestIdentitiesStayApartAndMissingOnesAreNeverNoLimit(t *testing.T) {
+	rs := startServer(t)
+	rule := Rule{Path: "/api", Limits: []Limit{
+		{Name: "key", Spec: redisrl.MustWindow(2, time.Minute, redisrl.Fixed), Key: Header("X-API-Key")},
+		{Name: "ip", Spec: redisrl.MustWindow(3, time.Minute, redisrl.Fixed), Key: IP()},
+	}}
+	l := rs.limiter(t)
+	s := serve(t, mustNew(t, l, []Rule{rule}))
+	// Rotating API keys: each key gets its own bucket, the IP's 3 still hold.
+	var got []int
+	for i := range 4 {
+		got = append(got, get(t, s.URL+"/api/x", "X-API-Key", fmt.Sprintf("k%d", i)).status)
+	}
+	if fmt.Sprint(got) != "[200 200 200 429]" {
+		t.Errorf("rotating keys: %v", got)
+	}
+	// The IP-only path is outside the rule.
+	if r := get(t, s.URL+"/other"); r.status != 200 || r.header.Get("RateLimit") != "" {
+		t.Errorf("outside the rule: %d %v", r.status, r.header)
+	}
+	// A missing API key counts by the IP (never "no limit"): the key limit's bucket is the IP.
+	rs2 := startServer(t)
+	s2 := serve(t, mustNew(t, rs2.limiter(t), []Rule{rule}))
+	got = nil
+	for range 3 {
+		got = append(got, get(t, s2.URL+"/api").status)
+	}
+	if fmt.Sprint(got) != "[200 200 429]" {
+		t.Errorf("keyless: %v", got)
+	}
+	// MissingDeny: 401.
+	deny := rule
+	deny.Missing = MissingDeny
+	s3 := serve(t, mustNew(t, rs2.limiter(t), []Rule{deny}))
+	if r := get(t, s3.URL+"/api"); r.status != 401 || r.body["error"] != "identity_required" || r.body["policy"] != "key" {
+		t.Errorf("%d %v", r.status, r.body)
+	}
+	// The keys are the contract's layout (docs/clients.md#key-layout): the buckets above
+	// hold what the requests took.
+	for _, c := range []struct {
+		key  string
+		spec redisrl.Spec
+		left uint64
+	}{
+		{"key:{hdr.x-api-key:k0}", redisrl.MustWindow(2, time.Minute, redisrl.Fixed), 1},
+		{"ip:{ip:127.0.0.1}", redisrl.MustWindow(3, time.Minute, redisrl.Fixed), 0},
+	} {
+		d, err := l.Check(t.Context(), c.key, c.spec, redisrl.Cost(0))
+		if err != nil || d.Remaining != c.left || d.ResetAfter == 0 {
+			t.Errorf("%s: %+v %v", c.key, d, err)
+		}
+	}
+}
+
+func TestNeverIs413AndClosedIs503(t *testing.T) {
+	rs := startServer(t)
+	big := Rule{Cost: 10, Limits: []Limit{{Name: "small", Spec: redisrl.MustGCRA(5, 1, time.Second), Key: IP()}}}
+	s := serve(t, mustNew(t, rs.limiter(t), []Rule{big}))
+	if r := get(t, s.URL+"/"); r.status != 413 || r.body["error"] != "request_too_large" || r.header.Get("Retry-After") != "" {
+		t.Errorf("%d %v %v", r.status, r.header, r.body)
+	}
+	closed := rs.limiter(t, redisrl.WithFailurePolicy(redisrl.FailClosed))
+	errs := rs.limiter(t, redisrl.WithFailurePolicy(redisrl.FailError))
+	open := rs.limiter(t, redisrl.WithFailurePolicy(redisrl.FailOpen))
+	rule := []Rule{{Limits: []Limit{{Name: "ip", Spec: redisrl.MustGCRA(5, 1, time.Second), Key: IP()}}}}
+	sc, se, so := serve(t, mustNew(t, closed, rule)), serve(t, mustNew(t, errs, rule)), serve(t, mustNew(t, open, rule))
+	rs.stop()
+	for _, s := range []*httptest.Server{sc, se} {
+		r := get(t, s.URL+"/")
+		if r.status != 503 || r.body["error"] != "limiter_unavailable" || r.header.Get("Retry-After") != "1" || r.header.Get("RateLimit") != "" {
+			t.Errorf("%d %v %v", r.status, r.header, r.body)
+		}
+	}
+	if r := get(t, so.URL+"/"); r.status != 200 || r.header.Get("RateLimit") != "" {
+		t.Errorf("open: %d %v", r.status, r.header)
+	}
+}
+
+func TestExemptionsPreflightsAndTheDenialHandler(t *testing.T) {
+	rs := startServer(t)
+	rule := []Rule{{Methods: []string{"GET", "OPTIONS"}, Limits: []Limit{{Name: "one", Spec: redisrl.MustWindow(1, time.Minute, redisrl.Fixed), Key: IP()}}}}
+	var denied []Denial
+	mw := mustNew(t, rs.limiter(t), rule,
+		WithExempt(func(r *http.Request) bool { return r.URL.Path == "/health" }),
+		WithDenied(func(w http.ResponseWriter, r *http.Request, d Denial) {
+			denied = append(denied, d)
+			w.WriteHeader(418)
+		}))
+	s := serve(t, mw)
+	if r := get(t, s.URL+"/"); r.status != 200 {
+		t.Fatal(r.status)
+	}
+	if r := get(t, s.URL+"/health"); r.status != 200 {
+		t.Errorf("exempt: %d", r.status)
+	}
+	req, _ := http.NewRequest("OPTIONS", s.URL+"/", nil)
+	req.Header.Set("Origin", "https://a.example")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("a CORS preflight is exempt by default: %d", resp.StatusCode)
+	}
+	if r := get(t, s.URL+"/"); r.status != 418 || len(denied) != 1 || denied[0].Status != 429 || denied[0].Policy != "one" {
+		t.Errorf("%d %+v", r.status, denied)
+	}
+}
+
+func TestTrustedProxiesNameTheClient(t *testing.T) {
+	rs := startServer(t)
+	ip, err := ClientIP{}.Trusted("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := []Rule{{Limits: []Limit{{Name: "ip", Spec: redisrl.MustWindow(1, time.Minute, redisrl.Fixed), Key: IP()}}}}
+	l := rs.limiter(t)
+	s := serve(t, mustNew(t, l, rule, WithClientIP(ip)))
+	for _, client := range []string{"198.51.100.1", "198.51.100.2"} {
+		if r := get(t, s.URL+"/", "X-Forwarded-For", "6.6.6.6, "+client); r.status != 200 {
+			t.Errorf("%s: %d", client, r.status)
+		}
+	}
+	if r := get(t, s.URL+"/", "X-Forwarded-For", "198.51.100.1"); r.status != 429 {
+		t.Errorf("the same client again: %d", r.status)
+	}
+	if r := get(t, s.URL+"/", "X-Forwarded-For", "garbage"); r.status != 200 {
+		t.Errorf("an unusable header falls back to the peer: %d", r.status)
+	}
+	if n, _ := l.Counters().Get("forwarded_unusable"); n != 1 {
+		t.Errorf("forwarded_unusable %d", n)
+	}
+}
+
+func TestOneNameIsOneBucket(t *testing.T) {
+	rs := startServer(t)
+	l := rs.limiter(t)
+	a := Rule{Name: "api", Limits: []Limit{{Name: "ip", Spec: redisrl.MustWindow(5, time.Minute, redisrl.Fixed), Key: IP()}}}
+	b := Rule{Name: "login", Limits: []Limit{{Name: "ip", Spec: redisrl.MustWindow(3, time.Minute, redisrl.Fixed), Key: IP()}}}
+	_, err := New(l, []Rule{a, b})
+	if err == nil || !strings.Contains(err.Error(), "in api and login") {
+		t.Errorf("%v", err)
+	}
+	same := b
+	same.Limits = a.Limits
+	if _, err := New(l, []Rule{a, same}); err != nil {
+		t.Errorf("the same limit under one name in two rules is one bucket on purpose: %v", err)
+	}
+	if _, err := New(l, []Rule{{Limits: []Limit{{Name: "", Spec: redisrl.MustWindow(1, time.Second, redisrl.Fixed), Key: IP()}}}}); err == nil {
+		t.Error("an empty name")
+	}
+}
