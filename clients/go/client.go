@@ -179,11 +179,12 @@ func (c *Client) ResolvedMode(ctx context.Context) (Mode, error) {
 // -- options of one call ----------------------------------------------------------------
 
 type checkOptions struct {
-	cost    uint64
-	peek    bool
-	force   bool
-	maxWait time.Duration
-	hasWait bool
+	cost        uint64
+	peek        bool
+	force       bool
+	maxWait     time.Duration
+	hasWait     bool
+	acrossSlots bool
 }
 
 // CheckOption is an option of one Check or CheckAll.
@@ -204,6 +205,16 @@ func Force() CheckOption { return func(o *checkOptions) { o.force = true } }
 func MaxWait(d time.Duration) CheckOption {
 	return func(o *checkOptions) { o.maxWait, o.hasWait = d, true }
 }
+
+// AcrossSlots lets a CheckAll on a Redis Cluster take keys in several slots: the limits are
+// checked one slot group at a time, in entry order (one RL.ALL each), and when a later group
+// denies, what the earlier groups took is given back (RL.REFUND of exactly the charge; a
+// lease is released), so a denied request leaves no charge; the later groups are then
+// peeked, and the decision is combined as RL.ALL combines. Not atomic: between the charge
+// and the refund another request may see the earlier limits charged (it can only be denied
+// for it, never admitted past a limit). Keys in one slot, and every call on one server, are
+// still one RL.ALL (docs/clients.md#identities-stay-apart).
+func AcrossSlots() CheckOption { return func(o *checkOptions) { o.acrossSlots = true } }
 
 func gather(opts []CheckOption) checkOptions {
 	o := checkOptions{cost: 1}
@@ -372,8 +383,19 @@ func (c *Client) CheckAll(ctx context.Context, entries []Entry, opts ...CheckOpt
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
+	if o.acrossSlots && c.cluster != nil {
+		if groups := slotGroups(keys); len(groups) > 1 {
+			return c.checkAcrossSlots(ctx, entries, keys, specs, groups, o)
+		}
+	}
+	return c.checkAll(ctx, entries, keys, specs, o, true)
+}
+
+// checkAll is one RL.ALL of validated entries (keys with the prefix).
+// count false leaves the counters to the caller (one decision of several calls).
+func (c *Client) checkAll(ctx context.Context, entries []Entry, keys []string, specs []spec, o checkOptions, count bool) (Decision, error) {
 	if c.health.skip() {
-		return c.degradedAll(entries, keys, nil)
+		return c.degradedAll(entries, keys, nil, count)
 	}
 	var args []any
 	for i, s := range specs {
@@ -398,7 +420,7 @@ func (c *Client) CheckAll(ctx context.Context, entries []Entry, opts ...CheckOpt
 	v, mode, err := c.guarded(ctx, opAll, keys, args)
 	if err != nil {
 		if errors.Is(err, errDown) {
-			return c.degradedAll(entries, keys, errors.Unwrap(err))
+			return c.degradedAll(entries, keys, errors.Unwrap(err), count)
 		}
 		return Decision{}, err
 	}
@@ -415,6 +437,10 @@ func (c *Client) CheckAll(ctx context.Context, entries []Entry, opts ...CheckOpt
 		d.PerKey[i] = fromReply(r, entries[i].limit, keys[i], mode.source(), false)
 	}
 	d.Spec = binding(d)
+	if !count {
+		c.health.success()
+		return d, nil
+	}
 	return c.decided(d), nil
 }
 
@@ -534,7 +560,7 @@ func (c *Client) degraded(limit Spec, full string, cause error) (Decision, error
 	return d, nil
 }
 
-func (c *Client) degradedAll(entries []Entry, keys []string, cause error) (Decision, error) {
+func (c *Client) degradedAll(entries []Entry, keys []string, cause error, count bool) (Decision, error) {
 	d, err := c.health.answer(nil, "", cause)
 	if err != nil {
 		return Decision{}, err
@@ -547,7 +573,9 @@ func (c *Client) degradedAll(entries []Entry, keys []string, cause error) (Decis
 			d.Limit, d.Spec = p.Limit, e.limit
 		}
 	}
-	c.counters.countDecision(d)
+	if count {
+		c.counters.countDecision(d)
+	}
 	return d, nil
 }
 

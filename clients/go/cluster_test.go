@@ -109,6 +109,33 @@ func TestCheckAllOnThreeMasters(t *testing.T) {
 			if n, _ := c.Counters().Get("errors"); n != 0 {
 				t.Errorf("a misuse is not an outage: errors %d", n)
 			}
+			// AcrossSlots: slot group by slot group; a later denial gives back what the
+			// earlier groups took (docs/clients.md#identities-stay-apart).
+			perKey := MustGCRA(5, 1, time.Minute)
+			perIP := MustWindow(1, time.Minute, Fixed)
+			kk, ki := ok(Tag("key:k1", "api")), ok(Tag("ip:192.0.2.7", "ip"))
+			if keySlot("c:"+kk) == keySlot("c:"+ki) {
+				t.Fatal("the two tags share a slot: pick others")
+			}
+			across := []Entry{NewEntry(kk, perKey), NewEntry(ki, perIP)}
+			first := ok(c.CheckAll(ctxT(t), across, AcrossSlots()))
+			if !first.Allowed || len(first.PerKey) != 2 || first.Remaining != 0 || first.Spec != Spec(perIP) {
+				t.Fatalf("%+v", first)
+			}
+			refunded, _ := c.Counters().Get("refunded")
+			second := ok(c.CheckAll(ctxT(t), across, AcrossSlots()))
+			if second.Allowed || second.PerKey[1].Allowed || !second.PerKey[0].Allowed {
+				t.Fatalf("%+v", second)
+			}
+			if after, _ := c.Counters().Get("refunded"); after != refunded+1 {
+				t.Errorf("refunded %d -> %d", refunded, after)
+			}
+			if left := ok(c.Check(ctxT(t), kk, perKey, Cost(0))); left.Remaining != 4 {
+				t.Errorf("the denied request left a charge on the first group: %+v", left)
+			}
+			if n, _ := c.Counters().Get("allowed"); n == 0 {
+				t.Error("no decision counted")
+			}
 			if !k.module {
 				for _, n := range nodes {
 					_, _, loaded := listedLibrary(n.do(t, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE"))

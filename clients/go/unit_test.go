@@ -259,3 +259,43 @@ func FuzzParseSeconds(f *testing.F) {
 		}
 	})
 }
+
+func TestKeySlotIsRedisClusters(t *testing.T) {
+	// CLUSTER KEYSLOT answers these.
+	for key, want := range map[string]uint16{"foo": 12182, "123456789": 12739, "{user1000}.following": 3443, "{}x": 10595, "{a": 10276} {
+		if got := keySlot(key); got != want {
+			t.Errorf("%q: %d, want %d", key, got, want)
+		}
+	}
+	if keySlot("{user1000}.following") != keySlot("{user1000}.followers") {
+		t.Error("one tag, one slot")
+	}
+	g := slotGroups([]string{"{a}1", "{b}1", "{a}2"})
+	if len(g) != 2 || len(g[0]) != 2 || g[0][1] != 2 || g[1][0] != 1 {
+		t.Errorf("%v", g)
+	}
+}
+
+func TestCombineIsRLALLs(t *testing.T) {
+	a := Decision{Allowed: true, Limit: 10, Remaining: 6, ResetAfter: time.Second}
+	b := Decision{Allowed: true, Limit: 100, Remaining: 40, ResetAfter: 3 * time.Second}
+	// Fewest further calls of this shape: 6/1 = 6 against 40/10 = 4: b binds.
+	d := combine([]Decision{a, b}, []uint64{1, 10})
+	if !d.Allowed || d.Limit != 100 || d.Remaining != 40 || d.ResetAfter != 3*time.Second {
+		t.Errorf("%+v", d)
+	}
+	denied := Decision{Limit: 5, RetryAfter: 2 * time.Second}
+	d = combine([]Decision{a, denied, {Limit: 5, RetryAfter: time.Second}}, []uint64{1, 1, 1})
+	if d.Allowed || d.Never || d.RetryAfter != 2*time.Second {
+		t.Errorf("%+v", d)
+	}
+	d = combine([]Decision{denied, {Never: true, Limit: 1}}, []uint64{1, 1})
+	if !d.Never || d.RetryAfter != 0 {
+		t.Errorf("%+v", d)
+	}
+	// An uncharged limit (COST 0) takes no part unless none is charged.
+	d = combine([]Decision{{Limit: 1}, a}, []uint64{0, 1})
+	if !d.Allowed || d.Limit != 10 {
+		t.Errorf("%+v", d)
+	}
+}

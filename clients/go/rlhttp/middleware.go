@@ -352,68 +352,19 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
-// decide checks the request's limits: one Check, one CheckAll (RL.ALL) on a single server or
-// when the keys share a hash tag, else in order with refunds of what the earlier ones took
-// when a later one denies (a denied request leaves no charge).
+// decide checks the request's limits: one Check, or one CheckAll (RL.ALL) on a single
+// server or when the keys share a slot; on a Cluster across slots, slot group by slot group
+// in rule order, refunding the earlier groups when a later one denies (redisrl.AcrossSlots),
+// so a denied request leaves no charge.
 func (m *Middleware) decide(ctx context.Context, checks []check, cost uint64) (redisrl.Decision, error) {
 	if len(checks) == 1 {
 		return m.limiter.Check(ctx, checks[0].key, checks[0].spec, redisrl.Cost(cost))
 	}
-	if !m.limiter.IsCluster() || oneSlot(checks) {
-		entries := make([]redisrl.Entry, len(checks))
-		for i, c := range checks {
-			entries[i] = redisrl.NewEntry(c.key, c.spec)
-		}
-		return m.limiter.CheckAll(ctx, entries, redisrl.Cost(cost))
-	}
-	var per []redisrl.Decision
+	entries := make([]redisrl.Entry, len(checks))
 	for i, c := range checks {
-		d, err := m.limiter.Check(ctx, c.key, c.spec, redisrl.Cost(cost))
-		if err != nil || !d.Allowed {
-			for j := 0; j < i; j++ {
-				if !per[j].Degraded {
-					_, _ = m.limiter.Refund(context.WithoutCancel(ctx), checks[j].key, cost)
-				}
-			}
-			if err != nil {
-				return d, err
-			}
-			d.PerKey = append(per, d)
-			d.Key = ""
-			return d, nil
-		}
-		per = append(per, d)
+		entries[i] = redisrl.NewEntry(c.key, c.spec)
 	}
-	out := per[0]
-	for _, d := range per[1:] {
-		if d.Remaining < out.Remaining {
-			out = d
-		}
-	}
-	out.PerKey, out.Key = per, ""
-	return out, nil
-}
-
-// oneSlot: every key carries the same hash tag.
-func oneSlot(checks []check) bool {
-	tag := func(k string) string {
-		i := strings.IndexByte(k, '{')
-		if i < 0 {
-			return k
-		}
-		j := strings.IndexByte(k[i+1:], '}')
-		if j <= 0 {
-			return k
-		}
-		return k[i+1 : i+1+j]
-	}
-	first := tag(checks[0].key)
-	for _, c := range checks[1:] {
-		if tag(c.key) != first {
-			return false
-		}
-	}
-	return true
+	return m.limiter.CheckAll(ctx, entries, redisrl.Cost(cost), redisrl.AcrossSlots())
 }
 
 func bindingName(d redisrl.Decision, names map[string]string) string {
