@@ -392,3 +392,32 @@ func TestContextIsHonoured(t *testing.T) {
 		}
 	})
 }
+
+// While the cache denies a key, Redis denies it too: the cache's deadline counts from when
+// the denied request was sent, never later than Redis's. Checked with a PEEK on the server
+// right after each local denial that still had 20 ms or more to run.
+func TestDenyCacheNeverDeniesWhatRedisWouldAdmit(t *testing.T) {
+	bothModes(t, func(t *testing.T, k testMode, s *server, c *Client) {
+		g := MustGCRA(2, 10, time.Second) // 100 ms per request
+		peekArgs := []any{"RL.GCRA", c.Prefix() + "x", "2", "10", "1", "PEEK"}
+		if !k.module {
+			peekArgs = []any{"FCALL", "rl_gcra", "1", c.Prefix() + "x", "2", "10", "1", "PEEK"}
+		}
+		checked := 0
+		deadline := time.Now().Add(time.Second)
+		for time.Now().Before(deadline) {
+			d := ok(c.Check(ctxT(t), "x", g))
+			if d.Source == SourceLocal && d.RetryAfter >= 20*time.Millisecond {
+				peek := s.do(t, peekArgs...).([]any)
+				if peek[0] != int64(0) {
+					t.Fatalf("the cache denied what Redis admits: %+v %v", d, peek)
+				}
+				checked++
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if checked < 20 {
+			t.Errorf("only %d local denials checked", checked)
+		}
+	})
+}

@@ -253,9 +253,10 @@ func (g *LeaseGuard) renewLoop() {
 		case <-g.lost:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), max(g.c.timeout, every))
-			_, _ = g.Renew(ctx)
-			cancel()
+			// No deadline of its own: the client's timeout bounds the call, and an outage
+			// (not this context) must be what a failed renewal meets, so that a lease time
+			// without one is seen as lost.
+			_, _ = g.Renew(context.Background())
 		}
 	}
 }

@@ -138,3 +138,38 @@ func TestAcquireWhileRedisIsDown(t *testing.T) {
 		}
 	})
 }
+
+// docs/clients.md#leases-that-know-they-are-lost: a renewal that cannot reach Redis for a
+// whole lease time marks the lease lost.
+func TestALeaseThatCannotBeRenewedForALeaseTimeIsLost(t *testing.T) {
+	eachMode(t, func(t *testing.T, k testMode) {
+		s, c, logs := ownServer(t, k, FailOpen, nil)
+		g := ok(c.Acquire(ctxT(t), "held", MustLease(1, 600*time.Millisecond)))
+		s.stop()
+		stopped := time.Now()
+		select {
+		case <-g.Lost():
+		case <-time.After(30 * time.Second):
+			t.Fatal("not reported lost within 30 s")
+		}
+		// Regression: the renewing goroutine's own deadline equalled the client's timeout,
+		// so each failed renewal met that deadline instead of the outage and the loss was
+		// seen only when the timeout happened to win the race (6.5 s here).
+		if took := time.Since(stopped); took > 5*time.Second {
+			t.Errorf("reported lost %v after the stop, with a 600 ms lease", took)
+		}
+		var lost *LeaseLostError
+		if !errors.As(g.Err(), &lost) || lost.Reason != LostUnreachable {
+			t.Fatalf("%v", g.Err())
+		}
+		if _, err := g.Release(ctxT(t)); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("%v", err)
+		}
+		if n, _ := c.Counters().Get("leases_lost"); n != 1 {
+			t.Errorf("leases_lost %d", n)
+		}
+		if logs.count("lost: no renewal reached Redis") != 1 {
+			t.Errorf("logs:\n%s", logs.buf.String())
+		}
+	})
+}
