@@ -122,9 +122,8 @@ func (c *Client) Wait(ctx context.Context, key string, limit Spec) error {
 			if err := sleep(ctx, d.RetryAfter); err != nil {
 				if !d.Degraded {
 					// Give the slot back; a failed refund only under-admits.
-					rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+					rctx := context.WithoutCancel(ctx) // the client's timeout bounds each call
 					_, _ = c.Refund(rctx, key, 1)
-					cancel()
 				}
 				return err
 			}

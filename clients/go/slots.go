@@ -109,8 +109,7 @@ func (c *Client) checkAcrossSlots(ctx context.Context, entries []Entry, keys []s
 
 // giveBack refunds (or, for a lease, releases) what the groups' calls took.
 func (c *Client) giveBack(ctx context.Context, entries []Entry, keys []string, groups [][]int, charge func(int) uint64) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
-	defer cancel()
+	rctx := context.WithoutCancel(ctx) // the client's timeout bounds each call
 	for _, g := range groups {
 		for _, i := range g {
 			n := charge(i)
