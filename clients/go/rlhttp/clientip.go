@@ -1,9 +1,8 @@
-// Package rlhttp is the net/http side of redisrl: the contract's framework-neutral pieces
-// (client IP behind trusted proxies, header lists, paths) that the middleware builds on
-// (docs/clients.md#web-middleware).
-//
-// This first part has the client-IP rule (docs/clients.md#client-ip); the middleware itself
-// (func(http.Handler) http.Handler) is not here yet.
+// Package rlhttp is the net/http side of redisrl (docs/clients.md#web-middleware): a
+// middleware, func(http.Handler) http.Handler (Middleware.Handler), that limits requests by
+// rules of named limits keyed by the request's identities, and the contract's
+// framework-neutral pieces it builds on: the client IP behind trusted proxies
+// (docs/clients.md#client-ip), header lists and normalised paths.
 package rlhttp
 
 import (
