@@ -292,7 +292,9 @@ func hexValue(b byte) (byte, bool) {
 
 // NormalizePath percent-decodes path, collapses runs of '/', and drops a trailing '/'
 // (except for the root): "/api//Things/" and "/api/%54hings" both give "/api/Things".
-// Bytes that are not UTF-8 after decoding become U+FFFD, as the Rust crate's do.
+// It takes the path as sent (http.Request.URL.EscapedPath(), not the decoded URL.Path, so a
+// path is decoded once, as the Rust crate does). Bytes that are not UTF-8 after decoding
+// become U+FFFD, one per maximal invalid subsequence (Rust's String::from_utf8_lossy).
 func NormalizePath(path string) string {
 	decoded := make([]byte, 0, len(path))
 	for i := 0; i < len(path); i++ {
@@ -307,7 +309,7 @@ func NormalizePath(path string) string {
 		}
 		decoded = append(decoded, path[i])
 	}
-	text := strings.ToValidUTF8(string(decoded), "\uFFFD")
+	text := lossyUTF8(decoded)
 	var b strings.Builder
 	if !strings.HasPrefix(text, "/") {
 		b.WriteByte('/')
@@ -328,4 +330,61 @@ func NormalizePath(path string) string {
 		out = out[:len(out)-1]
 	}
 	return out
+}
+
+// lossyUTF8 is b as UTF-8 with each maximal invalid subsequence replaced by one U+FFFD (the
+// Unicode "substitution of maximal subparts" that Rust's from_utf8_lossy and Python's
+// errors="replace" use; Go's strings.ToValidUTF8 would replace a whole run with one).
+func lossyUTF8(b []byte) string {
+	var out strings.Builder
+	out.Grow(len(b))
+	for i := 0; i < len(b); {
+		c := b[i]
+		if c < 0x80 {
+			out.WriteByte(c)
+			i++
+			continue
+		}
+		// The sequence's length and the allowed range of its second byte (RFC 3629).
+		n, lo, hi := 0, byte(0x80), byte(0xBF)
+		switch {
+		case c >= 0xC2 && c <= 0xDF:
+			n = 2
+		case c == 0xE0:
+			n, lo = 3, 0xA0
+		case c >= 0xE1 && c <= 0xEC, c == 0xEE, c == 0xEF:
+			n = 3
+		case c == 0xED:
+			n, hi = 3, 0x9F
+		case c == 0xF0:
+			n, lo = 4, 0x90
+		case c >= 0xF1 && c <= 0xF3:
+			n = 4
+		case c == 0xF4:
+			n, hi = 4, 0x8F
+		}
+		if n == 0 { // not a lead byte
+			out.WriteString("\uFFFD")
+			i++
+			continue
+		}
+		j := i + 1
+		for k := 1; k < n && j < len(b); k++ {
+			l, h := byte(0x80), byte(0xBF)
+			if k == 1 {
+				l, h = lo, hi
+			}
+			if b[j] < l || b[j] > h {
+				break
+			}
+			j++
+		}
+		if j-i == n {
+			out.Write(b[i:j])
+		} else {
+			out.WriteString("\uFFFD")
+		}
+		i = j
+	}
+	return out.String()
 }

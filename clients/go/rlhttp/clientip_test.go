@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func rule(t *testing.T, proxies ...string) ClientIP {
@@ -182,6 +183,15 @@ func TestNormalizeListAndPath(t *testing.T) {
 		"/a%2Fb":        "/a/b",
 		"/a%zz":         "/a%zz",
 		"/a%4":          "/a%4",
+		"/%C3%A9":       "/é",
+		"/%E2%82":       "/\uFFFD",       // one maximal subpart: one replacement
+		"/%FF%FE":       "/\uFFFD\uFFFD", // two invalid bytes: two
+		"/%E2%82x":      "/\uFFFDx",
+		"/%ED%A0%80":    "/\uFFFD\uFFFD\uFFFD", // a surrogate: ED then two stray continuations
+		"/%F0%9F%98%80": "/😀",
+		"/%F4%90%80%80": "/\uFFFD\uFFFD\uFFFD\uFFFD", // past U+10FFFF
+		"/%E0%80%AF":    "/\uFFFD\uFFFD\uFFFD",       // overlong
+		"/%C0%AF":       "/\uFFFD\uFFFD",
 	} {
 		if got := NormalizePath(in); got != want {
 			t.Errorf("%q: %q, want %q", in, got, want)
@@ -217,6 +227,9 @@ func FuzzNormalizePath(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, p string) {
 		out := NormalizePath(p)
+		if !utf8.ValidString(out) || (utf8.ValidString(p) && !strings.Contains(p, "%") && lossyUTF8([]byte(p)) != p) {
+			t.Fatalf("%q -> %q", p, out)
+		}
 		if !strings.HasPrefix(out, "/") || strings.Contains(out, "//") || (len(out) > 1 && strings.HasSuffix(out, "/")) {
 			t.Fatalf("%q -> %q", p, out)
 		}

@@ -76,7 +76,7 @@ func Route() Key {
 		if r.Pattern != "" {
 			return found{value: r.Pattern, ok: true}
 		}
-		return found{value: NormalizePath(r.URL.Path), ok: true}
+		return found{value: NormalizePath(r.URL.EscapedPath()), ok: true}
 	}}
 }
 
@@ -255,7 +255,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		path := NormalizePath(r.URL.Path)
+		path := NormalizePath(r.URL.EscapedPath())
 		var rule *Rule
 		for i := range m.rules {
 			if m.rules[i].matches(r, path) {
