@@ -157,7 +157,8 @@ fi
 # The Go package (clients/go): the behaviour suite against real servers with the module and
 # without it (the Lua fallback), the failure policies (servers stopped and paused mid-run),
 # leases, a three-master cluster; each top-level test counts once. Then each fuzz target
-# (escaping, the limit and seconds grammars, client IP, paths) for a bounded time.
+# (escaping, the limit and seconds grammars, client IP, paths, key functions) for a bounded
+# time.
 golog="$work/go.log"
 echo "+ go test -v ./... (clients/go)"
 (cd clients/go && go test -count=1 -v ./...) 2>&1 | tee "$golog" | grep -E '^(--- |ok |FAIL|panic)'
@@ -166,7 +167,7 @@ if ! grep -Eq '^(ok|FAIL)[[:space:]]' "$golog"; then
 fi
 awk '/^--- PASS: / {n++} END {if (n) print "pass " n}' "$golog" >>"$results"
 awk '/^--- FAIL: / {print "fail clients/go::" $3}' "$golog" >>"$results"
-for target in .:FuzzSafeKeyPart .:FuzzParseLimits .:FuzzParseSeconds ./rlhttp:FuzzClientIP ./rlhttp:FuzzNormalizePath; do
+for target in .:FuzzSafeKeyPart .:FuzzParseLimits .:FuzzParseSeconds ./rlhttp:FuzzClientIP ./rlhttp:FuzzNormalizePath ./rlhttp:FuzzKeyFunctions; do
     pkg=${target%%:*} fuzz=${target#*:}
     echo "+ go test -fuzz $fuzz -fuzztime ${GO_FUZZ_TIME:-10s} $pkg (clients/go)"
     if (cd clients/go && go test -run '^$' -fuzz "^$fuzz\$" -fuzztime "${GO_FUZZ_TIME:-10s}" "$pkg") 2>&1 | tail -3; then

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	redisrl "github.com/redis-rl/redis-rl/clients/go"
 )
 
 func rule(t *testing.T, proxies ...string) ClientIP {
@@ -232,6 +234,37 @@ func FuzzNormalizePath(f *testing.F) {
 		}
 		if !strings.HasPrefix(out, "/") || strings.Contains(out, "//") || (len(out) > 1 && strings.HasSuffix(out, "/")) {
 			t.Fatalf("%q -> %q", p, out)
+		}
+	})
+}
+
+// Nothing a request carries can panic a key function or give a key whose hash tag a client
+// picked: every identity key is "<name>:{<kind>:<escaped value>}" with no other brace.
+func FuzzKeyFunctions(f *testing.F) {
+	for _, s := range []string{"k1", "{tag}", "a,b\tc", strings.Repeat("x", 200), "\x00\xff", "é"} {
+		f.Add(s, "/api/"+s, "10.0.0.1:80")
+	}
+	f.Add("", "", "")
+	f.Add("x", "%zz//", "[::1]:1")
+	ip, _ := ClientIP{}.Trusted("10.0.0.0/8", "unix")
+	f.Fuzz(func(t *testing.T, value, path, remote string) {
+		r, err := http.NewRequest("GET", "http://h/", nil)
+		if err != nil {
+			t.Skip()
+		}
+		r.URL.Path, r.URL.RawPath, r.RemoteAddr = path, "", remote
+		r.Header["X-Api-Key"] = strings.Split(value, "\n")
+		r.Header["X-Forwarded-For"] = []string{value}
+		for _, k := range []Key{IP(), Header("X-API-Key"), Route(), Func("user", func(r *http.Request) (string, bool) { return value, true })} {
+			got := k.fn(r, ip)
+			if !got.ok {
+				continue
+			}
+			key := redisrl.IdentityKey("name", k.Kind(), got.value, "")
+			inner := strings.TrimSuffix(strings.TrimPrefix(key, "name:{"), "}")
+			if !strings.HasPrefix(key, "name:{") || strings.ContainsAny(inner, "{}") {
+				t.Fatalf("%s: %q -> %q", k.Kind(), got.value, key)
+			}
 		}
 	})
 }

@@ -251,7 +251,7 @@ type check struct {
 // the standard mux.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if (!m.preflight && isPreflight(r)) || (m.exempt != nil && m.exempt(r)) {
+		if r.URL == nil || (!m.preflight && isPreflight(r)) || (m.exempt != nil && m.exempt(r)) {
 			next.ServeHTTP(w, r)
 			return
 		}
