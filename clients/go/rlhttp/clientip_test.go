@@ -256,7 +256,7 @@ func FuzzKeyFunctions(f *testing.F) {
 		r.Header["X-Api-Key"] = strings.Split(value, "\n")
 		r.Header["X-Forwarded-For"] = []string{value}
 		for _, k := range []Key{IP(), Header("X-API-Key"), Route(), Func("user", func(r *http.Request) (string, bool) { return value, true })} {
-			got := k.fn(r, ip)
+			got := k.fn(r, env{ip: ip})
 			if !got.ok {
 				continue
 			}

@@ -32,11 +32,19 @@ type found struct {
 	unknown  bool // no usable client address: the shared UnknownIP bucket
 }
 
+// env is what key functions see besides the request: the client-IP rule and the route the
+// router would pick (WithServeMux).
+type env struct {
+	ip      ClientIP
+	pattern string
+	routed  bool // pattern comes from the router ("" then means no route: a 404)
+}
+
 // Key is a key function: the identity a limit counts by (its kind, part of every key) and
 // its value for a request, or nothing when the request does not carry it.
 type Key struct {
 	kind string
-	fn   func(r *http.Request, ip ClientIP) found
+	fn   func(r *http.Request, env env) found
 }
 
 // Kind is the identity kind written in the key ("ip", "hdr.x-api-key", "route", ...).
@@ -45,8 +53,8 @@ func (k Key) Kind() string { return k.kind }
 // IP keys by the client's address under the middleware's ClientIP rule (WithClientIP): kind
 // "ip". A request without a usable address counts in the one shared UnknownIP bucket.
 func IP() Key {
-	return Key{kind: "ip", fn: func(r *http.Request, ip ClientIP) found {
-		k, ok, unusable := ip.FromRequest(r)
+	return Key{kind: "ip", fn: func(r *http.Request, e env) found {
+		k, ok, unusable := e.ip.FromRequest(r)
 		if !ok {
 			return found{value: UnknownIP, ok: true, unusable: unusable, unknown: true}
 		}
@@ -58,7 +66,7 @@ func IP() Key {
 // "hdr.<lower-case name>". An absent or empty header is a missing identity.
 func Header(name string) Key {
 	canonical := http.CanonicalHeaderKey(name)
-	return Key{kind: "hdr." + strings.ToLower(name), fn: func(r *http.Request, _ ClientIP) found {
+	return Key{kind: "hdr." + strings.ToLower(name), fn: func(r *http.Request, _ env) found {
 		lines := r.Header.Values(canonical)
 		if len(lines) == 0 {
 			return found{}
@@ -68,12 +76,20 @@ func Header(name string) Key {
 	}}
 }
 
-// Route keys by the route: the ServeMux pattern that matched (http.Request.Pattern, Go
-// 1.23+), else the normalised path (NormalizePath), kind "route". One shared limit per
-// endpoint.
+// Route keys by the route, kind "route": one shared limit per endpoint. The route is the
+// ServeMux pattern that matches the request: the router's own (WithServeMux(mux): asked with
+// mux.Handler, since the middleware runs before the mux routes), else http.Request.Pattern
+// when a router set it, else the normalised path (NormalizePath). With WithServeMux, every
+// request the mux matches to no route (a 404) is one "<METHOD> (no route)" bucket, as the
+// Python package keys them.
 func Route() Key {
-	return Key{kind: "route", fn: func(r *http.Request, _ ClientIP) found {
-		if r.Pattern != "" {
+	return Key{kind: "route", fn: func(r *http.Request, e env) found {
+		switch {
+		case e.routed && e.pattern == "":
+			return found{value: r.Method + " (no route)", ok: true}
+		case e.routed:
+			return found{value: e.pattern, ok: true}
+		case r.Pattern != "":
 			return found{value: r.Pattern, ok: true}
 		}
 		return found{value: NormalizePath(r.URL.EscapedPath()), ok: true}
@@ -86,7 +102,7 @@ func Func(kind string, f func(r *http.Request) (value string, ok bool)) Key {
 	if kind == "" {
 		kind = "fn"
 	}
-	return Key{kind: kind, fn: func(r *http.Request, _ ClientIP) found {
+	return Key{kind: kind, fn: func(r *http.Request, _ env) found {
 		if f == nil {
 			return found{}
 		}
@@ -163,6 +179,7 @@ type Middleware struct {
 	denied    func(http.ResponseWriter, *http.Request, Denial)
 	xHeaders  bool
 	preflight bool // limit CORS preflights too
+	mux       *http.ServeMux
 }
 
 // Option configures a Middleware.
@@ -178,6 +195,10 @@ func WithExempt(f func(*http.Request) bool) Option { return func(m *Middleware) 
 func WithDenied(f func(http.ResponseWriter, *http.Request, Denial)) Option {
 	return func(m *Middleware) { m.denied = f }
 }
+
+// WithServeMux names the mux the middleware wraps, so Route keys by the pattern it will
+// route the request to (and a 404 by "<METHOD> (no route)").
+func WithServeMux(mux *http.ServeMux) Option { return func(m *Middleware) { m.mux = mux } }
 
 // WithXHeaders adds X-RateLimit-Limit, -Remaining and -Reset.
 func WithXHeaders() Option { return func(m *Middleware) { m.xHeaders = true } }
@@ -268,9 +289,14 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		counters := m.limiter.Counters()
+		e := env{ip: m.clientIP}
+		if m.mux != nil {
+			_, e.pattern = m.mux.Handler(r)
+			e.routed = true
+		}
 		var checks []check
 		for _, l := range rule.Limits {
-			f := l.Key.fn(r, m.clientIP)
+			f := l.Key.fn(r, e)
 			kind := l.Key.kind
 			if !f.ok {
 				switch rule.Missing {
@@ -283,7 +309,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 					counters.Add("skipped", 1)
 					continue
 				}
-				f, kind = IP().fn(r, m.clientIP), "ip"
+				f, kind = IP().fn(r, e), "ip"
 			}
 			if f.unusable {
 				counters.Add("forwarded_unusable", 1)

@@ -32,7 +32,7 @@ func get(t *testing.T, url string, hdr ...string) reply {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Add(hdr[i], hdr[i+1])
 	}
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -258,5 +258,51 @@ func TestOneNameIsOneBucket(t *testing.T) {
 	}
 	if _, err := New(l, []Rule{{Limits: []Limit{{Name: "", Spec: redisrl.MustWindow(1, time.Second, redisrl.Fixed), Key: IP()}}}}); err == nil {
 		t.Error("an empty name")
+	}
+}
+
+// docs/clients.md#routes: per-route limits key on the matched route, so spellings of one
+// path and the ids of one template share one bucket; requests matching no route share one.
+func TestRouteKeysOnTheMatchedPattern(t *testing.T) {
+	rs := startServer(t)
+	l := rs.limiter(t)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /users/{id}", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "user") })
+	rule := []Rule{{Limits: []Limit{{Name: "route", Spec: redisrl.MustWindow(2, time.Minute, redisrl.Fixed), Key: Route()}}}}
+	s := httptest.NewServer(mustNew(t, l, rule, WithServeMux(mux)).Handler(mux))
+	t.Cleanup(s.Close)
+	var got []int
+	for _, p := range []string{"/users/1", "/users/2", "/users/3"} {
+		got = append(got, get(t, s.URL+p).status)
+	}
+	if fmt.Sprint(got) != "[200 200 429]" {
+		t.Errorf("one template, one bucket: %v", got)
+	}
+	got = nil
+	for _, p := range []string{"/nope", "/other", "/third"} {
+		got = append(got, get(t, s.URL+p).status)
+	}
+	if fmt.Sprint(got) != "[404 404 429]" {
+		t.Errorf("no route, one bucket: %v", got)
+	}
+	for _, key := range []string{"route:{route:GET%20/users/%7Bid%7D}", "route:{route:GET%20%28no%20route%29}"} {
+		d, err := l.Check(t.Context(), key, redisrl.MustWindow(2, time.Minute, redisrl.Fixed), redisrl.Cost(0))
+		if err != nil || d.Remaining != 0 {
+			t.Errorf("%s: %+v %v", key, d, err)
+		}
+	}
+	// Without the mux the middleware keys by the normalised path.
+	plain := httptest.NewServer(mustNew(t, rs.limiter(t), rule).Handler(mux))
+	t.Cleanup(plain.Close)
+	got = nil
+	for _, p := range []string{"/users/1", "/users//1/", "/users/2"} {
+		got = append(got, get(t, plain.URL+p).status)
+	}
+	// "/users//1/" is "/users/1" (the mux answers it with a redirect, counted too).
+	if got[0] != 200 || got[1]/100 != 3 || got[2] != 200 {
+		t.Errorf("by path: %v", got)
+	}
+	if r := get(t, plain.URL+"/users/1"); r.status != 429 {
+		t.Errorf("/users/1 a third time: %d", r.status)
 	}
 }
