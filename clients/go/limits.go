@@ -639,3 +639,17 @@ func ParseLimitsWith(text string, algorithm StringAlgorithm) ([]Spec, error) {
 	}
 	return out, nil
 }
+
+// PolicyWindow is the w of the IETF RateLimit-Policy field for s: the window of a Window,
+// the time an empty GCRA bucket takes to fill (burst · period / rate); false for a Lease or
+// an invalid limit.
+func PolicyWindow(s Spec) (time.Duration, bool) {
+	if s == nil {
+		return 0, false
+	}
+	v, err := s.spec()
+	if err != nil {
+		return 0, false
+	}
+	return v.policyWindow()
+}

@@ -306,3 +306,28 @@ func TestRouteKeysOnTheMatchedPattern(t *testing.T) {
 		t.Errorf("/users/1 a third time: %d", r.status)
 	}
 }
+
+func TestLimitStringsAreNamedByTheirWindows(t *testing.T) {
+	l, err := ParseLimits("api", "20/minute; 200 per hour; 5/60s", IP())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, x := range l {
+		names = append(names, x.Name)
+	}
+	if fmt.Sprint(names) != "[api-60s api-3600s api-60s-2]" {
+		t.Errorf("%v", names)
+	}
+	one, _ := ParseLimits("login", "5/minute", IP())
+	if len(one) != 1 || one[0].Name != "login" {
+		t.Errorf("%+v", one)
+	}
+	g := redisrl.MustGCRA(10, 1, time.Second) // fills in 10 s
+	if got := Named("b", IP(), g, redisrl.MustWindow(1, 500*time.Millisecond, redisrl.Fixed)); got[0].Name != "b-10s" || got[1].Name != "b-1s" {
+		t.Errorf("%+v", got)
+	}
+	if _, err := ParseLimits("x", "10/fortnight", IP()); err == nil {
+		t.Error("a bad unit")
+	}
+}
