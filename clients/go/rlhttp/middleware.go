@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	redisrl "github.com/redis-rl/redis-rl/clients/go"
 )
@@ -136,6 +137,11 @@ type Rule struct {
 	Missing Missing
 	// HashTag, when set, is the hash tag of every key of the rule (one RL.ALL on a Cluster).
 	HashTag string
+	// DeductWhen, when set, decides on the status actually sent whether the request stays
+	// charged: false refunds its charge (e.g. func(s int) bool { return s < 500 } charges
+	// no server error). A request whose client went away before a status was sent stays
+	// charged (docs/clients.md#deduct_when).
+	DeductWhen func(status int) bool
 }
 
 func (r Rule) matches(req *http.Request, path string) bool {
@@ -352,7 +358,13 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			for k, v := range h {
 				w.Header()[k] = v
 			}
-			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, d)))
+			st := &settlement{m: m, rule: rule, checks: checks, cost: cost, decision: d, ctx: r.Context()}
+			ctx := context.WithValue(context.WithValue(r.Context(), ctxKey{}, d), settleKey{}, st)
+			sw := &settlingWriter{ResponseWriter: w, st: st}
+			next.ServeHTTP(sw, r.WithContext(ctx))
+			if r.Context().Err() == nil {
+				st.settle(http.StatusOK) // a handler that wrote nothing sent 200
+			}
 			return
 		}
 		retry := h.Get("Retry-After")
@@ -442,3 +454,93 @@ func jsonString(s string) string {
 	b.WriteByte('"')
 	return b.String()
 }
+
+type settleKey struct{}
+
+// settlement settles a request's charge on the status being sent: a refund when the rule's
+// DeductWhen says so, else the difference to a cost the handler reported (ReportCost).
+type settlement struct {
+	m        *Middleware
+	rule     *Rule
+	checks   []check
+	cost     uint64
+	decision redisrl.Decision
+	ctx      context.Context
+
+	mu       sync.Mutex
+	reported uint64
+	has      bool
+	done     bool
+}
+
+// ReportCost reports what the request really cost (tokens, rows), before the handler writes
+// its status: on the status being sent the middleware charges the difference to the rule's
+// cost (RL.GCRA/RL.WINDOW ... FORCE; a LOG limit cannot record more and is left out) or
+// refunds it. It reports false outside a limited request or once the status is sent.
+func ReportCost(ctx context.Context, n uint64) bool {
+	st, ok := ctx.Value(settleKey{}).(*settlement)
+	if !ok {
+		return false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.done {
+		return false
+	}
+	st.reported, st.has = n, true
+	return true
+}
+
+func (st *settlement) settle(status int) {
+	st.mu.Lock()
+	if st.done {
+		st.mu.Unlock()
+		return
+	}
+	st.done = true
+	reported, has := st.reported, st.has
+	st.mu.Unlock()
+	if st.decision.Degraded {
+		return // nothing was charged in Redis
+	}
+	ctx := context.WithoutCancel(st.ctx)
+	lim := st.m.limiter
+	switch {
+	case st.rule.DeductWhen != nil && !st.rule.DeductWhen(status):
+		for _, c := range st.checks {
+			_, _ = lim.Refund(ctx, c.key, st.cost)
+		}
+	case has && reported > st.cost:
+		for _, c := range st.checks {
+			if w, ok := c.spec.(redisrl.Window); ok && w.Algorithm() == redisrl.Log {
+				continue // FORCE cannot record on LOG (docs/clients.md#costs-and-settlement)
+			}
+			_, _ = lim.Check(ctx, c.key, c.spec, redisrl.Cost(reported-st.cost), redisrl.Force())
+		}
+	case has && reported < st.cost:
+		for _, c := range st.checks {
+			_, _ = lim.Refund(ctx, c.key, st.cost-reported)
+		}
+	}
+}
+
+// settlingWriter settles the charge when the status is sent.
+type settlingWriter struct {
+	http.ResponseWriter
+	st *settlement
+}
+
+func (w *settlingWriter) WriteHeader(status int) {
+	if status >= 200 { // 1xx informational answers are not the status
+		w.st.settle(status)
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *settlingWriter) Write(b []byte) (int, error) {
+	w.st.settle(http.StatusOK)
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer (Flush, Hijack, deadlines).
+func (w *settlingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -331,3 +331,60 @@ func TestLimitStringsAreNamedByTheirWindows(t *testing.T) {
 		t.Error("a bad unit")
 	}
 }
+
+// docs/clients.md#deduct_when and #costs-and-settlement: the charge is settled on the status
+// being sent: refunded when DeductWhen says so, or moved to the cost the handler reported.
+func TestDeductWhenAndReportedCostsSettleOnTheStatus(t *testing.T) {
+	rs := startServer(t)
+	l := rs.limiter(t)
+	window := redisrl.MustWindow(10, time.Minute, redisrl.Fixed)
+	rule := []Rule{{
+		Limits:     []Limit{{Name: "ip", Spec: window, Key: IP()}},
+		DeductWhen: func(status int) bool { return status < 500 },
+	}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/fail", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) })
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
+		if !ReportCost(r.Context(), 5) {
+			t.Error("ReportCost refused")
+		}
+		fmt.Fprint(w, "done")
+	})
+	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) {
+		ReportCost(r.Context(), 0)
+		w.WriteHeader(204)
+	})
+	mux.HandleFunc("/quiet", func(w http.ResponseWriter, r *http.Request) {})
+	s := httptest.NewServer(mustNew(t, l, rule).Handler(mux))
+	t.Cleanup(s.Close)
+	left := func() uint64 {
+		d, err := l.Check(t.Context(), "ip:{ip:127.0.0.1}", window, redisrl.Cost(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Remaining
+	}
+	for range 3 {
+		if r := get(t, s.URL+"/fail"); r.status != 500 {
+			t.Fatal(r.status)
+		}
+	}
+	if n := left(); n != 10 {
+		t.Errorf("server errors were charged: %d left", n)
+	}
+	get(t, s.URL+"/big")
+	if n := left(); n != 5 {
+		t.Errorf("a reported cost of 5: %d left", n)
+	}
+	get(t, s.URL+"/small")
+	if n := left(); n != 5 {
+		t.Errorf("a reported cost of 0: %d left", n)
+	}
+	get(t, s.URL+"/quiet")
+	if n := left(); n != 4 {
+		t.Errorf("a handler that wrote nothing sent 200 and is charged: %d left", n)
+	}
+	if ReportCost(t.Context(), 1) {
+		t.Error("ReportCost outside a limited request")
+	}
+}
