@@ -21,7 +21,7 @@ lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe blo
 	cargo fmt --manifest-path fuzz/Cargo.toml --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings
-	cd clients/go && go generate ./... && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt -l: $$out"; exit 1; }; } && go vet ./...
+	cd clients/go && go generate ./... && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt -l: $$out"; exit 1; }; } && go vet ./... && cd rlgin && go vet ./...
 
 test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh

@@ -110,6 +110,7 @@ export RL_PYTHON="$PWD/$PYVENV/bin/python"
 # generate: the copy is ignored by git), its modules downloaded, its tests compiled.
 build go -C clients/go generate ./...
 build go -C clients/go test -count=1 -run '^$' ./...
+build go -C clients/go/rlgin test -count=1 -run '^$' ./...
 
 # ---- Suites.
 built=$SECONDS
@@ -156,12 +157,13 @@ fi
 
 # The Go package (clients/go): the behaviour suite against real servers with the module and
 # without it (the Lua fallback), the failure policies (servers stopped and paused mid-run),
-# leases, a three-master cluster; each top-level test counts once. Then each fuzz target
+# leases, a three-master cluster, the net/http middleware and the gin adapter; each top-level test counts once. Then each fuzz target
 # (escaping, the limit and seconds grammars, client IP, paths, key functions) for a bounded
 # time.
 golog="$work/go.log"
 echo "+ go test -v ./... (clients/go)"
-(cd clients/go && go test -count=1 -v ./...) 2>&1 | tee "$golog" | grep -E '^(--- |ok |FAIL|panic)'
+# (rlgin, the gin adapter, is a module of its own so that the core does not depend on gin.)
+(cd clients/go && go test -count=1 -v ./...; cd rlgin && go test -count=1 -v ./...) 2>&1 | tee "$golog" | grep -E '^(--- |ok |FAIL|panic)'
 if ! grep -Eq '^(ok|FAIL)[[:space:]]' "$golog"; then
     echo "notrun clients/go: go test stopped before its summary" >>"$results"
 fi

@@ -544,3 +544,12 @@ func (w *settlingWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the server's writer (Flush, Hijack, deadlines).
 func (w *settlingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Settle settles the request's charge on status now, as the middleware does when the status
+// is written: for adapters whose framework writes the status itself, later (rlgin). Safe to
+// call more than once; a no-op outside a limited request.
+func Settle(ctx context.Context, status int) {
+	if st, ok := ctx.Value(settleKey{}).(*settlement); ok {
+		st.settle(status)
+	}
+}
