@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,9 @@ func startCluster(t *testing.T, module bool) []*server {
 	var nodes []*server
 	var addrs []string
 	for range 3 {
-		s := startServer(t, module, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+		// The bus port is chosen too: by default it is port+10000, which may be taken.
+		s := startServer(t, module, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(freePort(t)))
 		nodes = append(nodes, s)
 		addrs = append(addrs, s.addr())
 	}
