@@ -10,6 +10,7 @@ package redisrl
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -43,12 +44,13 @@ func (panicker) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
 func exampleAddr() string { return shared(panicker{}, true).addr() }
 
 type server struct {
-	port   int
-	dir    string
-	module bool
-	cmd    *exec.Cmd
-	args   []string
-	exited chan struct{}
+	started bool
+	port    int
+	dir     string
+	module  bool
+	cmd     *exec.Cmd
+	args    []string
+	exited  chan struct{}
 }
 
 func serverBinary() string {
@@ -102,7 +104,27 @@ func startServer(t testing.TB, module bool, extra ...string) *server {
 
 func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
+// start starts the server and waits until it answers. A first start whose port another
+// process took in the meantime ("Address already in use") is retried on a fresh port; a
+// restart keeps its port (its clients know it).
 func (s *server) start(t fataler) {
+	t.Helper()
+	for attempt := 0; ; attempt++ {
+		if s.tryStart(t) {
+			s.started = true
+			return
+		}
+		if !s.started && attempt < 2 && strings.Contains(s.log(), "Address already in use") {
+			s.port = freePort(t)
+			_ = os.Remove(filepath.Join(s.dir, "redis.log"))
+			continue
+		}
+		t.Fatalf("redis-server exited at start-up: %s", s.log())
+	}
+}
+
+// tryStart starts the server; false when it exited before answering.
+func (s *server) tryStart(t fataler) bool {
 	t.Helper()
 	args := append([]string{"--port", strconv.Itoa(s.port), "--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
 	s.cmd = exec.Command(serverBinary(), args...)
@@ -115,18 +137,27 @@ func (s *server) start(t fataler) {
 	for {
 		conn, err := net.DialTimeout("tcp", s.addr(), 200*time.Millisecond)
 		if err == nil {
+			// The server that answers must be ours (another process may hold the port).
 			_ = conn.SetDeadline(time.Now().Add(time.Second))
-			_, _ = conn.Write([]byte("PING\r\n"))
-			buf := make([]byte, 16)
-			n, _ := conn.Read(buf)
+			_, _ = conn.Write([]byte("INFO server\r\n"))
+			buf := make([]byte, 8192)
+			n, _ := io.ReadAtLeast(conn, buf, 1)
+			for n < len(buf) && !strings.Contains(string(buf[:n]), "process_id:") {
+				m, err := conn.Read(buf[n:])
+				if err != nil {
+					break
+				}
+				n += m
+			}
 			conn.Close()
-			if strings.HasPrefix(string(buf[:n]), "+PONG") {
-				return
+			if strings.Contains(string(buf[:n]), "process_id:"+strconv.Itoa(s.cmd.Process.Pid)+"\r\n") {
+				return true
 			}
 		}
 		select {
 		case <-s.exited:
-			t.Fatalf("redis-server exited at start-up: %s", s.log())
+			s.cmd = nil
+			return false
 		default:
 		}
 		if time.Now().After(deadline) {

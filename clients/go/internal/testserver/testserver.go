@@ -62,12 +62,20 @@ func Start(t testing.TB) *Server {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond); err == nil {
+			// The server that answers must be ours (another process may hold the port).
 			_ = c.SetDeadline(time.Now().Add(time.Second))
-			_, _ = c.Write([]byte("PING\r\n"))
-			buf := make([]byte, 8)
-			n, _ := c.Read(buf)
+			_, _ = c.Write([]byte("INFO server\r\n"))
+			buf := make([]byte, 8192)
+			n := 0
+			for n < len(buf) && !strings.Contains(string(buf[:n]), "process_id:") {
+				m, err := c.Read(buf[n:])
+				if err != nil {
+					break
+				}
+				n += m
+			}
 			c.Close()
-			if strings.HasPrefix(string(buf[:n]), "+PONG") {
+			if strings.Contains(string(buf[:n]), "process_id:"+strconv.Itoa(s.cmd.Process.Pid)+"\r\n") {
 				return s
 			}
 		}
