@@ -79,11 +79,14 @@ type Hook func(name string, n uint64)
 //   - degraded: answered by the failure policy;
 //   - errors: Redis calls that failed with an outage;
 //   - redis_calls: round trips made;
-//   - refunded: units given back (Refund), counted as Redis reports them.
+//   - refunded: units given back (Refund, AcrossSlots' give-backs), as Redis reports them;
+//   - leases_lost: leases found lost while held;
+//   - skipped, missing_denied, forwarded_unusable, peer_unknown: counted by the rlhttp
+//     middleware (a limit skipped for a missing identity, a 401, an unusable forwarding
+//     header, a request without a client address).
 //
-// The others (allowed_locally, local, skipped, missing_denied, leases_lost,
-// forwarded_unusable, peer_unknown) belong to parts of the contract this package does not
-// have yet and stay 0.
+// allowed_locally and local belong to batching and the local failure policy, which this
+// package does not have yet, and stay 0.
 type Counters struct {
 	values [nCounters]atomic.Uint64
 	hook   Hook
