@@ -421,3 +421,19 @@ func TestDenyCacheNeverDeniesWhatRedisWouldAdmit(t *testing.T) {
 		}
 	})
 }
+
+func TestForceRecordsUsagePastTheLimit(t *testing.T) {
+	bothModes(t, func(t *testing.T, k testMode, s *server, c *Client) {
+		w := MustWindow(5, time.Minute, Fixed)
+		d := ok(c.Force(ctxT(t), "f", w, 8))
+		if !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%+v", d)
+		}
+		if d := ok(c.Check(ctxT(t), "f", w)); d.Allowed {
+			t.Errorf("after 8 of 5 were recorded: %+v", d)
+		}
+		if _, err := c.Force(ctxT(t), "l", MustWindow(5, time.Minute, Log), 1); err == nil || !strings.Contains(err.Error(), "FORCE cannot be used with LOG") {
+			t.Errorf("%v", err)
+		}
+	})
+}

@@ -312,6 +312,13 @@ func (c *Client) Check(ctx context.Context, key string, limit Spec, opts ...Chec
 	return c.decided(d), nil
 }
 
+// Force records cost units of usage that already happened, allowed or not (RL.GCRA or
+// RL.WINDOW ... FORCE; not for LOG, which the server refuses): Check with Cost(cost) and
+// Force().
+func (c *Client) Force(ctx context.Context, key string, limit Spec, cost uint64) (Decision, error) {
+	return c.Check(ctx, key, limit, Cost(cost), Force())
+}
+
 // Entry is one limit of a CheckAll: a key, its limit, and optionally its own cost (or, for
 // a Lease, its token).
 type Entry struct {

@@ -515,7 +515,7 @@ func (st *settlement) settle(status int) {
 			if w, ok := c.spec.(redisrl.Window); ok && w.Algorithm() == redisrl.Log {
 				continue // FORCE cannot record on LOG (docs/clients.md#costs-and-settlement)
 			}
-			_, _ = lim.Check(ctx, c.key, c.spec, redisrl.Cost(reported-st.cost), redisrl.Force())
+			_, _ = lim.Force(ctx, c.key, c.spec, reported-st.cost)
 		}
 	case has && reported < st.cost:
 		for _, c := range st.checks {
