@@ -1615,6 +1615,12 @@ local function fast_gcra(bw, rw, pw, spec)
   local T, tol = spec.T, spec.tol
   if type(T) ~= 'table' and T <= FAST and type(tol) ~= 'table' and tol <= FAST then
     spec.Tb = pack64(T) .. pack7(spec.burst)
+    -- One request on a missing key: T split into seconds and nanoseconds, the reply's
+    -- remaining and reset_after_ms.
+    spec.Tn = T % NS_PER_S
+    spec.Ts = (T - spec.Tn) / NS_PER_S
+    spec.rem1 = spec.burst - 1
+    spec.reset1 = (T + 999999 - (T + 999999) % NS_PER_MS) / NS_PER_MS
     fast_put('G', bw, rw, pw, spec)
   end
 end
@@ -1759,17 +1765,16 @@ do
 ---------------------------------------------------------------------------------------------
 -- Fast-path helpers. Below 2^52 every sum, difference and product of integers that stays below
 -- 2^52, every x % m and every (x - x % m) / m is exact in a double, so the fast paths compute
--- with plain numbers and the `%` operator (no math.floor call). Byte strings are built with
--- string.char from cached pieces and read with one string.byte call: struct.pack/unpack and
--- number-to-text conversions are the expensive steps of a call.
+-- with plain numbers and the `%` operator (no math.floor call). A state is read with one
+-- string.byte call and written with one struct.pack whose c-fields copy cached pieces (one new
+-- string per write); numbers become text through cached pieces, never tostring or format.
 ---------------------------------------------------------------------------------------------
 
--- D1[d], D2[dd]: the texts '0' .. '9' and '00' .. '99' (3 digits of ms: D1[c // 100] .. D2[c % 100]).
+-- D1[d], D2[dd]: the texts '0' .. '9' and '00' .. '99' (3 digits c: D1[c // 100] .. D2[c % 100]).
 -- Few cached strings on purpose: every live object of the library costs each call GC work.
 local D1, D2 = {}, {}
 local OPT = {} -- a keyword as clients write it -> its code (any other spelling: general code)
 local R5 = {0, 0, 0, 0, 0} -- the reply of the fast single-key paths, filled per call
-local C8 = {} -- the 8 little-endian bytes of the counts 0 .. 31
 local sec_str, sec_b = {}, {} -- decimal text and 5 little-endian bytes of seconds
 -- Bounded caches: n (entries of sec_str and sec_b), ms_at (decimal text of s * 1000, by s:
 -- window ends), cnt (count text -> value, for counts of at most 15 digits) and its size.
@@ -1778,7 +1783,6 @@ local fc = {n = 0, ms_at = {}, cnt = {}, cnt_n = 0}
 function init_fast()
   for i = 0, 9 do D1[i] = fmt('%d', i) end
   for i = 0, 99 do D2[i] = fmt('%02d', i) end
-  for i = 0, 31 do C8[i] = char(i, 0, 0, 0, 0, 0, 0, 0) end
   local words = {QUANTITY = 1, PEEK = 2, FORCE = 3, MAXWAIT = 4, FIXED = 5, SLIDING = 6, LOG = 7,
     RENEW = 8}
   for w, c in pairs(words) do
@@ -1860,23 +1864,6 @@ local function sbytes(s)
   return v
 end
 
--- The 8 little-endian bytes of n (a count below 2^53).
-local function cbytes(n)
-  if n < 256 then return char(n, 0, 0, 0, 0, 0, 0, 0) end
-  local a = n % 256
-  n = (n - a) / 256
-  local b = n % 256
-  n = (n - b) / 256
-  local c = n % 256
-  n = (n - c) / 256
-  local d = n % 256
-  n = (n - d) / 256
-  local e = n % 256
-  n = (n - e) / 256
-  local f = n % 256
-  return char(a, b, c, d, e, f, (n - f) / 256, 0)
-end
-
 -- A count of at most 15 digits (below 2^50): its value, else nil (the general code decides).
 local function fast_count(s)
   local v = fc.cnt[s]
@@ -1941,16 +1928,6 @@ end
 -- once and hand both to the general code when it takes over, so both decide on one instant.
 ---------------------------------------------------------------------------------------------
 
--- The 4 little-endian bytes of n (below 2^32) followed by nothing: a string of 4 bytes.
-local function nb(n)
-  local a = n % 256
-  n = (n - a) / 256
-  local b = n % 256
-  n = (n - b) / 256
-  local c = n % 256
-  return char(a, b, c, (n - c) / 256)
-end
-
 -- GCRA: the stored TAT (37 bytes, T and burst equal to the call's: `p.Tb`) against now.
 local function gcra_fast(raw, p, q, force, mw, sec, usec)
   local nsn = usec * 1000
@@ -1966,21 +1943,11 @@ local function gcra_fast(raw, p, q, force, mw, sec, usec)
     local r = ahead % 1000000000
     local ts, tn = sec + (ahead - r) / 1000000000, nsn + r
     if tn >= 1000000000 then ts, tn = ts + 1, tn - 1000000000 end
-    local a = tn % 256
-    r = (tn - a) / 256
-    local b = r % 256
-    r = (r - b) / 256
-    local c = r % 256
-    local e = nsn % 256
-    local f = (nsn - e) / 256
-    local g = f % 256
-    f = (f - g) / 256
-    local h = f % 256
     local px = tn + 999999
     px = (px - px % 1000000) / 1000000
     return true, 1, rem, mw and 0 or -1, x,
-      '\255rlG' .. (sec_b[ts] or sbytes(ts)) .. char(a, b, c, (r - c) / 256) .. p.Tb
-        .. (sec_b[sec] or sbytes(sec)) .. char(e, g, h, (f - h) / 256),
+      pack('<c4c5I4c15c5I4', '\255rlG', sec_b[ts] or sbytes(ts), tn, p.Tb,
+        sec_b[sec] or sbytes(sec), nsn),
       px < 1000 and (sec_str[ts] or sstr(ts)) .. D1[(px - px % 100) / 100] .. D2[px % 100]
         or mstr(ts, px)
   end
@@ -2032,19 +1999,17 @@ local function gcra_fast(raw, p, q, force, mw, sec, usec)
   x = ahead % 1000000000
   local ts, tn = sec + (ahead - x) / 1000000000, nsn + x
   if tn >= 1000000000 then ts, tn = ts + 1, tn - 1000000000 end
-  local arrival
+  local as, an = sec, nsn
   if delay > 0 then
     x = delay % 1000000000
-    local as, an = sec + (delay - x) / 1000000000, nsn + x
+    as, an = sec + (delay - x) / 1000000000, nsn + x
     if an >= 1000000000 then as, an = as + 1, an - 1000000000 end
-    arrival = (sec_b[as] or sbytes(as)) .. nb(an)
-  else
-    arrival = (sec_b[sec] or sbytes(sec)) .. nb(nsn)
   end
   x = tn + 999999
   x = (x - x % 1000000) / 1000000
   return true, 1, rem, retry, reset,
-    '\255rlG' .. (sec_b[ts] or sbytes(ts)) .. nb(tn) .. p.Tb .. arrival,
+    pack('<c4c5I4c15c5I4', '\255rlG', sec_b[ts] or sbytes(ts), tn, p.Tb, sec_b[as] or sbytes(as),
+      an),
     x < 1000 and (sec_str[ts] or sstr(ts)) .. D1[(x - x % 100) / 100] .. D2[x % 100]
       or mstr(ts, x)
 end
@@ -2060,15 +2025,9 @@ local function fixed_fast(raw, p, q, force, sec, usec)
     local fs = sec - sec % ws + ws
     local rem = 0
     if q < limit then rem = limit - q end
-    local a = en % 256
-    local r = (en - a) / 256
-    local b = r % 256
-    r = (r - b) / 256
-    local c = r % 256
     if q > MAXI then return false end
     return true, 1, rem, -1, (fs - sec) * 1000 - (usec - usec % 1000) / 1000,
-      p.FP .. (q < 32 and C8[q] or cbytes(q)) .. (sec_b[sec] or sbytes(sec))
-        .. char(a, b, c, (r - c) / 256),
+      pack('<c19I8c5I4', p.FP, q, sec_b[sec] or sbytes(sec), en),
       fc.ms_at[fs] or sxat(fs)
   end
   if raw ~= '' then
@@ -2101,8 +2060,7 @@ local function fixed_fast(raw, p, q, force, sec, usec)
   if after > MAXI then return false end
   rem = 0
   if limit > after then rem = limit - after end
-  return true, 1, rem, -1, to_end,
-    p.FP .. (after < 32 and C8[after] or cbytes(after)) .. (sec_b[es] or sbytes(es)) .. nb(en),
+  return true, 1, rem, -1, to_end, pack('<c19I8c5I4', p.FP, after, sec_b[es] or sbytes(es), en),
     fc.ms_at[fs] or sxat(fs)
 end
 
@@ -2117,15 +2075,9 @@ local function sliding_fast(raw, p, q, force, sec, usec)
     local xs = sec - sec % ws + ws + ws
     local rem = 0
     if q < limit then rem = limit - q end
-    local a = en % 256
-    local r = (en - a) / 256
-    local b = r % 256
-    r = (r - b) / 256
-    local c = r % 256
     if q > MAXI then return false end
     return true, 1, rem, -1, (xs - sec) * 1000 - (usec - usec % 1000) / 1000,
-      p.SP .. C8[0] .. (q < 32 and C8[q] or cbytes(q)) .. (sec_b[sec] or sbytes(sec))
-        .. char(a, b, c, (r - c) / 256),
+      pack('<c19I8I8c5I4', p.SP, 0, q, sec_b[sec] or sbytes(sec), en),
       fc.ms_at[xs] or sxat(xs)
   end
   if raw ~= '' then
@@ -2177,9 +2129,7 @@ local function sliding_fast(raw, p, q, force, sec, usec)
   if limit > used then rem = limit - used end
   local xs = ss + ws + ws
   return true, 1, rem, -1, (xs - sec) * 1000 - msu,
-    p.SP .. (prev < 32 and C8[prev] or cbytes(prev)) .. (after < 32 and C8[after] or cbytes(after))
-      .. (sec_b[es] or sbytes(es)) .. nb(en),
-    fc.ms_at[xs] or sxat(xs)
+    pack('<c19I8I8c5I4', p.SP, prev, after, sec_b[es] or sbytes(es), en), fc.ms_at[xs] or sxat(xs)
 end
 
 -- LOG on a missing key: one entry at now holding the request.
@@ -2189,26 +2139,14 @@ local function log_fast(raw, p, q, sec, usec)
   if q == 0 then return true, 1, limit, -1, 0 end
   if q > limit then return true, 0, limit, -1, 0 end
   local us = sec * 1000000 + usec
-  local a = us % 256
-  us = (us - a) / 256
-  local b = us % 256
-  us = (us - b) / 256
-  local c = us % 256
-  us = (us - c) / 256
-  local d = us % 256
-  us = (us - d) / 256
-  local e = us % 256
-  us = (us - e) / 256
-  local f = us % 256
-  local cq = q % 256
-  local cr = (q - cq) / 256
+  local lo = us % 16777216
   local W = p.W
   local x = W % 1000000000
   local s2, n2 = sec + (W - x) / 1000000000, usec * 1000 + x
   if n2 >= 1000000000 then s2, n2 = s2 + 1, n2 - 1000000000 end
   x = n2 + 999999
   return true, 1, limit - q, -1, p.Wms,
-    p.LH1 .. char(a, b, c, d, e, f, (us - f) / 256, cq, cr % 256, (cr - cr % 256) / 256),
+    pack('<c31I3I4I3', p.LH1, lo, (us - lo) / 16777216, q % 16777216),
     mstr(s2, (x - x % 1000000) / 1000000)
 end
 
@@ -2241,32 +2179,28 @@ function rl_gcra(keys, args)
     local ok, a, rem, retry, reset, value, pxat
     if raw == '' and q ~= 0 and (force or q <= p.burst) and not peek then
       -- A missing key (gcra_fast's first case, here without a call): the TAT starts at now.
-      local T = p.T
-      local ahead = q * T
+      local ahead = q * p.T
       if ahead <= FAST then
         local nsn = usec * 1000
-        local x = ahead + 999999
-        ok, a, rem, retry, reset = true, 1, 0, mw and 0 or -1, (x - x % 1000000) / 1000000
-        if q < p.burst then rem = p.burst - q end
-        local r = ahead % 1000000000
-        local ts, tn = sec + (ahead - r) / 1000000000, nsn + r
+        local ts, tn
+        if q == 1 then
+          ok, a, rem, retry, reset = true, 1, p.rem1, mw and 0 or -1, p.reset1
+          ts, tn = sec + p.Ts, nsn + p.Tn
+        else
+          local x = ahead + 999999
+          ok, a, rem, retry, reset = true, 1, 0, mw and 0 or -1, (x - x % 1000000) / 1000000
+          if q < p.burst then rem = p.burst - q end
+          x = ahead % 1000000000
+          ts, tn = sec + (ahead - x) / 1000000000, nsn + x
+        end
         if tn >= 1000000000 then ts, tn = ts + 1, tn - 1000000000 end
-        local c1 = tn % 256
-        r = (tn - c1) / 256
-        local c2 = r % 256
-        r = (r - c2) / 256
-        local c3 = r % 256
-        local d1 = nsn % 256
-        local f = (nsn - d1) / 256
-        local d2 = f % 256
-        f = (f - d2) / 256
-        local d3 = f % 256
-        x = tn + 999999
+        local x = tn + 999999
         x = (x - x % 1000000) / 1000000
-        value = '\255rlG' .. (sec_b[ts] or sbytes(ts)) .. char(c1, c2, c3, (r - c3) / 256) .. p.Tb
-          .. (sec_b[sec] or sbytes(sec)) .. char(d1, d2, d3, (f - d3) / 256)
+        -- One struct.pack, one string (c-fields copy the cached pieces).
+        value = pack('<c4c5I4c15c5I4', '\255rlG', sec_b[ts] or sbytes(ts), tn, p.Tb,
+          sec_b[sec] or sbytes(sec), nsn)
         pxat = x < 1000 and (sec_str[ts] or sstr(ts)) .. D1[(x - x % 100) / 100] .. D2[x % 100]
-      or mstr(ts, x)
+          or mstr(ts, x)
       end
     else
       ok, a, rem, retry, reset, value, pxat = gcra_fast(raw, p, q, force, mw, sec, usec)
