@@ -1156,6 +1156,129 @@ fn random_params(rng: &mut StdRng, algo: &str) -> String {
     }
 }
 
+/// The fast paths of LOG and LEASE calls on existing keys (docs/reference.md#r-fb-10) against
+/// the module and against the fallback's own general code: long logs (entries read by
+/// GETRANGE, the first one inside the window found by doubling, compaction) and keys of many
+/// leases (expiries, renewals, releases, denials). Each step runs as the clients write it (the
+/// fast path) and, at the same instant on a key of its own, with a keyword spelled so that
+/// only the general code takes it (`lOG`, `qUANTITY`, `rENEW`): equal replies, equal stored
+/// values and equal PTTLs.
+#[test]
+fn fast_paths_on_existing_keys_match_the_module_and_the_general_code() {
+    let Some(mut d) = Diff::new() else { return };
+    for seed in 0..6u64 {
+        let mut rng = StdRng::seed_from_u64(0xfa57 ^ seed);
+        d.label(format!("fastlog{seed}").as_bytes());
+        let gkey = format!("g:fastlog{seed}");
+        let (limit, window) = [
+            (30, "1"),
+            (5, "0.05"),
+            (100, "2"),
+            (12, "0.3"),
+            (3, "1"),
+            (60, "0.7"),
+        ][seed as usize];
+        for _ in 0..300 {
+            d.advance(match rng.gen_range(0..10) {
+                0..=2 => 0,
+                3 => rng.gen_range(1..1000),
+                4..=8 => rng.gen_range(1..80) * MS,
+                _ => rng.gen_range(0..3000) * MS,
+            });
+            let (opt, gopt) = match rng.gen_range(0..10) {
+                0..=5 => (String::new(), " qUANTITY 1".to_owned()),
+                6 | 7 => {
+                    let n = rng.gen_range(0..5);
+                    (format!(" QUANTITY {n}"), format!(" qUANTITY {n}"))
+                }
+                8 => (" PEEK".to_owned(), " qUANTITY 1 PEEK".to_owned()),
+                _ => (" QUANTITY 0".to_owned(), " qUANTITY 0".to_owned()),
+            };
+            let r = d.step(&format!("window:0 {limit} {window} LOG{opt}"));
+            let g = fcall(
+                &mut d.c,
+                "window",
+                &[&gkey],
+                &format!("{limit} {window} lOG{gopt}")
+                    .split(' ')
+                    .collect::<Vec<_>>(),
+            );
+            let fkey = d.key(b'f', 0);
+            let fv: Option<Vec<u8>> = redis::cmd("GET").arg(&fkey).query(&mut d.c).unwrap();
+            let gv: Option<Vec<u8>> = redis::cmd("GET").arg(&gkey).query(&mut d.c).unwrap();
+            let fkey = String::from_utf8(fkey).unwrap();
+            if r != g || fv != gv || pttl(&mut d.c, &fkey) != pttl(&mut d.c, &gkey) {
+                d.fail(&format!(
+                    "the fast path and the general code differ: {r:?} {g:?}\n  {fv:?}\n  {gv:?}"
+                ));
+            }
+        }
+    }
+    for seed in 0..4u64 {
+        let mut rng = StdRng::seed_from_u64(0xfa58 ^ seed);
+        d.label(format!("fastlease{seed}").as_bytes());
+        let gkey = format!("g:fastlease{seed}");
+        let (limit, lease, tokens) =
+            [(8, "0.3", 12), (3, "1", 5), (40, "0.05", 60), (1, "0.2", 2)][seed as usize];
+        for _ in 0..300 {
+            d.advance(match rng.gen_range(0..10) {
+                0..=2 => 0,
+                3 => rng.gen_range(1..1000),
+                4..=8 => rng.gen_range(1..40) * MS,
+                _ => rng.gen_range(0..1000) * MS,
+            });
+            let token = format!("t{}", rng.gen_range(0..tokens));
+            let fkey = String::from_utf8(d.key(b'f', 0)).unwrap();
+            let (r, g) = if rng.gen_bool(0.15) {
+                let r = d.step(&format!("release:0 {token}"));
+                let g = fcall(&mut d.c, "release", &[&gkey], &[&token]);
+                (r, g)
+            } else {
+                let (opt, gopt) = match rng.gen_range(0..10) {
+                    0..=4 => (String::new(), " qUANTITY 1".to_owned()),
+                    5 | 6 => (" RENEW".to_owned(), " qUANTITY 1 rENEW".to_owned()),
+                    7 => {
+                        let n = rng.gen_range(0..3);
+                        (format!(" QUANTITY {n}"), format!(" qUANTITY {n}"))
+                    }
+                    8 => (" PEEK".to_owned(), " qUANTITY 1 PEEK".to_owned()),
+                    _ => (" QUANTITY 0".to_owned(), " qUANTITY 0".to_owned()),
+                };
+                let r = d.step(&format!("lease:0 {limit} {lease} {token}{opt}"));
+                let g = fcall(
+                    &mut d.c,
+                    "lease",
+                    &[&gkey],
+                    &format!("{limit} {lease} {token}{gopt}")
+                        .split(' ')
+                        .collect::<Vec<_>>(),
+                );
+                (r, g)
+            };
+            let members = |c: &mut redis::Connection, k: &str| -> Vec<Vec<u8>> {
+                redis::cmd("ZRANGE")
+                    .arg(k)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(c)
+                    .unwrap()
+            };
+            let (fz, gz) = (members(&mut d.c, &fkey), members(&mut d.c, &gkey));
+            let norm = |x: &Reply, k: &str| x.clone().map_err(|e| e.replace(k, "KEY"));
+            let mkey = String::from_utf8(d.key(b'm', 0)).unwrap();
+            if norm(&r, &mkey) != norm(&g, &gkey)
+                || fz != gz
+                || pttl(&mut d.c, &fkey) != pttl(&mut d.c, &gkey)
+            {
+                d.fail(&format!(
+                    "the fast path and the general code differ: {r:?} {g:?}\n  {fz:?}\n  {gz:?}"
+                ));
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Differential tests waiting for the module (RL.LEASE, RL.RELEASE, FORCE, COST, issue 13).
 // ---------------------------------------------------------------------------------------------

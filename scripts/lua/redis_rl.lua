@@ -1114,6 +1114,22 @@ local function search(lo, hi, pred)
   return lo
 end
 
+-- The same, probing lo, lo + 1, lo + 3, lo + 7, ... first, then halving: O(log d) look-ups for
+-- an answer d entries after lo (the first entry inside a window is usually near the head).
+local function gallop(lo, hi, pred)
+  local step = 1
+  while lo < hi do
+    local i = lo + step - 1
+    if i >= hi then break end
+    if pred(i) then
+      hi = i
+      break
+    end
+    lo, step = i + 1, step * 2
+  end
+  return search(lo, hi, pred)
+end
+
 -- What the log holds at now under window w: the first entry inside the window (k), the running
 -- count before it, the requests inside the window, the newest instant inside it (or nil).
 local function log_scan(st, now_us, w)
@@ -1125,7 +1141,7 @@ local function log_scan(st, now_us, w)
   if last_us <= cutoff_us then return st.E, last_cum, 0, nil end
   local k = 0
   if log_entry(st, 0) <= cutoff_us then
-    k = search(1, st.E - 1, function(i) return log_entry(st, i) > cutoff_us end)
+    k = gallop(1, st.E - 1, function(i) return log_entry(st, i) > cutoff_us end)
   end
   local before = st.base
   if k > 0 then
@@ -1195,11 +1211,20 @@ local function log_decide(key, p, st, now, q)
     return d
   end
   -- Denied: until `need` of the oldest requests in the window have left it.
+  -- Each entry holds at least one request, so the answer is at most need - 1 entries after k.
   local need = after - p.limit
-  local j = search(k, st.E - 1, function(i)
+  local function pred(i)
     local _, c = log_entry(st, i)
     return (c - before) % CUM >= need
-  end)
+  end
+  local j = k + need - 1
+  if j >= st.E - 1 then
+    j = search(k, st.E - 1, pred)
+  elseif pred(j) then
+    j = search(k, j, pred)
+  else
+    j = search(j + 1, st.E - 1, pred)
+  end
   local at_us = log_entry(st, j)
   return report('denied', in_window, newest, {retry = wmax(us_plus_ns_minus_now(at_us, w, now_us), 1)})
 end
@@ -1631,7 +1656,10 @@ local function fast_window(lw, ww, limit, w)
     local f = {limit = limit, W = w, WL = wl, FP = MAGIC .. 'F' .. wl, SP = MAGIC .. 'S' .. wl,
       Wms = ceil_ms(w), log = cmp(limit, LOG_MAX_LIMIT) <= 0}
     if w % NS_PER_S == 0 then f.ws = w / NS_PER_S end
-    if f.log then f.LH1 = log_header(w, limit, LOG_H, LOG_H + ENTRY, 0) end
+    if f.log then
+      f.LH1 = log_header(w, limit, LOG_H, LOG_H + ENTRY, 0)
+      f.LP, f.Wus = sub_s(f.LH1, 1, 20), ceil_div(w, NS_PER_US)
+    end
     fast_put('W', lw, ww, nil, f)
   end
 end
@@ -2150,6 +2178,280 @@ local function log_fast(raw, p, q, sec, usec)
     mstr(s2, (x - x % 1000000) / 1000000)
 end
 
+-- The decimal text of an integer 0 <= x < 10^9 (a byte offset, a rank), from cached pieces.
+local function itext(x)
+  if x < 100 then return x < 10 and D1[x] or D2[x] end
+  local l = x % 100
+  if x < 1000 then return D1[(x - l) / 100] .. D2[l] end
+  local r = x % 1000
+  l = r % 100
+  return itext((x - r) / 1000) .. D1[(r - l) / 100] .. D2[l]
+end
+
+-- LOG on a key of the call's parameters (its first 20 bytes are p.LP): log_decide's decision
+-- and stored bytes in plain numbers, entries read from `raw` (the key's first 256 bytes) or by
+-- GETRANGE as log_decide reads them (the last, the first, a search), a write of the new entry
+-- and the header (a whole value of under 256 bytes: one SET). Returns the reply, or nil when the
+-- general code must decide (having written nothing).
+local log_more
+do
+-- The entry at byte offset pos: its instant (us) and running count.
+local function lget(key, raw, lastblk, tl, pos)
+  local lo, hi, cum
+  if pos + 10 <= #raw then
+    lo, hi, cum = unpack('<I3I4I3', raw, pos + 1)
+  elseif lastblk and pos == tl - 10 then
+    lo, hi, cum = unpack('<I3I4I3', lastblk)
+  else
+    lo, hi, cum = unpack('<I3I4I3', rcall('GETRANGE', key, itext(pos), itext(pos + 9)))
+  end
+  return hi * 16777216 + lo, cum
+end
+
+-- instant + W - now in ns (at least 0), or nil when it would leave the exact range.
+local function upm(instant_us, w, now_us)
+  local d = instant_us - now_us
+  if d >= 0 then
+    if d > 4000000000000 then return nil end
+    return d * 1000 + w
+  end
+  d = w + d * 1000
+  return d > 0 and d or 0
+end
+
+function log_more(key, raw, p, q, peek, sec, usec)
+  if type(raw) ~= 'string' or sub_s(raw, 1, 20) ~= p.LP then return nil end
+  local n = #raw
+  local hd, tl, base = unpack('<I4I4I3', raw, 21)
+  local E = (tl - hd) / 10
+  if hd < 31 or E < 1 or E % 1 ~= 0 then return nil end
+  local lastblk
+  if n < 256 then
+    if tl > n then return nil end
+  else
+    -- The last entry, and the key's length: 10 bytes when the key ends at the tail.
+    lastblk = rcall('GETRANGE', key, itext(tl - 10), itext(tl))
+    if #lastblk ~= 10 then return nil end
+    n = tl
+  end
+  local now_us = sec * 1000000 + usec
+  local W, limit, wu = p.W, p.limit, p.Wus
+  local cutoff = wu <= now_us and now_us - wu or -1
+  local last_us, last_cum = lget(key, raw, lastblk, tl, tl - 10)
+  local k, before, inw, newest
+  if last_us <= cutoff then
+    k, before, inw = E, last_cum, 0
+  else
+    newest = last_us
+    local u, c = lget(key, raw, lastblk, tl, hd)
+    if u > cutoff then
+      k, before = 0, base
+    else
+      -- The first entry inside the window among 1 .. E-2 (else E-1): doubling steps, then
+      -- halving; the entry before it was read (its running count is `before`).
+      local lo, hi, step = 1, E - 1, 1
+      before = c
+      while lo < hi do
+        local i = lo + step - 1
+        if i >= hi then break end
+        u, c = lget(key, raw, lastblk, tl, hd + 10 * i)
+        if u > cutoff then
+          hi = i
+          break
+        end
+        lo, step, before = i + 1, step * 2, c
+      end
+      while lo < hi do
+        local mid = (lo + hi - (lo + hi) % 2) / 2
+        u, c = lget(key, raw, lastblk, tl, hd + 10 * mid)
+        if u > cutoff then hi = mid else lo, before = mid + 1, c end
+      end
+      k = lo
+    end
+    inw = (last_cum - before) % 16777216
+  end
+  local reset = newest and upm(newest, W, now_us) or 0
+  if reset == nil then return nil end
+  local R = R5
+  R[2], R[4] = limit, -1
+  if q == 0 or q > limit then
+    R[1], R[3], R[5] = q == 0 and 1 or 0, inw < limit and limit - inw or 0,
+      (reset + 999999 - (reset + 999999) % 1000000) / 1000000
+    return R
+  end
+  local after = inw + q
+  if after > limit then
+    -- Denied: until the need-th request in the window leaves it; each entry holds at least one
+    -- request, so that is at most need - 1 entries after the first.
+    local need = after - limit
+    local lo, hi, at = k, k + need - 1, last_us
+    if hi >= E - 1 then
+      hi = E - 1
+    else
+      local u, c = lget(key, raw, lastblk, tl, hd + 10 * hi)
+      if (c - before) % 16777216 >= need then at = u else lo, hi = hi + 1, E - 1 end
+    end
+    while lo < hi do
+      local mid = (lo + hi - (lo + hi) % 2) / 2
+      local u, c = lget(key, raw, lastblk, tl, hd + 10 * mid)
+      if (c - before) % 16777216 >= need then hi, at = mid, u else lo = mid + 1 end
+    end
+    local wait = upm(at, W, now_us)
+    if wait == nil then return nil end
+    wait = (wait + 999999 - (wait + 999999) % 1000000) / 1000000
+    R[1], R[3], R[4], R[5] = 0, inw < limit and limit - inw or 0, wait > 1 and wait or 1,
+      (reset + 999999 - (reset + 999999) % 1000000) / 1000000
+    return R
+  end
+  if newest == nil or newest < now_us then
+    reset = W
+  else
+    reset = upm(newest, W, now_us)
+  end
+  R[1], R[3], R[5] = 1, limit - after, (reset + 999999 - (reset + 999999) % 1000000) / 1000000
+  if peek then return R end
+  if not memory_ok(sec, usec) then return nil end
+  -- The absolute expiry: now + reset, in ms rounded up.
+  local x = reset % 1000000000
+  local s2, n2 = sec + (reset - x) / 1000000000, usec * 1000 + x
+  if n2 >= 1000000000 then s2, n2 = s2 + 1, n2 - 1000000000 end
+  x = n2 + 999999
+  local pxat = mstr(s2, (x - x % 1000000) / 1000000)
+  local lo = now_us % 16777216
+  if k == E then
+    -- Every entry has left the window: a new log (log_decide's first case).
+    if not wcall('SET', key, pack('<c31I3I4I3', p.LH1, lo, (now_us - lo) / 16777216, q), 'PXAT',
+      pxat) then return nil end
+    return R
+  end
+  local cum = (last_cum + q) % 16777216
+  local merge = now_us <= last_us -- the same instant, or a clock that stepped back
+  local head = hd + 10 * k
+  local tail = merge and tl or tl + 10
+  local hi = (now_us - lo) / 16777216
+  local value
+  local extra = n - tail
+  if extra < 0 then extra = 0 end
+  if (head - 31) + extra > tail - head then
+    -- Compact: the live entries at the front (log_decide's rewrite).
+    local live = tl <= #raw and sub_s(raw, head + 1, merge and tl - 3 or tl)
+      or rcall('GETRANGE', key, itext(head), itext(merge and tl - 4 or tl - 1))
+    if merge then
+      value = pack('<c20I4I4I3c0I3', p.LP, 31, 34 + #live, before, live, cum)
+    else
+      value = pack('<c20I4I4I3c0I3I4I3', p.LP, 31, 41 + #live, before, live, lo, hi, cum)
+    end
+  elseif n < 256 then
+    -- The whole value is known: the same bytes as log_decide's SETRANGEs, in one SET (c0:
+    -- the whole string).
+    if merge then
+      value = pack('<c20I4I4I3c0I3', p.LP, head, tail, before, sub_s(raw, 32, tl - 3), cum)
+      if n > tl then value = value .. sub_s(raw, tl + 1) end
+    else
+      value = pack('<c20I4I4I3c0I3I4I3', p.LP, head, tail, before, sub_s(raw, 32, tl), lo, hi,
+        cum)
+      if n > tl + 10 then value = value .. sub_s(raw, tl + 11) end
+    end
+  end
+  if value then
+    if not wcall('SET', key, value, 'PXAT', pxat) then return nil end
+    return R
+  end
+  if merge then
+    if not wcall('SETRANGE', key, itext(tl - 3), pack('<I3', cum)) then return nil end
+  elseif not wcall('SETRANGE', key, itext(tl), pack('<I3I4I3', lo, hi, cum)) then
+    return nil
+  end
+  wcall('SETRANGE', key, '0', pack('<c20I4I4I3', p.LP, head, tail, before))
+  wcall('PEXPIREAT', key, pxat)
+  return R
+end
+end
+
+-- LEASE on a key of the sorted-set layout holding the call's limit (`h`: its header and lowest
+-- slot, from ZRANGE key 0 1 WITHSCORES), for a token holding at most one slot: lease_decide_z's
+-- decision in plain numbers with fewer look-ups (the lowest slot tells whether any expired:
+-- when none did, no count of the expired and no drop), the same writes. Returns the reply, or
+-- nil when the general code must decide (having written nothing).
+local function lease_more(key, h, p, q, peek, renew, token, sec, usec)
+  local limit = p.limit
+  if h[2] ~= p.head and tonum(h[2]) ~= -limit then return nil end
+  local now_us = sec * 1000000 + usec
+  local low = h[4] and tonum(h[4]) -- the earliest expiry, nil: no slots
+  local expired = low ~= nil and low <= now_us
+  local m1 = char(#token) .. token
+  local own_n = 0
+  if q > 0 then
+    local s = rcall('ZMSCORE', key, m1, m1 .. '\0\0\1')
+    if s[2] then return nil end -- a lease of several slots: the general code counts them
+    if s[1] and (not expired or tonum(s[1]) > now_us) then own_n = 1 end
+  end
+  if renew and own_n == 0 then return nil end
+  local nows, held, top
+  if expired then
+    nows = us_text(now_us)
+    held = rcall('ZCOUNT', key, '(' .. nows, '+inf')
+  elseif low then
+    held = rcall('ZCARD', key) - 1
+  else
+    held = 0
+  end
+  local R = R5
+  R[2], R[4] = limit, -1
+  local others = held - own_n
+  top = 0
+  if q == 0 or others + q > limit then
+    if held > 0 then
+      local t = rcall('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+      top = tonum(t[2])
+    end
+    R[3] = held < limit and limit - held or 0
+    local x = top > 0 and top - now_us + 999 or 0
+    R[5] = (x - x % 1000) / 1000
+    if q == 0 then
+      R[1] = 1
+      return R
+    end
+    -- Denied: until the need-th slot of the others expires (lease_decide_z's ranks).
+    local idx = others + q - limit
+    if expired then idx = idx + rcall('ZCOUNT', key, '0', nows) end
+    if own_n > 0 and idx >= rcall('ZRANK', key, m1) then idx = idx + own_n end
+    local t = rcall('ZRANGE', key, itext(idx), itext(idx), 'WITHSCORES')
+    x = (tonum(t[2]) or now_us) - now_us + 999
+    x = (x - x % 1000) / 1000
+    R[1], R[4] = 0, x > 1 and x or 1
+    return R
+  end
+  local exp_us = now_us + p.lease_us
+  local last = exp_us
+  local score = us_text(exp_us)
+  -- A slot expiring after the new lease (a longer lease, a clock stepped back) is the latest.
+  if held > 0 and rcall('ZCOUNT', key, '(' .. score, '+inf') > 0 then
+    local t = rcall('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+    last = lease_others_top(key, token, t[1], tonum(t[2]), own_n, now_us)
+    if last < exp_us then last = exp_us end
+  end
+  local x = last - now_us + 999
+  R[1], R[3], R[5] = 1, limit - others - q, (x - x % 1000) / 1000
+  if peek then return R end
+  if not memory_ok(sec, usec) then return nil end
+  local done
+  if q == 1 then
+    done = wcall('ZADD', key, score, m1)
+  else
+    local zargs = {'ZADD', key}
+    for k = 1, q do
+      zargs[2 * k + 1] = score
+      zargs[2 * k + 2] = lease_member(token, k)
+    end
+    done = wcall(tunpack(zargs))
+  end
+  if not done then return nil end
+  if expired then lease_drop(key, held + q - own_n, nows) end
+  wcall('PEXPIREAT', key, us_to_pxat(last))
+  return R
+end
+
 function rl_gcra(keys, args)
   if not initialised then init() end
   local key = keys[1]
@@ -2279,12 +2581,16 @@ function rl_window(keys, args)
   local usec = t[2] + 0
   local raw
   if sec < 9007199254 then -- now in microseconds below 2^53
-    raw = rpcall('GETRANGE', key, '0', '63')
+    -- A LOG key's first 256 bytes: its header and up to 22 entries (a whole short log).
+    raw = rpcall('GETRANGE', key, '0', decide and '63' or '255')
     local ok, a, rem, retry, reset, value, pxat
     if decide then
       ok, a, rem, retry, reset, value, pxat = decide(raw, p, q, force, sec, usec)
-    else
+    elseif raw == '' then
       ok, a, rem, retry, reset, value, pxat = log_fast(raw, p, q, sec, usec)
+    else
+      local R = log_more(key, raw, p, q, peek, sec, usec)
+      if R then return R end
     end
     if ok then
       local done
@@ -2312,7 +2618,8 @@ function rl_window(keys, args)
   return run_guarded(general.W, keys, args)
 end
 
--- LEASE on a missing key: the header and the new lease's members, then the key's expiry.
+-- LEASE on a missing key (the header and the new lease's members, then the key's expiry) or on
+-- a key of the same limit (lease_more); ZRANGE key 0 1 reads the header and the lowest slot.
 function rl_lease(keys, args)
   if not initialised then init() end
   local key, token = keys[1], args[3]
@@ -2321,13 +2628,15 @@ function rl_lease(keys, args)
   if p == nil or key == nil or keys[2] ~= nil or token == nil or #token > 64 or token == '' then
     return run_guarded(general.E, keys, args)
   end
-  local q, peek = 1, false
+  local q, peek, renew = 1, false, false
   if args[4] ~= nil then
-    local force, mw, algo, renew
+    local force, mw, algo
     q, peek, force, mw, algo, renew = fast_opts(args, 4, #args)
-    if q == nil or force or mw or algo or renew then return run_guarded(general.E, keys, args) end
+    if q == nil or force or mw or algo or (renew and q == 0) then
+      return run_guarded(general.E, keys, args)
+    end
   end
-  if q > p.limit then return run_guarded(general.E, keys, args) end
+  if q > p.limit or q > 2000 then return run_guarded(general.E, keys, args) end
   local t = rcall('TIME')
   local ss = t[1]
   local sec = last_sec
@@ -2338,8 +2647,11 @@ function rl_lease(keys, args)
   local usec = t[2] + 0
   local h
   if sec < 9007199254 then -- now in microseconds below 2^53
-    h = rpcall('ZRANGE', key, '0', '0', 'WITHSCORES')
-    if h.err == nil and h[1] == nil then
+    h = rpcall('ZRANGE', key, '0', '1', 'WITHSCORES')
+    if h[1] == LEASE_HEADER then
+      local R = lease_more(key, h, p, q, peek, renew, token, sec, usec)
+      if R then return R end
+    elseif h.err == nil and h[1] == nil and not renew then
       local R = R5
       R[2], R[4] = p.limit, -1
       if q == 0 or peek then
