@@ -29,7 +29,9 @@ sliding_window_two_keys, sliding_log_zset, lease_zset), and RL.ALL of a GCRA and
 limit against the sum of two scripts, with the module rows' parameters, each row on a fresh
 server with the library or the script loaded before the counters are zeroed; plus a Function
 doing only TIME, SET ... PXAT and the reply (bench/lua/fallback_floor.lua), the floor of an
-exact FIXED call. It prints their table and where each call's instructions go.
+exact FIXED call. It prints their table and where each call's instructions go, and (one run)
+the same table on keys that already exist (WARM_CALLS calls over WARM_KEYS keys before the
+counters are zeroed).
 
 Nothing here asserts: it measures and prints. Needs valgrind (callgrind_control and
 callgrind_annotate come with it), gcc, redis-server, redis-cli, redis-benchmark.
@@ -55,6 +57,11 @@ REQUESTS = 20_000
 PIPELINE = 16
 CLIENTS = 50
 KEYSPACE = 100_000
+# Keys that already exist (one run): WARM_CALLS calls over WARM_KEYS keys before the counters
+# are zeroed, then WARM_MEASURED calls on the same keys (the usual case of a live limiter).
+WARM_KEYS = 1_000
+WARM_CALLS = 5_000
+WARM_MEASURED = 2_000
 TIMEOUT_S = 300  # any single child process
 TOP = 15
 
@@ -262,14 +269,24 @@ def config_get_cost(server):
     return ir / max(calls, 1)
 
 
-def measure(server, label, argv, stat, keep_dir, index):
+def measure(server, label, argv, stat, keep_dir, index, warm=False):
+    """One command's count. warm: on keys that already exist (WARM_KEYS keys, each called
+    about WARM_CALLS / WARM_KEYS times before the counters are zeroed)."""
     server.cli("FLUSHALL")
+    args = [KEY if a == "KEY" else a.replace("{KEY}", "{" + KEY + "}") for a in argv]
+
+    def bench(n, keyspace):
+        subprocess.run(["redis-benchmark", "-p", str(server.port), "-c", str(CLIENTS),
+                        "-n", str(n), "-P", str(PIPELINE), "-r", str(keyspace), "--csv"] + args,
+                       capture_output=True, check=True, timeout=TIMEOUT_S)
+    if warm:
+        bench(WARM_CALLS, WARM_KEYS)
     server.cli("CONFIG", "RESETSTAT")
     server.control("--zero")
-    args = [KEY if a == "KEY" else a.replace("{KEY}", "{" + KEY + "}") for a in argv]
-    subprocess.run(["redis-benchmark", "-p", str(server.port), "-c", str(CLIENTS),
-                    "-n", str(REQUESTS), "-P", str(PIPELINE), "-r", str(KEYSPACE), "--csv"] + args,
-                   capture_output=True, check=True, timeout=TIMEOUT_S)
+    if warm:
+        bench(WARM_MEASURED, WARM_KEYS)
+    else:
+        bench(REQUESTS, KEYSPACE)
     path = server.dump("cmd-%d" % index)
     stats = server.commandstats()
     ir, pc_calls = parse_callgrind(path)
@@ -287,7 +304,7 @@ def slug(label):
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
-def measure_fresh(label, argv, stat, keep_dir, index, script=None, library=LIBRARY):
+def measure_fresh(label, argv, stat, keep_dir, index, script=None, library=LIBRARY, warm=False):
     """One command on its own fresh server: a Functions library loaded (script None) or the
     script bench/lua/<script>.lua loaded (its sha replaces "SHA" in argv), then measured as
     `measure` does (FLUSHALL, CONFIG RESETSTAT and the zeroed counters come after the load)."""
@@ -305,7 +322,7 @@ def measure_fresh(label, argv, stat, keep_dir, index, script=None, library=LIBRA
             with open(os.path.join(LUA_DIR, script + ".lua")) as f:
                 sha = server.cli("SCRIPT", "LOAD", f.read())
             argv = [sha if a == "SHA" else a for a in argv]
-        r = measure(server, label, argv, stat, keep_dir, index)
+        r = measure(server, label, argv, stat, keep_dir, index, warm)
         r["config_ir"] = config_ir
         r["per_call"] = (r["ir"] - r["config_calls"] * config_ir) / max(r["calls"], 1)
     finally:
@@ -338,6 +355,42 @@ def lua_round(rnd):
                                       library=os.path.join(LUA_DIR, "fallback_floor.lua"))
     log(f"cost round {rnd}: {FLOOR_FN}: {results[FLOOR_FN]['per_call']:,.0f} Ir/call")
     return results
+
+
+def warm_round():
+    """The module, the fallback and the reference scripts of LUA_ROWS on keys that already
+    exist, each on a fresh server: {label: result}."""
+    keep_dir = os.path.join(OUT_DIR, "callgrind", "warm")
+    os.makedirs(keep_dir, exist_ok=True)
+    commands = {label: (argv, stat) for label, argv, stat in COMMANDS}
+    results = {}
+    index = 200
+    for algo, module, fb_argv, scripts, script_args in LUA_ROWS:
+        argv, stat = commands[module]
+        rows = [(module, argv, stat, None), (algo + " fallback", fb_argv, "fcall", None)]
+        rows += [(sc + " script", ["EVALSHA", "SHA", "1", "KEY"] + sa, "evalsha", sc)
+                 for sc, sa in zip(scripts, script_args)]
+        for label, argv, stat, script in rows:
+            if label in results:
+                continue
+            results[label] = measure_fresh(label, argv, stat, keep_dir, index, script, warm=True)
+            log(f"cost on existing keys: {label}: {results[label]['per_call']:,.0f} Ir/call")
+            index += 1
+    return results
+
+
+def warm_table(warm):
+    """Markdown lines: the fallback table on keys that already exist."""
+    lines = ["| algorithm | module | fallback (`FCALL`) | reference script (`bench/lua/`) "
+             "| fallback ÷ reference |", "|---|---:|---:|---:|---:|"]
+    for algo, module, _argv, scripts, _args in LUA_ROWS:
+        mod = warm[module]["per_call"]
+        fb = warm[algo + " fallback"]["per_call"]
+        ref = sum(warm[sc + " script"]["per_call"] for sc in scripts)
+        names = " + ".join(f"`{sc}.lua`" for sc in scripts)
+        lines.append(f"| {algo} | {mod / 1000:.1f} k | **{fb / 1000:.1f} k** | {names} "
+                     f"{ref / 1000:.1f} k | {fb / ref:.2f} |")
+    return lines
 
 
 def one_round(rnd):
@@ -639,10 +692,14 @@ def run():
     rounds = [one_round(r + 1) for r in range(ROUNDS)]
     for r, rnd in enumerate(rounds):
         rnd.update(lua_round(r + 1))
+    warm = warm_round()
+    rounds[0]["warm"] = warm
     elapsed = time.time() - started
     with open(os.path.join(OUT_DIR, "cost.json"), "w") as f:
-        json.dump([{label: {k: v for k, v in r.items() if k != "file"} for label, r in rnd.items()}
-                   for rnd in rounds], f, indent=1)
+        json.dump([{label: {k: v for k, v in r.items() if k != "file"} for label, r in rnd.items()
+                    if label != "warm"} for rnd in rounds]
+                  + [{label: {k: v for k, v in r.items() if k != "file"}
+                      for label, r in warm.items()}], f, indent=1)
     lines = []
     w = lines.append
     w("## Instructions per call (callgrind)")
@@ -720,6 +777,15 @@ def fallback_section(rounds):
       "or holder. " + ", ".join(f"run {i + 1}" for i in range(len(rounds))) + " in each cell.")
     w("")
     lines += fallback_table(rounds)
+    w("")
+    w(f"On keys that already exist (one run, each row on a fresh server: {WARM_CALLS:,} calls "
+      f"over {WARM_KEYS:,} keys, then the counters zeroed and {WARM_MEASURED:,} calls measured "
+      "on the same keys: a GCRA or window state of the same parameters, a LOG of a few "
+      "entries, a LEASE key whose one token renews its lease). The fallback's fast paths "
+      "take these too; the reference scripts are as cheap here as on fresh keys, and "
+      "`fixed_window.lua` cheaper (its INCR finds the key and its EXPIRE is skipped):")
+    w("")
+    lines += warm_table(rounds[0]["warm"])
     w("")
     w("Where each call's instructions go (run 1, per call; each column adds up to its total):")
     w("")
