@@ -2369,10 +2369,14 @@ end
 end
 
 -- LEASE on a key of the sorted-set layout holding the call's limit (`h`: its header and lowest
--- slot, from ZRANGE key 0 1 WITHSCORES), for a token holding at most one slot: lease_decide_z's
--- decision in plain numbers with fewer look-ups (the lowest slot tells whether any expired:
--- when none did, no count of the expired and no drop), the same writes. Returns the reply, or
--- nil when the general code must decide (having written nothing).
+-- slots, from ZRANGE key 0 LEASE_READ - 1 WITHSCORES), for a token holding at most one slot:
+-- lease_decide_z's decision in plain numbers with fewer look-ups (the lowest slot tells whether
+-- any expired: when none did, no count of the expired and no drop; a key of fewer than
+-- LEASE_READ members was read whole, so its counts, ranks and top come from `h` with no more
+-- commands), the same writes. Returns the reply, or nil when the general code must decide
+-- (having written nothing).
+local LEASE_READ = 8
+local LEASE_READ_TEXT = '7' -- LEASE_READ - 1
 local function lease_more(key, h, p, q, peek, renew, token, sec, usec)
   local limit = p.limit
   if h[2] ~= p.head and tonum(h[2]) ~= -limit then return nil end
@@ -2380,30 +2384,47 @@ local function lease_more(key, h, p, q, peek, renew, token, sec, usec)
   local low = h[4] and tonum(h[4]) -- the earliest expiry, nil: no slots
   local expired = low ~= nil and low <= now_us
   local m1 = char(#token) .. token
-  local own_n = 0
-  if q > 0 then
+  local nh = #h
+  local whole = nh < 2 * LEASE_READ
+  local own_n, own_i, nexp, held = 0, nil, 0, 0
+  if whole then
+    -- The whole set: the token's slot (its index in h), the live and the expired slots.
+    local n1 = #m1
+    for i = 3, nh - 1, 2 do
+      local m = h[i]
+      if tonum(h[i + 1]) > now_us then held = held + 1 else nexp = nexp + 1 end
+      if q > 0 and sub_s(m, 1, n1) == m1 then
+        if #m ~= n1 then return nil end -- a lease of several slots: the general code counts them
+        if tonum(h[i + 1]) > now_us then own_n, own_i = 1, i end
+      end
+    end
+  elseif q > 0 then
     local s = rcall('ZMSCORE', key, m1, m1 .. '\0\0\1')
     if s[2] then return nil end -- a lease of several slots: the general code counts them
     if s[1] and (not expired or tonum(s[1]) > now_us) then own_n = 1 end
   end
   if renew and own_n == 0 then return nil end
-  local nows, held, top
-  if expired then
-    nows = us_text(now_us)
-    held = rcall('ZCOUNT', key, '(' .. nows, '+inf')
-  elseif low then
-    held = rcall('ZCARD', key) - 1
-  else
-    held = 0
+  local nows
+  if expired then nows = us_text(now_us) end
+  if not whole then
+    if expired then
+      held = rcall('ZCOUNT', key, '(' .. nows, '+inf')
+    elseif low then
+      held = rcall('ZCARD', key) - 1
+    end
   end
   local R = R5
   R[2], R[4] = limit, -1
   local others = held - own_n
-  top = 0
+  local top = 0
   if q == 0 or others + q > limit then
     if held > 0 then
-      local t = rcall('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-      top = tonum(t[2])
+      if whole then
+        top = tonum(h[nh])
+      else
+        local t = rcall('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+        top = tonum(t[2])
+      end
     end
     R[3] = held < limit and limit - held or 0
     local x = top > 0 and top - now_us + 999 or 0
@@ -2414,10 +2435,17 @@ local function lease_more(key, h, p, q, peek, renew, token, sec, usec)
     end
     -- Denied: until the need-th slot of the others expires (lease_decide_z's ranks).
     local idx = others + q - limit
-    if expired then idx = idx + rcall('ZCOUNT', key, '0', nows) end
-    if own_n > 0 and idx >= rcall('ZRANK', key, m1) then idx = idx + own_n end
-    local t = rcall('ZRANGE', key, itext(idx), itext(idx), 'WITHSCORES')
-    x = (tonum(t[2]) or now_us) - now_us + 999
+    local at
+    if whole then
+      idx = idx + nexp
+      if own_n > 0 and idx >= (own_i - 1) / 2 then idx = idx + own_n end
+      at = h[2 * idx + 2]
+    else
+      if expired then idx = idx + rcall('ZCOUNT', key, '0', nows) end
+      if own_n > 0 and idx >= rcall('ZRANK', key, m1) then idx = idx + own_n end
+      at = rcall('ZRANGE', key, itext(idx), itext(idx), 'WITHSCORES')[2]
+    end
+    x = (tonum(at) or now_us) - now_us + 999
     x = (x - x % 1000) / 1000
     R[1], R[4] = 0, x > 1 and x or 1
     return R
@@ -2426,7 +2454,15 @@ local function lease_more(key, h, p, q, peek, renew, token, sec, usec)
   local last = exp_us
   local score = us_text(exp_us)
   -- A slot expiring after the new lease (a longer lease, a clock stepped back) is the latest.
-  if held > 0 and rcall('ZCOUNT', key, '(' .. score, '+inf') > 0 then
+  if whole then
+    if held > 0 and tonum(h[nh]) > exp_us then
+      -- The latest among the others' live slots (lease_others_top on the whole set).
+      local i = nh - 1
+      if own_i == i then i = i - 2 end
+      local s = i >= 3 and tonum(h[i + 1]) or 0
+      if s > last then last = s end
+    end
+  elseif held > 0 and rcall('ZCOUNT', key, '(' .. score, '+inf') > 0 then
     local t = rcall('ZRANGE', key, '-1', '-1', 'WITHSCORES')
     last = lease_others_top(key, token, t[1], tonum(t[2]), own_n, now_us)
     if last < exp_us then last = exp_us end
@@ -2647,7 +2683,7 @@ function rl_lease(keys, args)
   local usec = t[2] + 0
   local h
   if sec < 9007199254 then -- now in microseconds below 2^53
-    h = rpcall('ZRANGE', key, '0', '1', 'WITHSCORES')
+    h = rpcall('ZRANGE', key, '0', LEASE_READ_TEXT, 'WITHSCORES')
     if h[1] == LEASE_HEADER then
       local R = lease_more(key, h, p, q, peek, renew, token, sec, usec)
       if R then return R end
