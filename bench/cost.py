@@ -161,6 +161,13 @@ class CallgrindServer:
     """redis-server under callgrind, counting only inside processCommand."""
 
     def __init__(self):
+        # A free port can be taken by another process before the server binds it: try again.
+        for attempt in range(3):
+            if self.start(attempt == 2):
+                return
+
+    def start(self, last):
+        """Starts the server; False (and cleaned up) when its port was taken and not last."""
         self.dir = tempfile.mkdtemp(prefix="redis-rl-cost-")
         self.port = free_port()
         self.out = os.path.join(self.dir, "callgrind.out")
@@ -181,10 +188,15 @@ class CallgrindServer:
                 break
             try:
                 if self.cli("PING") == "PONG":
-                    return
+                    return True
             except subprocess.CalledProcessError:
                 pass
             time.sleep(0.2)
+        with open(os.path.join(self.dir, "redis.log"), errors="replace") as f:
+            taken = "Address already in use" in f.read()
+        if taken and not last:
+            self.stop()
+            return False
         self.stop(keep=True)
         sys.exit("redis-server under callgrind did not start; see " + self.dir)
 
@@ -220,10 +232,12 @@ class CallgrindServer:
         raise RuntimeError("callgrind dump " + tag + " not found in " + self.dir)
 
     def stop(self, keep=False):
-        try:
-            self.cli("SHUTDOWN", "NOSAVE")
-        except Exception:
-            pass
+        # Only our own server: once it has exited, its port may be another process's.
+        if self.proc.poll() is None:
+            try:
+                self.cli("SHUTDOWN", "NOSAVE")
+            except Exception:
+                pass
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
