@@ -19,14 +19,14 @@ import redis.asyncio as aredis
 from redis_rl import AsyncLimiter, Limiter, Source, Window, tag
 from redis_rl._protocol import library_code, library_version
 
-from .conftest import RedisCluster, RedisServer, command_stats
+from .conftest import SERVER_MAJOR, RedisCluster, RedisServer, command_stats, renamed_away
 
 pytestmark = [pytest.mark.cluster, pytest.mark.asyncio]
 
-NO_FUNCTION = ("--rename-command", "FUNCTION", "")
+NO_FUNCTION = renamed_away("FUNCTION")
 
 
-@pytest.fixture(scope="module", params=["functions", "scripts"])
+@pytest.fixture(scope="module", params=["functions", "scripts"] if SERVER_MAJOR >= 7 else ["scripts"])
 def grown(request: pytest.FixtureRequest) -> Iterator[tuple[str, RedisCluster]]:
     """grown is a three-master cluster without the module (FUNCTION renamed away for
     "scripts"); each test adds a master of its own."""

@@ -17,9 +17,9 @@ import redis.asyncio as aredis
 
 from redis_rl import GCRA, AsyncLimiter, Lease, LeaseLost, Limiter, LimiterError, Source, Window, tag
 
-from .conftest import RedisCluster, RedisServer, SyncAsAsync, close_limiter
+from .conftest import SERVER_MAJOR, RedisCluster, RedisServer, SyncAsAsync, close_limiter, renamed_away
 
-NO_FUNCTION = ("--rename-command", "FUNCTION", "")
+NO_FUNCTION = renamed_away("FUNCTION")
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +39,12 @@ def make(flavor: str, port: int, prefix: str, **kw: Any) -> Any:
 def stats(server: RedisServer) -> dict[str, int]:
     c = server.client()
     try:
-        return {k.removeprefix("cmdstat_").lower(): v["calls"] for k, v in c.info("commandstats").items()}
+        got = {k.removeprefix("cmdstat_").lower(): v["calls"] for k, v in c.info("commandstats").items()}
     finally:
         c.close()
+    if SERVER_MAJOR < 7 and "script" in got:  # 6.x counts no subcommands: SCRIPT is LOAD here
+        got["script|load"] = got.pop("script")
+    return got
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])
@@ -169,10 +172,7 @@ def test_a_cluster_node_without_the_text_gets_it_once() -> None:
 
 def server_with(*renamed: str) -> RedisServer:
     """server_with is a server without the module whose `renamed` commands are renamed away."""
-    extra: tuple[str, ...] = ()
-    for name in renamed:
-        extra += ("--rename-command", name, "")
-    return RedisServer(module=False, extra=extra)
+    return RedisServer(module=False, extra=renamed_away(*renamed))
 
 
 async def run_burst(lim: Any) -> None:
@@ -276,4 +276,29 @@ async def test_a_key_the_acl_forbids_is_not_taken_for_no_scripting(flavor: str, 
         assert not isinstance(caught.value, LimiterError)
     finally:
         await close_limiter(lim)
+        s.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_lua_switched_off_is_one_clear_error(flavor: str, prefix: str) -> None:
+    # Valkey 9.1 runs Lua as an engine module an operator can unload: then neither the
+    # library nor scripts can run, and the client says so (not "Engine 'lua' not found").
+    s = RedisServer(module=False)
+    try:
+        c = s.client()
+        modules = [m.get("name", m.get(b"name")) for m in c.module_list()]
+        if "lua" not in modules and b"lua" not in modules:
+            c.close()
+            pytest.skip("Lua is built into this server (only Valkey 9+ can switch it off)")
+        c.execute_command("MODULE", "UNLOAD", "lua")
+        c.close()
+        lim = make(flavor, s.port, prefix)
+        try:
+            for _ in range(2):
+                with pytest.raises(LimiterError, match="no redis-rl module .* Functions library .* scripts"):
+                    await lim.check("none", GCRA(2, 1, 60))
+            assert (lim.counters["degraded"], lim.counters["errors"]) == (0, 0)
+        finally:
+            await close_limiter(lim)
+    finally:
         s.close()

@@ -191,14 +191,25 @@ def functions_refused(exc: BaseException) -> bool:
     msg = str(exc).lower()
     if "unknown command" in msg and ("fcall" in msg or "function" in msg):
         return True
-    return is_command_denied(exc)
+    return is_command_denied(exc) or is_lua_off(exc)
 
 
 def scripting_refused(exc: BaseException) -> bool:
     """scripting_refused: the EVAL, EVALSHA or SCRIPT just sent is not there (renamed away)
     or not allowed for this client by its ACL."""
     msg = str(exc).lower()
-    return ("unknown command" in msg and ("eval" in msg or "script" in msg)) or is_command_denied(exc)
+    return (
+        ("unknown command" in msg and ("eval" in msg or "script" in msg))
+        or is_command_denied(exc)
+        or is_lua_off(exc)
+    )
+
+
+def is_lua_off(exc: BaseException) -> bool:
+    """is_lua_off: the server runs no Lua at all (Valkey 9.1 with its `lua` engine module
+    unloaded: "Could not find scripting engine 'lua'", "Engine 'lua' not found")."""
+    msg = str(exc).lower()
+    return "engine 'lua'" in msg or "scripting engine" in msg
 
 
 def is_command_denied(exc: BaseException) -> bool:
