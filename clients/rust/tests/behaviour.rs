@@ -720,7 +720,7 @@ async fn without_function_the_fallback_runs_as_a_script() {
         .await
         .unwrap();
     match none.check("n", &g).await {
-        Err(Error::Library(m)) => assert!(m.contains("refuses Lua scripts"), "{m}"),
+        Err(Error::Library(m)) => assert!(m.contains("refuses the Lua fallback"), "{m}"),
         other => panic!("expected Error::Library, got {other:?}"),
     }
 }
