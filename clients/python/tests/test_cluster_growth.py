@@ -99,3 +99,33 @@ async def test_a_master_added_after_start_gets_the_fallback_once(
         else:
             await lim.aclose()
             await lim.redis.aclose()
+
+
+@pytest.mark.skipif(SERVER_MAJOR < 7, reason="Redis 6.x has no Functions")
+async def test_a_newer_library_on_one_master_leaves_the_others_loaded() -> None:
+    # A rolling deploy reached one master first: the older client keeps the newer library
+    # there and still loads its own where none is (each master has its own plan).
+    cl = RedisCluster(module=False)
+    try:
+        c = cl.nodes[0].client()
+        code = library_code().replace(
+            f"local VERSION = '{library_version(library_code())}'", "local VERSION = '99.0.0'"
+        )
+        c.execute_command("FUNCTION", "LOAD", code)
+        c.close()
+        lim = Limiter(redis.RedisCluster(host="127.0.0.1", port=cl.nodes[0].port), prefix="nw:")
+        try:
+            keys = [tag(f"user{i}", "api") for i in range(12)]
+            assert all(lim.check(k, Window(5, 3600, "LOG")).allowed for k in keys)
+            versions = []
+            for n in cl.nodes:
+                nc = n.client()
+                versions.append(nc.execute_command("FCALL_RO", "rl_version", 0).decode())
+                nc.close()
+            ours = library_version(library_code())
+            assert versions == ["99.0.0", ours, ours]
+        finally:
+            lim.close()
+            lim.redis.close()
+    finally:
+        cl.close()

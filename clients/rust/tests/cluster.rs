@@ -304,3 +304,50 @@ async fn functions_a_master_added_after_start_gets_the_fallback_once() {
 async fn scripts_a_master_added_after_start_gets_the_fallback_once() {
     a_master_added_after_start_gets_the_fallback_once(true).await;
 }
+
+/// A rolling deploy reached one master first: the older client keeps the newer library
+/// there and still loads its own where none is (each master has its own plan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_library_on_one_master_leaves_the_others_loaded() {
+    let cl = cluster(Kind::Fallback);
+    let ours = redis_rl_client::LUA_LIBRARY
+        .split("local VERSION = '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .unwrap()
+        .to_owned();
+    let newer = redis_rl_client::LUA_LIBRARY.replace(
+        &format!("local VERSION = '{ours}'"),
+        "local VERSION = '99.0.0'",
+    );
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(newer)
+        .query(&mut cl.nodes[0].conn())
+        .unwrap();
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    let lim = Limiter::cluster_builder(urls)
+        .prefix("nw:")
+        .on_error(redis_rl_client::FailurePolicy::Error)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let w = Window::new(5, 3600, redis_rl_client::Algorithm::Log).unwrap();
+    for i in 0..12 {
+        let k = tag(&format!("user{i}"), &["api"]).unwrap();
+        assert!(lim.check(k.as_str(), &w).await.unwrap().allowed, "{k}");
+    }
+    let versions: Vec<String> = cl
+        .nodes
+        .iter()
+        .map(|n| {
+            redis::cmd("FCALL_RO")
+                .arg("rl_version")
+                .arg(0)
+                .query(&mut n.conn())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(versions, ["99.0.0", ours.as_str(), ours.as_str()]);
+}
