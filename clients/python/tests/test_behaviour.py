@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from redis_rl import GCRA, NEVER, Algorithm, AsyncLimiter, Limiter, Source, Window
 from redis_rl._limits import MAX_SECONDS
 
-from .conftest import RedisServer, SyncAsAsync, close_limiter, expected_mode
+from .conftest import RedisServer, SyncAsAsync, close_limiter, expected_mode, fallback_call
 
 pytestmark = pytest.mark.asyncio
 
@@ -268,7 +268,7 @@ async def test_deny_cache_never_denies_what_redis_would_admit(limiter: Any, r: r
         if d.source is Source.LOCAL and ms(d.retry_after) >= 20:
             module = await limiter.resolved_mode() == "module"
             peek = r.execute_command("RL.GCRA", key, 2, 10, 1, "PEEK") if module \
-                else r.execute_command("FCALL", "rl_gcra", 1, key, 2, 10, 1, "PEEK")
+                else fallback_call(r, "gcra", [key], 2, 10, 1, "PEEK")
             # Only a PEEK answered before the local denial ran out says anything (on a
             # loaded host the answer may come later; then it is not counted).
             if (time.monotonic() - asked) * 1000 < ms(d.retry_after) - 2:
@@ -327,7 +327,7 @@ def remaining_in_redis(r: redis.Redis, mode: str, key: str, g: GCRA) -> int:
     """remaining_in_redis asks the server directly (QUANTITY 0), not through the limiter."""
     args = [key, *g.args(), "QUANTITY", 0]
     reply = r.execute_command("RL.GCRA", *args) if mode == "module" else \
-        r.execute_command("FCALL", "rl_gcra", 1, *args)
+        fallback_call(r, "gcra", [key], *args[1:])
     return int(reply[2])
 
 

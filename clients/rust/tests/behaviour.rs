@@ -720,7 +720,7 @@ async fn without_function_the_fallback_runs_as_a_script() {
         .await
         .unwrap();
     match none.check("n", &g).await {
-        Err(Error::Library(m)) => assert!(m.contains("refuses Lua scripts"), "{m}"),
+        Err(Error::Library(m)) => assert!(m.contains("refuses the Lua fallback"), "{m}"),
         other => panic!("expected Error::Library, got {other:?}"),
     }
 }
@@ -793,4 +793,27 @@ async fn the_fallback_runs_by_evalsha_on_redis_6_2() {
         .unwrap();
     held.renew().await.unwrap();
     held.release().await.unwrap();
+    let d = lim
+        .check_all([Entry::new("{u}:a", &g), Entry::new("{u}:b", &g)])
+        .await
+        .unwrap();
+    assert!(d.allowed && d.per_key.len() == 2);
+    assert_eq!(lim.refund("k", 1).await.unwrap().refunded, 1);
+    // The text once (EVAL), then its SHA1; 6.2 counts no subcommands.
+    let mut con = client.get_connection().unwrap();
+    let stats = |con: &mut redis::Connection| -> (u64, u64) {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+        let calls = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|r| r.split(',').next())
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        (calls("eval"), calls("evalsha"))
+    };
+    assert_eq!(stats(&mut con), (1, 7), "EVAL once, then EVALSHA");
+    // A restart's empty script cache: one NOSCRIPT, the text once more, decided.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    assert!(lim.check("k2", &g).await.unwrap().allowed);
+    assert_eq!(stats(&mut con), (2, 8));
 }

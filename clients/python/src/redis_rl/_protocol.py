@@ -191,13 +191,32 @@ def functions_refused(exc: BaseException) -> bool:
     msg = str(exc).lower()
     if "unknown command" in msg and ("fcall" in msg or "function" in msg):
         return True
-    return is_no_permission(exc)
+    return is_command_denied(exc) or is_lua_off(exc)
 
 
 def scripting_refused(exc: BaseException) -> bool:
-    """scripting_refused: EVAL / EVALSHA are not there or not allowed for this client."""
+    """scripting_refused: the EVAL, EVALSHA or SCRIPT just sent is not there (renamed away)
+    or not allowed for this client by its ACL."""
     msg = str(exc).lower()
-    return ("unknown command" in msg and "eval" in msg) or is_no_permission(exc)
+    return (
+        ("unknown command" in msg and ("eval" in msg or "script" in msg))
+        or is_command_denied(exc)
+        or is_lua_off(exc)
+    )
+
+
+def is_lua_off(exc: BaseException) -> bool:
+    """is_lua_off: the server runs no Lua at all (Valkey 9.1 with its `lua` engine module
+    unloaded: "Could not find scripting engine 'lua'", "Engine 'lua' not found")."""
+    msg = str(exc).lower()
+    return "engine 'lua'" in msg or "scripting engine" in msg
+
+
+def is_command_denied(exc: BaseException) -> bool:
+    """is_command_denied: the ACL refuses the command itself (`NOPERM … run the 'eval'
+    command`), not one of its keys (`NOPERM … access one of the keys`, a misuse to report
+    as it is, not a server without scripting)."""
+    return is_no_permission(exc) and "command" in str(exc).lower()
 
 
 def is_unknown_renew(exc: BaseException) -> bool:
@@ -273,13 +292,52 @@ class PoolState:
     renew: bool | None = None
     scripts: bool = False
     script_cached: bool = False
+    #: EVAL is refused (renamed away, denied by ACL): the text goes by SCRIPT LOAD, calls by
+    #: EVALSHA.
+    eval_refused: bool = False
+    #: EVALSHA is refused: every call sends the text (EVAL).
+    evalsha_refused: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def script_form(self) -> str | None:
         """script_form is frame's `script` for this pool."""
         if not self.scripts:
             return None
+        if self.eval_refused:
+            return "evalsha"
+        if self.evalsha_refused:
+            return "eval"
         return "evalsha" if self.script_cached else "eval"
-    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ScriptStep(str, enum.Enum):
+    """ScriptStep is how a scripts-mode call goes on after an error (script_recovery)."""
+
+    RETRY = "retry"  # send the call again, in the pool's (updated) form
+    LOAD = "load"  # SCRIPT LOAD the text on the key's node, then send it again by SHA1
+
+
+def script_recovery(state: PoolState, form: str, exc: BaseException) -> ScriptStep | None:
+    """script_recovery decides, from the error a scripts-mode call (`form` "eval" or
+    "evalsha") got, how the call goes on, and records what the server refuses in `state`:
+    NOSCRIPT (a node without the text: a restart, a failover, a node added to a Cluster)
+    sends the text there (EVAL, or SCRIPT LOAD where EVAL is refused); a refused EVAL moves
+    to SCRIPT LOAD + EVALSHA, a refused EVALSHA to EVAL. None: not a scripting problem (or
+    nothing is left to try: the caller raises the one clear error when scripting_refused)."""
+    if form == "evalsha" and is_noscript(exc):
+        if state.eval_refused:
+            return ScriptStep.LOAD
+        state.script_cached = False
+        return ScriptStep.RETRY
+    if not scripting_refused(exc):
+        return None
+    if form == "eval" and not state.eval_refused:
+        state.eval_refused = True
+        return None if state.evalsha_refused else ScriptStep.LOAD
+    if form == "evalsha" and not state.evalsha_refused:
+        state.evalsha_refused = True
+        return None if state.eval_refused else ScriptStep.RETRY
+    return None
 
 
 _states: weakref.WeakKeyDictionary[Any, PoolState] = weakref.WeakKeyDictionary()
