@@ -1868,7 +1868,7 @@ fn the_caps_follow_the_library_text() {
             text("all-max-keys"),
             Value::Int(64),
             text("version"),
-            text("1.2.0"),
+            text("1.3.0"),
         ]
     );
     let variant = |log: &str, lease: &str, all: &str| {
@@ -2257,9 +2257,16 @@ fn replica_and_aof_hold_the_masters_state() {
     ] {
         let e = f_err(&mut r, name, &[&keys[4]], args);
         assert!(e.starts_with("READONLY"), "{name}: {e}");
+        // The no-writes twins (FCALL_RO runs them on a replica) answer as the writing ones.
+        if !matches!(name, "refund" | "release") {
+            let mut argv = words(&["FCALL_RO", &format!("rl_{name}_ro"), "1", &keys[4]]);
+            argv.extend(words(args));
+            let e = send(&mut r, &argv).unwrap_err();
+            assert!(e.starts_with("READONLY"), "{name}_ro: {e}");
+        }
     }
     let v: String = q(&mut r, &["FCALL_RO", "rl_version", "0"]);
-    assert_eq!(v, "1.2.0");
+    assert_eq!(v, "1.3.0");
     // AOF: a reload from the file gives the same state.
     let before: Vec<_> = keys.iter().map(|k| common::snapshot(&mut c, k)).collect();
     let _: () = q(&mut c, &["DEBUG", "LOADAOF"]);
@@ -2270,7 +2277,7 @@ fn replica_and_aof_hold_the_masters_state() {
         }
     }
     let v: String = q(&mut c, &["FCALL", "rl_version", "0"]);
-    assert_eq!(v, "1.2.0");
+    assert_eq!(v, "1.3.0");
 }
 
 #[test]
@@ -2320,60 +2327,157 @@ fn many_connections_on_one_key_admit_exactly_the_limit() {
     }
 }
 
+/// docs/reference.md#r-fb-9: out of memory the server refuses the writing functions' FCALL
+/// exactly (they carry no allow-oom), from the very next write after `CONFIG SET maxmemory`;
+/// their no-writes twins (FCALL_RO rl_x_ro) answer denials, PEEK and QUANTITY 0 as the module
+/// does, and the module's OOM error where the call would write; nothing is written. (Library
+/// 1.2.0 read INFO memory only every 64th or 256th write: at one instant, it admitted the
+/// writes right after CONFIG SET.)
 #[test]
 fn out_of_memory_refuses_writes_and_keeps_answering() {
-    let (_s, mut c) = plain_server();
+    const OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+    let clock = VClock::new(T0);
+    let Some((_s, mut c)) = virtual_server(&clock, true) else {
+        return;
+    };
     let c = &mut c;
-    f(c, "gcra", "full", &["1", "1", "3600"]);
-    f(c, "window", "win", &["5", "3600", "FIXED"]);
     let sha: String = q(c, &["SCRIPT", "LOAD", &eval_body()]);
+    // (module command, fallback function, keys, arguments): the same request on `m…` keys
+    // through the module and on `f…` keys through the fallback.
+    let module_of = |name: &str| match name {
+        "gcra" => "RL.GCRA",
+        "window" => "RL.WINDOW",
+        "all" => "RL.ALL",
+        "lease" => "RL.LEASE",
+        "refund" => "RL.REFUND",
+        _ => "RL.RELEASE",
+    };
+    let both = |c: &mut redis::Connection, name: &str, keys: &[&str], args: &[&str], twin: bool| {
+        let mut m = words(&[module_of(name)]);
+        if name == "all" {
+            m.push(keys.len().to_string().into_bytes());
+        }
+        m.extend(keys.iter().map(|k| format!("m{k}").into_bytes()));
+        m.extend(words(args));
+        let fk: Vec<String> = keys.iter().map(|k| format!("f{k}")).collect();
+        let fname = if twin { format!("rl_{name}_ro") } else { format!("rl_{name}") };
+        let mut f = words(&[if twin { "FCALL_RO" } else { "FCALL" }, &fname]);
+        f.push(keys.len().to_string().into_bytes());
+        f.extend(fk.iter().map(|k| k.as_bytes().to_vec()));
+        f.extend(words(args));
+        // The module's errors name its keys: named as the fallback's.
+        let m = send(c, &m).map_err(|e| {
+            keys.iter()
+                .fold(e, |e, k| e.replace(&format!("'m{k}'"), &format!("'f{k}'")))
+        });
+        (m, send(c, &f))
+    };
+    let setup: &[(&str, &[&str], &[&str])] = &[
+        ("gcra", &["full"], &["1", "1", "3600"]),
+        ("window", &["win"], &["5", "3600", "FIXED"]),
+        ("window", &["log"], &["1", "3600", "LOG"]),
+        ("lease", &["lease"], &["1", "60", "A"]),
+        ("lease", &["lease2"], &["2", "60", "A"]),
+        ("gcra", &["{a}full"], &["1", "1", "3600"]),
+    ];
+    for (name, keys, args) in setup {
+        let (m, f) = both(c, name, keys, args, false);
+        assert_eq!(m, f, "{name} {keys:?} {args:?}");
+    }
+    // Writes at one instant before the limit is set (library 1.2.0 then read memory once).
+    for i in 0..8 {
+        let key = format!("warm{i}");
+        let (m, f) = both(c, "gcra", &[&key], &["5", "1", "60"], false);
+        assert_eq!(m, f);
+    }
+    let snapshot = |c: &mut redis::Connection| {
+        let keys: Vec<String> = q(c, &["KEYS", "f*"]);
+        keys.iter()
+            .map(|k| (k.clone(), common::snapshot(c, k)))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let before = snapshot(c);
     let _: () = q(c, &["CONFIG", "SET", "maxmemory", "1"]);
-    sleep(Duration::from_millis(20));
-    // A write answers OOM and changes nothing; denials, PEEK, QUANTITY 0 and refunds answer.
-    let before = dump(c, "win");
-    assert_eq!(
-        f_err(c, "window", &["win"], &["5", "3600", "FIXED"]),
-        "OOM command not allowed when used memory > 'maxmemory'."
-    );
-    assert_eq!(dump(c, "win"), before);
-    assert_eq!(
-        f_err(c, "gcra", &["new"], &["1", "1", "1"])
-            .split(' ')
-            .next(),
-        Some("OOM")
-    );
-    assert_eq!(q::<i64>(c, &["EXISTS", "new"]), 0);
-    assert_eq!(f(c, "gcra", "full", &["1", "1", "3600"])[0], 0);
-    assert_eq!(
-        f(c, "window", "win", &["5", "3600", "FIXED", "PEEK"])[..3],
-        [1, 5, 3]
-    );
-    assert_eq!(
-        f(c, "window", "win", &["5", "3600", "FIXED", "QUANTITY", "0"])[..3],
-        [1, 5, 4]
-    );
-    assert_eq!(f(c, "refund", "win", &["1"])[0], 1);
+    // The very next write is refused, as the module refuses it, with nothing written.
+    let (m, f) = both(c, "window", &["win"], &["5", "3600", "FIXED"], false);
+    assert_eq!(m, Err(format!("OOM {}", &OOM[4..])));
+    assert_eq!(f, m, "the first fallback write after CONFIG SET maxmemory");
+    let (m, f) = both(c, "gcra", &["new"], &["1", "1", "1"], false);
+    assert_eq!(m, Err(format!("OOM {}", &OOM[4..])));
+    assert_eq!(f, m);
+    // Every call of the writing functions is refused whole by the server, denials included;
+    // their twins answer as the module does.
+    let calls: &[(&str, &[&str], &[&str])] = &[
+        ("gcra", &["full"], &["1", "1", "3600"]),            // a denial
+        ("gcra", &["full"], &["1", "1", "3600", "MAXWAIT", "10"]), // a denial with MAXWAIT
+        ("gcra", &["new"], &["1", "1", "1"]),                // a write: OOM
+        ("gcra", &["new"], &["1", "1", "1", "PEEK"]),
+        ("gcra", &["new"], &["1", "1", "1", "FORCE"]),       // FORCE records: OOM
+        ("window", &["win"], &["5", "3600", "FIXED"]),       // OOM
+        ("window", &["win"], &["5", "3600", "FIXED", "PEEK"]),
+        ("window", &["win"], &["5", "3600", "FIXED", "QUANTITY", "0"]),
+        ("window", &["win"], &["5", "3600", "FIXED", "QUANTITY", "9"]), // NEVER: a denial
+        ("window", &["log"], &["1", "3600", "LOG"]),         // a denial
+        ("window", &["log2"], &["1", "3600", "LOG"]),        // OOM
+        ("window", &["win"], &["5", "3600", "SLIDING"]),     // wrong algorithm: the error
+        ("lease", &["lease"], &["1", "60", "B"]),            // a denial
+        ("lease", &["lease"], &["1", "60", "A", "RENEW"]),   // a renewal writes: OOM
+        ("lease", &["lease2"], &["2", "60", "B"]),           // OOM
+        ("lease", &["lease2"], &["2", "60", "B", "PEEK"]),
+        ("lease", &["lease2"], &["2", "60", "B", "QUANTITY", "0"]),
+        ("all", &["{a}full", "{a}x"], &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"]),
+        ("all", &["{a}x", "{a}y"], &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"]), // OOM
+        ("all", &["{a}x", "{a}y"], &["GCRA", "1", "1", "3600", "WINDOW", "5", "60", "PEEK"]),
+    ];
+    for (name, keys, args) in calls {
+        let (m, f) = both(c, name, keys, args, false);
+        assert_eq!(f, Err(format!("OOM {}", &OOM[4..])), "FCALL rl_{name} {keys:?} {args:?}");
+        let (m2, t) = both(c, name, keys, args, true);
+        assert_eq!(m, m2, "the module answers the same twice");
+        assert_eq!(t, m, "FCALL_RO rl_{name}_ro {keys:?} {args:?}");
+    }
+    // Refunds and releases only free: they answer as the module's.
+    for (name, keys, args) in [("refund", &["win"], &["1"]), ("release", &["lease2"], &["A"])] {
+        let (m, f) = both(c, name, keys, args, false);
+        assert!(m.is_ok(), "{name}: {m:?}");
+        assert_eq!(m, f, "{name}");
+    }
+    // Scripts (EVALSHA, no shebang flags): the server refuses the script's first write with the
+    // module's text; a denial answers.
+    let ev = |c: &mut redis::Connection, key: &str, name: &str, args: &[&str]| {
+        let mut argv = words(&["EVALSHA", &sha, "1", key, name]);
+        argv.extend(words(args));
+        send(c, &argv)
+    };
+    assert_eq!(ev(c, "fwin", "rl_window", &["5", "3600", "FIXED"]), Err(format!("OOM {}", &OOM[4..])));
+    assert_eq!(ev(c, "fnew2", "rl_gcra", &["1", "1", "1"]), Err(format!("OOM {}", &OOM[4..])));
+    let (m, _) = both(c, "gcra", &["full"], &["1", "1", "3600"], true);
+    assert_eq!(ev(c, "ffull", "rl_gcra", &["1", "1", "3600"]), m);
     let v: String = q(c, &["FCALL_RO", "rl_version", "0"]);
-    assert_eq!(v, "1.2.0");
-    // EVAL mode: the server refuses the script's first write.
-    let e = send(
-        c,
-        &words(&[
-            "EVALSHA",
-            &sha,
-            "1",
-            "win",
-            "rl_window",
-            "5",
-            "3600",
-            "FIXED",
-        ]),
-    )
-    .unwrap_err();
-    assert!(e.starts_with("OOM"), "{e}");
+    assert_eq!(v, "1.3.0");
+    // Nothing was written but the refund and the release (on the keys they name).
+    let after = snapshot(c);
+    assert!(after.keys().all(|k| before.contains_key(k)), "keys written out of memory");
+    let changed: Vec<&str> = before
+        .iter()
+        .filter(|(k, b)| after.get(*k) != Some(b))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(changed, ["flease2", "fwin"]);
+    // maxmemory 0 again: the very next write passes, through FCALL as through the module.
     let _: () = q(c, &["CONFIG", "SET", "maxmemory", "0"]);
-    sleep(Duration::from_millis(20));
-    assert_eq!(f(c, "window", "win", &["5", "3600", "FIXED"])[0], 1);
+    let (m, f) = both(c, "window", &["win"], &["5", "3600", "FIXED"], false);
+    assert_eq!(f, m);
+    assert_eq!(five(&f)[0], 1);
+    let (m, f) = both(c, "gcra", &["new"], &["1", "1", "1"], false);
+    assert_eq!(f, m);
+    assert_eq!(five(&f)[0], 1);
+    // A twin never writes, even with memory to spare: where the call would write it answers OOM.
+    assert_eq!(
+        both(c, "gcra", &["new3"], &["1", "1", "1"], true).1,
+        Err(format!("OOM {}", &OOM[4..]))
+    );
+    assert_eq!(q::<i64>(c, &["EXISTS", "fnew3"]), 0);
 }
 
 /// The library as a plain script: the first line (`#!lua …`) dropped.
@@ -2442,7 +2546,7 @@ fn eval_mode_matches_functions() {
         }
     }
     let v = send(c, &words(&["EVALSHA", &sha, "0", "rl_version"])).unwrap();
-    assert_eq!(v, Value::BulkString(b"1.2.0".to_vec()));
+    assert_eq!(v, Value::BulkString(b"1.3.0".to_vec()));
     assert!(send(c, &words(&["EVALSHA", &sha, "0", "nope"]))
         .unwrap_err()
         .contains("unknown redis_rl function"));

@@ -18,7 +18,9 @@ and call it with exactly the module command's arguments, the key(s) moved into F
     FCALL rl_refund  1 key quantity
     FCALL rl_lease   1 key limit lease token [QUANTITY n] [PEEK] [RENEW]
     FCALL rl_release 1 key token
-    FCALL_RO rl_version 0          -> the library's version ("1.2.0")
+    FCALL_RO rl_gcra_ro | rl_window_ro | rl_all_ro | rl_lease_ro ... -> the same, never writing:
+                                      where the call would write, the OOM error (see Memory)
+    FCALL_RO rl_version 0          -> the library's version ("1.3.0")
     FCALL_RO rl_config 0           -> {"log-max-limit", n, "lease-max-limit", n,
                                        "all-max-keys", n, "version", v}
 
@@ -47,12 +49,15 @@ reply an integer above 2^53 - 1: burst and limit (which every reply carries) mus
 before, a state of the same parameters, every value below 2^52) take a fast path of plain Lua
 numbers with the same replies; anything else takes the general code.
 
-Memory. FCALL cannot learn the server's out-of-memory state cheaply (CONFIG is not allowed in
-scripts, INFO memory costs about 70,000 instructions, and a function without the allow-oom
-flag is refused outright when the server is full, denials included), so the writing functions
-carry allow-oom and read INFO memory themselves: on every write while less than a tenth of
-maxmemory is free, else at least every 64th write (every 256th without maxmemory). Under
-EVAL/EVALSHA the server itself refuses a script's first write when it is out of memory.
+Memory. rl_gcra, rl_window, rl_lease and rl_all carry no allow-oom flag: when the server is out
+of memory (after eviction) it refuses their FCALL whole with the module's OOM error, exactly as
+it refuses SET, and nothing is written. Their twins rl_gcra_ro, rl_window_ro, rl_lease_ro and
+rl_all_ro (no-writes, same arguments, run by FCALL_RO, under OOM too) answer exactly as the
+writing function where the call writes nothing (a denial, PEEK, QUANTITY 0, an error) and the
+module's OOM error where it would write: a client retries an OOM reply of FCALL rl_x once as
+FCALL_RO rl_x_ro. rl_refund and rl_release only free, carry allow-oom and answer as usual.
+Under EVAL/EVALSHA the server itself refuses a script's first write when out of memory, and the
+first write of every call is one it refuses (SET, SETRANGE or ZADD).
 
 Keys. Every key is a string starting with the 3 bytes FF 'r' 'l' and one byte naming the
 algorithm ('G' GCRA, 'F' FIXED, 'S' SLIDING, 'L' LOG), or, for LEASE, a sorted set whose
@@ -75,7 +80,7 @@ String fields are little-endian: durations and counts u64, burst and limit 7 byt
      key is still read as it is, and its next write rewrites it as a sorted set.
 ]]
 
-local VERSION = '1.2.0'
+local VERSION = '1.3.0'
 local LOG_MAX_LIMIT = 100000
 local LEASE_MAX_LIMIT = 10000
 local ALL_MAX_KEYS = 64
@@ -692,71 +697,31 @@ end
 
 -- docs/reference.md#r-oom-1, #r-fb-9: a request that would write answers OOM when maxmemory is
 -- reached (after eviction) and changes nothing; denials, PEEK, QUANTITY 0, refunds and releases
--- answer as usual. The writing functions carry the allow-oom flag, so they read the server's
--- memory themselves (INFO memory: used_memory less mem_not_counted_for_evict, against
--- maxmemory): on every write while less than a tenth of maxmemory is free, else on at least
--- every 64th write (every 256th while maxmemory is 0), and, below 100 writes a second, on
--- the first write after a pause of 10 ms or more. Under a steady load the readings are
--- counted in writes, never in time, so a call's cost does not depend on how fast the server
--- runs. Under EVAL the server itself refuses a script's first write when out of memory.
-local mem_left = 0 -- writes that may go before the next reading
-local mem_last_us = 0 -- the instant of the last write
-local mem_sec, mem_count, mem_rate = -1, 0, 0 -- a second, its writes so far, the second before's
-local mem_full = false -- this call found the server out of memory
+-- answer as usual. The server checks, exactly and for free: rl_gcra, rl_window, rl_lease and
+-- rl_all carry no allow-oom flag, so the server refuses their FCALL whole when out of memory
+-- (as it refuses SET), and their no-writes twins (rl_gcra_ro, ...), run by FCALL_RO under
+-- OOM, set `ro`: they answer as usual where the call writes nothing and the module's OOM
+-- error where it would write. Under EVAL the server itself refuses a script's first write
+-- when out of memory (write, wcall). rl_refund and rl_release keep allow-oom: they only free.
+local ro = false -- this call is a twin's (FCALL_RO rl_x_ro): any write answers OOM
 
-local memory_ok
-do
-local function info_field(s, name)
-  local i = find(s, '\n' .. name .. ':', 1, true)
-  if not i then return 0 end
-  local j = find(s, '\r', i + 1, true) or (#s + 1)
-  return tonum(sub_s(s, i + #name + 2, j - 1)) or 0
+local function check_memory()
+  if ro then fail(E.OOM) end
 end
 
--- True when a write at (sec, usec) may go ahead (false: out of memory).
-function memory_ok(sec, usec)
-  if eval_mode then return true end
-  if mem_full then return false end
-  if sec ~= mem_sec then
-    mem_rate = sec == mem_sec + 1 and mem_count or 0
-    mem_sec, mem_count = sec, 0
-  end
-  mem_count = mem_count + 1
-  local now_us = sec * 1000000 + usec
-  local gap = now_us - mem_last_us
-  mem_last_us = now_us
-  if mem_left > 0 and gap >= 0 and (gap < 10000 or mem_rate >= 100) then
-    mem_left = mem_left - 1
-    return true
-  end
-  local s = rcall('INFO', 'memory')
-  local maxmemory = info_field(s, 'maxmemory')
-  local counted = info_field(s, 'used_memory') - info_field(s, 'mem_not_counted_for_evict')
-  if maxmemory > 0 and counted > maxmemory then
-    mem_full, mem_left = true, 0
-    return false
-  end
-  if maxmemory == 0 then
-    mem_left = 255 -- every 256th write without maxmemory
-  elseif counted <= maxmemory - maxmemory / 10 then
-    mem_left = 63 -- every 64th write while a tenth of maxmemory is free
-  else
-    mem_left = 0
-  end
-  return true
-end
-end
-
-local function check_memory(now)
-  if not memory_ok(now.s, (now.n - now.n % 1000) / 1000) then fail(E.OOM) end
+-- The server's error as the module words it: Redis 6.2 puts the script's position in front of
+-- an error that redis.pcall returns ("@user_script: 757: -OOM command not allowed ...").
+local function server_error(e)
+  return match(e, '^@user_script: %d+: %-(.*)$') or e
 end
 
 -- Every write of the general code goes through here; under EVAL the server's own OOM refusal
 -- of the first write comes back as an error reply instead of a script error.
 local function write(...)
+  if ro then fail(E.OOM) end
   if eval_mode then
     local r = rpcall(...)
-    if type(r) == 'table' and r.err then fail(r.err) end
+    if type(r) == 'table' and r.err then fail(server_error(r.err)) end
     return r
   end
   return rcall(...)
@@ -765,6 +730,7 @@ end
 -- A fast path's write: nil when the server refused it (under EVAL: out of memory), and the
 -- general code then answers the call.
 local function wcall(...)
+  if ro then return nil end
   if eval_mode then
     local r = rpcall(...)
     if type(r) == 'table' and r.err then return nil end
@@ -1593,7 +1559,7 @@ local function run_one(key, spec, req, cap, cap_name)
   local now = clock()
   local d = evaluate(key, spec, now, req.quantity, req.force, req.max_wait)
   local writing = d.write and not req.peek and req.quantity ~= 0
-  if writing then check_memory(now) end
+  if writing then check_memory() end
   reply_range(cap, cap_name)
   local out = five(d)
   if writing then d.write() end
@@ -1778,7 +1744,7 @@ local function run_guarded(f, keys, args)
   failure = nil
   local ok, res = pcall(f, keys, args)
   -- What a fast path handed over belongs to this call only.
-  pre_sec, pre_key, pre_zkey, pre_raws, mem_full = nil, nil, nil, nil, false
+  pre_sec, pre_key, pre_zkey, pre_raws = nil, nil, nil, nil
   if ok then return res end
   if failure then return redis.error_reply(failure) end
   if type(res) == 'table' and res.err then return redis.error_reply(res.err) end
@@ -2310,7 +2276,7 @@ function log_more(key, raw, p, q, peek, sec, usec)
   end
   R[1], R[3], R[5] = 1, limit - after, (reset + 999999 - (reset + 999999) % 1000000) / 1000000
   if peek then return R end
-  if not memory_ok(sec, usec) then return nil end
+  if ro then return nil end
   -- The absolute expiry: now + reset, in ms rounded up.
   local x = reset % 1000000000
   local s2, n2 = sec + (reset - x) / 1000000000, usec * 1000 + x
@@ -2470,7 +2436,7 @@ local function lease_more(key, h, p, q, peek, renew, token, sec, usec)
   local x = last - now_us + 999
   R[1], R[3], R[5] = 1, limit - others - q, (x - x % 1000) / 1000
   if peek then return R end
-  if not memory_ok(sec, usec) then return nil end
+  if ro then return nil end
   local done
   if q == 1 then
     done = wcall('ZADD', key, score, m1)
@@ -2488,7 +2454,8 @@ local function lease_more(key, h, p, q, peek, renew, token, sec, usec)
   return R
 end
 
-function rl_gcra(keys, args)
+function rl_gcra(keys, args, twin)
+  ro = twin or false
   if not initialised then init() end
   local key = keys[1]
   local p = fast_specs.G[args[1]]
@@ -2546,16 +2513,7 @@ function rl_gcra(keys, args)
     if ok then
       local done
       if value and not peek then
-        -- memory_ok's usual answer inline: a reading still good for this write.
-        -- (mem_left is 0 under EVAL and once out of memory, so those go through memory_ok.)
-        local nu = sec * 1000000 + usec
-        local mem
-        if mem_left > 0 and sec == mem_sec and (mem_rate >= 100 or nu - mem_last_us < 10000) then
-          mem_left, mem_count, mem_last_us, mem = mem_left - 1, mem_count + 1, nu, true
-        else
-          mem = memory_ok(sec, usec)
-        end
-        if mem then
+        if not ro then
           if eval_mode then
             done = wcall('SET', key, value, raw == '' and 'NX' or 'XX', 'PXAT', pxat)
           elseif raw == '' then
@@ -2579,7 +2537,8 @@ function rl_gcra(keys, args)
 end
 
 -- The window fast paths, by the algorithm's keyword code (5 FIXED, 6 or none SLIDING, 7 LOG).
-function rl_window(keys, args)
+function rl_window(keys, args, twin)
+  ro = twin or false
   if not initialised then init() end
   local key = keys[1]
   local p = fast_specs.W[args[1]]
@@ -2631,7 +2590,7 @@ function rl_window(keys, args)
     if ok then
       local done
       if value and not peek then
-        if memory_ok(sec, usec) then
+        if not ro then
           if eval_mode then
             done = wcall('SET', key, value, raw == '' and 'NX' or 'XX', 'PXAT', pxat)
           elseif raw == '' then
@@ -2656,7 +2615,8 @@ end
 
 -- LEASE on a missing key (the header and the new lease's members, then the key's expiry) or on
 -- a key of the same limit (lease_more); ZRANGE key 0 1 reads the header and the lowest slot.
-function rl_lease(keys, args)
+function rl_lease(keys, args, twin)
+  ro = twin or false
   if not initialised then init() end
   local key, token = keys[1], args[3]
   local p = fast_specs.E[args[1]]
@@ -2694,7 +2654,7 @@ function rl_lease(keys, args)
         R[1], R[3], R[5] = 1, p.limit - q, q == 0 and 0 or p.lms
         return R
       end
-      if memory_ok(sec, usec) then
+      if not ro then
         local exp = sec * 1000000 + usec + p.lease_us
         local score = us_text(exp)
         local done
@@ -2781,7 +2741,8 @@ local function all_fall(keys, args)
   return r
 end
 
-function rl_all(keys, args)
+function rl_all(keys, args, twin)
+  ro = twin or false
   if not initialised then init() end
   local n = #keys
   if n < 1 or n > 8 or n > ALL_MAX_KEYS then return run_guarded(general.A, keys, args) end
@@ -2882,7 +2843,7 @@ function rl_all(keys, args)
     end
   end
   if writing then
-    if not memory_ok(sec, usec) then
+    if ro then
       pre_sec, pre_usec, pre_raws = sec, usec, raws
       return all_fall(keys, args)
     end
@@ -3068,7 +3029,7 @@ local function all_general(keys, args)
     for i = 1, n do
       if decisions[i].write then pending = true end
     end
-    if pending then check_memory(now) end
+    if pending then check_memory() end
   end
   for _, s in ipairs(specs) do
     if s.algo == 'G' then reply_range(s.burst, 'burst') else reply_range(s.limit, 'limit') end
@@ -3268,6 +3229,7 @@ end
 -- the server sent them, anything else (a bug) as an ERR naming the fallback.
 local function guarded(f)
   return function(keys, args)
+    ro = false -- not a twin's call (rl_refund, rl_release)
     if not initialised then init() end
     return run_guarded(f, keys, args)
   end
@@ -3281,17 +3243,37 @@ local function rl_config()
     ALL_MAX_KEYS, 'version', VERSION}
 end
 
-local WRITES = {'allow-oom'}
+-- Flags: the writing functions that may grow memory carry none, so the server refuses their
+-- FCALL when out of memory (deny-oom, exactly as SET); their twins are no-writes (run by
+-- FCALL_RO, under OOM too) and answer the module's OOM error where the call would write;
+-- rl_refund and rl_release only free, and keep allow-oom (the module answers them).
+local WRITES = {}
+local FREES = {'allow-oom'}
 local READS = {'no-writes', 'allow-oom', 'allow-stale'}
+local TWIN = {'no-writes'}
+local function twin(f)
+  return function(keys, args)
+    if not initialised then init() end
+    -- As the writing function on a replica (FCALL_RO would run the twin there): READONLY.
+    if find(rcall('INFO', 'replication'), 'role:slave', 1, true) then
+      return redis.error_reply(E.READONLY)
+    end
+    return f(keys, args, true)
+  end
+end
 local FUNCTIONS = {
   {'rl_gcra', rl_gcra, WRITES, true},
   {'rl_window', rl_window, WRITES, true},
   {'rl_all', rl_all, WRITES, true},
-  {'rl_refund', rl_refund, WRITES},
+  {'rl_refund', rl_refund, FREES},
   {'rl_lease', rl_lease, WRITES, true},
-  {'rl_release', rl_release, WRITES},
+  {'rl_release', rl_release, FREES},
   {'rl_version', rl_version, READS},
   {'rl_config', rl_config, READS},
+  {'rl_gcra_ro', twin(rl_gcra), TWIN, true},
+  {'rl_window_ro', twin(rl_window), TWIN, true},
+  {'rl_all_ro', twin(rl_all), TWIN, true},
+  {'rl_lease_ro', twin(rl_lease), TWIN, true},
 }
 
 if redis.register_function then
@@ -3308,7 +3290,7 @@ else
   for i = 2, #ARGV do args[i - 1] = ARGV[i] end
   for _, f in ipairs(FUNCTIONS) do
     if f[1] == name then
-      if f[3] == WRITES then
+      if f[3] == WRITES or f[3] == FREES then
         -- A script cannot carry flags here: refuse on a replica, as FCALL does.
         local role = redis.call('INFO', 'replication')
         if find(role, 'role:slave', 1, true) then return redis.error_reply(E.READONLY) end
