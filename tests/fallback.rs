@@ -2360,7 +2360,11 @@ fn out_of_memory_refuses_writes_and_keeps_answering() {
         m.extend(keys.iter().map(|k| format!("m{k}").into_bytes()));
         m.extend(words(args));
         let fk: Vec<String> = keys.iter().map(|k| format!("f{k}")).collect();
-        let fname = if twin { format!("rl_{name}_ro") } else { format!("rl_{name}") };
+        let fname = if twin {
+            format!("rl_{name}_ro")
+        } else {
+            format!("rl_{name}")
+        };
         let mut f = words(&[if twin { "FCALL_RO" } else { "FCALL" }, &fname]);
         f.push(keys.len().to_string().into_bytes());
         f.extend(fk.iter().map(|k| k.as_bytes().to_vec()));
@@ -2408,36 +2412,55 @@ fn out_of_memory_refuses_writes_and_keeps_answering() {
     // Every call of the writing functions is refused whole by the server, denials included;
     // their twins answer as the module does.
     let calls: &[(&str, &[&str], &[&str])] = &[
-        ("gcra", &["full"], &["1", "1", "3600"]),            // a denial
+        ("gcra", &["full"], &["1", "1", "3600"]), // a denial
         ("gcra", &["full"], &["1", "1", "3600", "MAXWAIT", "10"]), // a denial with MAXWAIT
-        ("gcra", &["new"], &["1", "1", "1"]),                // a write: OOM
+        ("gcra", &["new"], &["1", "1", "1"]),     // a write: OOM
         ("gcra", &["new"], &["1", "1", "1", "PEEK"]),
-        ("gcra", &["new"], &["1", "1", "1", "FORCE"]),       // FORCE records: OOM
-        ("window", &["win"], &["5", "3600", "FIXED"]),       // OOM
+        ("gcra", &["new"], &["1", "1", "1", "FORCE"]), // FORCE records: OOM
+        ("window", &["win"], &["5", "3600", "FIXED"]), // OOM
         ("window", &["win"], &["5", "3600", "FIXED", "PEEK"]),
         ("window", &["win"], &["5", "3600", "FIXED", "QUANTITY", "0"]),
         ("window", &["win"], &["5", "3600", "FIXED", "QUANTITY", "9"]), // NEVER: a denial
-        ("window", &["log"], &["1", "3600", "LOG"]),         // a denial
-        ("window", &["log2"], &["1", "3600", "LOG"]),        // OOM
-        ("window", &["win"], &["5", "3600", "SLIDING"]),     // wrong algorithm: the error
-        ("lease", &["lease"], &["1", "60", "B"]),            // a denial
-        ("lease", &["lease"], &["1", "60", "A", "RENEW"]),   // a renewal writes: OOM
-        ("lease", &["lease2"], &["2", "60", "B"]),           // OOM
+        ("window", &["log"], &["1", "3600", "LOG"]),                    // a denial
+        ("window", &["log2"], &["1", "3600", "LOG"]),                   // OOM
+        ("window", &["win"], &["5", "3600", "SLIDING"]), // wrong algorithm: the error
+        ("lease", &["lease"], &["1", "60", "B"]),        // a denial
+        ("lease", &["lease"], &["1", "60", "A", "RENEW"]), // a renewal writes: OOM
+        ("lease", &["lease2"], &["2", "60", "B"]),       // OOM
         ("lease", &["lease2"], &["2", "60", "B", "PEEK"]),
         ("lease", &["lease2"], &["2", "60", "B", "QUANTITY", "0"]),
-        ("all", &["{a}full", "{a}x"], &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"]),
-        ("all", &["{a}x", "{a}y"], &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"]), // OOM
-        ("all", &["{a}x", "{a}y"], &["GCRA", "1", "1", "3600", "WINDOW", "5", "60", "PEEK"]),
+        (
+            "all",
+            &["{a}full", "{a}x"],
+            &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"],
+        ),
+        (
+            "all",
+            &["{a}x", "{a}y"],
+            &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"],
+        ), // OOM
+        (
+            "all",
+            &["{a}x", "{a}y"],
+            &["GCRA", "1", "1", "3600", "WINDOW", "5", "60", "PEEK"],
+        ),
     ];
     for (name, keys, args) in calls {
         let (m, f) = both(c, name, keys, args, false);
-        assert_eq!(f, Err(format!("OOM {}", &OOM[4..])), "FCALL rl_{name} {keys:?} {args:?}");
+        assert_eq!(
+            f,
+            Err(format!("OOM {}", &OOM[4..])),
+            "FCALL rl_{name} {keys:?} {args:?}"
+        );
         let (m2, t) = both(c, name, keys, args, true);
         assert_eq!(m, m2, "the module answers the same twice");
         assert_eq!(t, m, "FCALL_RO rl_{name}_ro {keys:?} {args:?}");
     }
     // Refunds and releases only free: they answer as the module's.
-    for (name, keys, args) in [("refund", &["win"], &["1"]), ("release", &["lease2"], &["A"])] {
+    for (name, keys, args) in [
+        ("refund", &["win"], &["1"]),
+        ("release", &["lease2"], &["A"]),
+    ] {
         let (m, f) = both(c, name, keys, args, false);
         assert!(m.is_ok(), "{name}: {m:?}");
         assert_eq!(m, f, "{name}");
@@ -2449,15 +2472,24 @@ fn out_of_memory_refuses_writes_and_keeps_answering() {
         argv.extend(words(args));
         send(c, &argv)
     };
-    assert_eq!(ev(c, "fwin", "rl_window", &["5", "3600", "FIXED"]), Err(format!("OOM {}", &OOM[4..])));
-    assert_eq!(ev(c, "fnew2", "rl_gcra", &["1", "1", "1"]), Err(format!("OOM {}", &OOM[4..])));
+    assert_eq!(
+        ev(c, "fwin", "rl_window", &["5", "3600", "FIXED"]),
+        Err(format!("OOM {}", &OOM[4..]))
+    );
+    assert_eq!(
+        ev(c, "fnew2", "rl_gcra", &["1", "1", "1"]),
+        Err(format!("OOM {}", &OOM[4..]))
+    );
     let (m, _) = both(c, "gcra", &["full"], &["1", "1", "3600"], true);
     assert_eq!(ev(c, "ffull", "rl_gcra", &["1", "1", "3600"]), m);
     let v: String = q(c, &["FCALL_RO", "rl_version", "0"]);
     assert_eq!(v, "1.3.0");
     // Nothing was written but the refund and the release (on the keys they name).
     let after = snapshot(c);
-    assert!(after.keys().all(|k| before.contains_key(k)), "keys written out of memory");
+    assert!(
+        after.keys().all(|k| before.contains_key(k)),
+        "keys written out of memory"
+    );
     let changed: Vec<&str> = before
         .iter()
         .filter(|(k, b)| after.get(*k) != Some(b))
