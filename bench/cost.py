@@ -836,8 +836,8 @@ def fallback_paragraph(rnd):
         "arithmetic, no struct, cached texts instead of number-to-text conversions), plus the "
         "Lua garbage collector, whose steps grow with the live objects of the whole library "
         "(its code and caches) — so the library keeps few cached strings. The memory check "
-        "(`INFO memory`, about 70,000 instructions) runs on every 256th write without "
-        f"maxmemory: under 300 a call here. RL.ALL of two limits ({all_fb:,.0f}) costs about "
+        "costs nothing: the server refuses the writing functions when out of memory "
+        f"(R-FB-9). RL.ALL of two limits ({all_fb:,.0f}) costs about "
         f"its two single calls ({singles:,.0f}): one function call and one `TIME` fewer, but a "
         "reply of four nested tables, and an `EXISTS` for the second missing key so that no "
         "write is ever undone.",
