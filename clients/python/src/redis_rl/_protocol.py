@@ -19,7 +19,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
-from redis.exceptions import NoPermissionError, RedisClusterException, SlotNotCoveredError
+from redis.exceptions import (
+    NoPermissionError,
+    OutOfMemoryError,
+    RedisClusterException,
+    SlotNotCoveredError,
+)
 
 from ._decision import Source
 from ._limits import GCRA, U64_MAX, Lease, Limit, non_negative
@@ -66,6 +71,30 @@ def frame(
     if op == "all":
         return [_MODULE_COMMAND[op], len(keys), *keys, *args]
     return [_MODULE_COMMAND[op], *keys, *args]
+
+
+#: The fallback's writing functions that may grow memory. Since library 1.3.0 they carry no
+#: allow-oom flag, so the server refuses their FCALL whole when out of memory, and each has a
+#: no-writes twin `rl_<op>_ro` (FCALL_RO) that answers what writes nothing: a denial, PEEK,
+#: QUANTITY 0, an error, and the module's OOM error where the call would write
+#: (docs/clients.md#out-of-memory).
+TWIN_OPS = frozenset({"gcra", "window", "lease", "all"})
+
+
+def twin_frame(op: str, keys: Sequence[str], args: Sequence[Arg]) -> list[Arg]:
+    """twin_frame: `FCALL_RO rl_<op>_ro numkeys key … arg …`, the no-writes twin."""
+    return ["FCALL_RO", f"rl_{op}_ro", len(keys), *keys, *args]
+
+
+def is_oom(exc: BaseException) -> bool:
+    """is_oom: the server is out of memory (`OOM command not allowed …`)."""
+    return isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM")
+
+
+def twin_missing(exc: BaseException) -> bool:
+    """twin_missing: the twin cannot answer (a library older than 1.3.0 has none, or FCALL_RO
+    is refused): the writing function's OOM error stands."""
+    return is_missing_function(exc) or functions_refused(exc) or is_no_permission(exc)
 
 
 def check_command(

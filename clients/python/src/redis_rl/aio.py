@@ -30,6 +30,8 @@ from ._protocol import (
     LibraryPlan,
     Mode,
     PARSE_ERRORS,
+    ScriptStep,
+    TWIN_OPS,
     check_command,
     cluster_route,
     command_exists,
@@ -39,18 +41,20 @@ from ._protocol import (
     ints,
     is_missing_function,
     is_no_permission,
+    is_oom,
     is_unknown_command,
     is_unknown_renew,
     library_code,
     library_version,
     parse_config,
     pool_state,
-    scripting_refused,
     script_body,
     script_recovery,
-    ScriptStep,
+    scripting_refused,
     source_of,
     text,
+    twin_frame,
+    twin_missing,
 )
 
 __all__ = ["AsyncHeld", "AsyncLimiter"]
@@ -232,6 +236,12 @@ class AsyncLimiter(LimiterBase):
             try:
                 reply = await self._exec(*command, **route)
             except redis.ResponseError as e:
+                if form is None and mode is Mode.FALLBACK and op in TWIN_OPS and is_oom(e):
+                    # Out of memory the server refuses the writing function whole: its twin
+                    # answers denials, PEEK and QUANTITY 0 (docs/clients.md#out-of-memory).
+                    reply = await self._twin(op, keys, args, route, e)
+                    self.observe_rtt(sent)
+                    return reply, mode
                 if not redetected and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
                     # The module is not (or no longer) there: the fallback answers.
                     redetected = True
@@ -256,6 +266,16 @@ class AsyncLimiter(LimiterBase):
                 self._state.script_cached = True  # the server has the text now
             return reply, mode
         raise LimiterError(f"redis-rl: the fallback's scripts kept failing on this server ({op})")
+
+    async def _twin(self, op: str, keys: list[str], args: list[Arg], route: dict[str, Any], oom: BaseException) -> Any:
+        """_twin: see `Limiter._twin`."""
+        self.counters.add("redis_calls")
+        try:
+            return await self._exec(*twin_frame(op, keys, args), **route)
+        except redis.ResponseError as e:
+            if twin_missing(e):
+                raise oom from None
+            raise
 
     async def _script_load(self, route: dict[str, Any]) -> None:
         """_script_load sends the script's text with SCRIPT LOAD to the node `route` names

@@ -24,6 +24,8 @@ from ._protocol import (
     LibraryPlan,
     Mode,
     PARSE_ERRORS,
+    ScriptStep,
+    TWIN_OPS,
     check_command,
     cluster_route,
     command_exists,
@@ -33,18 +35,20 @@ from ._protocol import (
     ints,
     is_missing_function,
     is_no_permission,
+    is_oom,
     is_unknown_command,
     is_unknown_renew,
     library_code,
     library_version,
     parse_config,
     pool_state,
-    scripting_refused,
     script_body,
     script_recovery,
-    ScriptStep,
+    scripting_refused,
     source_of,
     text,
+    twin_frame,
+    twin_missing,
 )
 
 __all__ = ["Held", "Limiter"]
@@ -237,6 +241,12 @@ class Limiter(LimiterBase):
             try:
                 reply = self.redis.execute_command(*command, **route)
             except redis.ResponseError as e:
+                if form is None and mode is Mode.FALLBACK and op in TWIN_OPS and is_oom(e):
+                    # Out of memory the server refuses the writing function whole: its twin
+                    # answers denials, PEEK and QUANTITY 0 (docs/clients.md#out-of-memory).
+                    reply = self._twin(op, keys, args, route, e)
+                    self.observe_rtt(sent)
+                    return reply, mode
                 if not redetected and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
                     # The module is not (or no longer) there: the fallback answers.
                     redetected = True
@@ -261,6 +271,19 @@ class Limiter(LimiterBase):
                 self._state.script_cached = True  # the server has the text now
             return reply, mode
         raise LimiterError(f"redis-rl: the fallback's scripts kept failing on this server ({op})")
+
+    def _twin(self, op: str, keys: list[str], args: list[Arg], route: dict[str, Any], oom: BaseException) -> Any:
+        """_twin asks the library's no-writes twin (`FCALL_RO rl_<op>_ro`, the same keys and
+        arguments, the same node) once, after the server refused `FCALL rl_<op>` for memory:
+        its answer (a denial, a peek, an error, or OOM where the call would write) is the
+        call's. A library older than 1.3.0 has no twin: the OOM error stands."""
+        self.counters.add("redis_calls")
+        try:
+            return self.redis.execute_command(*twin_frame(op, keys, args), **route)
+        except redis.ResponseError as e:
+            if twin_missing(e):
+                raise oom from None
+            raise
 
     def _script_load(self, route: dict[str, Any]) -> None:
         """_script_load sends the script's text with SCRIPT LOAD to the node `route` names
