@@ -21,8 +21,8 @@ use crate::memory::{LocalItem, LocalOptions, Memory};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
     all_reply, command_exists, configured_code, frame_with, ints, is_missing_function, is_noscript,
-    is_refused, is_unknown_command, library_plan, library_version, listed_library, script_text,
-    Connection, LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
+    is_oom, is_refused, is_unknown_command, library_plan, library_version, listed_library,
+    script_text, twin_frame, Connection, LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
 };
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -1251,6 +1251,30 @@ impl Limiter {
                                 self.inner.script_cached.store(true, Ordering::Release);
                             }
                             return Ok((v, mode));
+                        }
+                        Err(e)
+                            if mode == Mode::Fallback
+                                && form == Script::Functions
+                                && is_oom(&e) =>
+                        {
+                            // Out of memory the server refuses the writing function whole: its
+                            // no-writes twin answers denials, PEEK and QUANTITY 0
+                            // (docs/clients.md#out-of-memory).
+                            let Some(twin) = twin_frame(op, keys, args) else {
+                                return Err(Error::Redis(e));
+                            };
+                            self.inner.counters.add(Counter::RedisCalls, 1);
+                            return match self.raw(&twin, keys.first().copied()).await {
+                                Ok(v) => {
+                                    self.observe_rtt(sent);
+                                    Ok((v, mode))
+                                }
+                                // A library older than 1.3.0 has no twin: the OOM error stands.
+                                Err(again) if is_missing_function(&again) || is_refused(&again) => {
+                                    Err(Error::Redis(e))
+                                }
+                                Err(again) => Err(Error::Redis(again)),
+                            };
                         }
                         Err(e) => (e, Some(mode)),
                     }

@@ -79,6 +79,39 @@ impl Op {
             Op::Release => "rl_release",
         }
     }
+
+    /// The no-writes twin of a writing function that may grow memory (library 1.3.0):
+    /// `FCALL rl_<op>` carries no `allow-oom`, so the server refuses it whole when out of
+    /// memory, and `FCALL_RO rl_<op>_ro` answers what writes nothing (a denial, `PEEK`,
+    /// `QUANTITY 0`, an error) and the module's `OOM` error where the call would write
+    /// (docs/clients.md#out-of-memory). Refunds and releases only free: they have none.
+    pub(crate) fn twin(self) -> Option<&'static str> {
+        match self {
+            Op::Gcra => Some("rl_gcra_ro"),
+            Op::Window => Some("rl_window_ro"),
+            Op::All => Some("rl_all_ro"),
+            Op::Lease => Some("rl_lease_ro"),
+            Op::Refund | Op::Release => None,
+        }
+    }
+}
+
+/// `FCALL_RO rl_<op>_ro numkeys key … arg …`: the twin of [`Op::twin`], if `op` has one.
+pub(crate) fn twin_frame(op: Op, keys: &[&str], args: &[Vec<u8>]) -> Option<Cmd> {
+    let mut cmd = redis::cmd("FCALL_RO");
+    cmd.arg(op.twin()?).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    for a in args {
+        cmd.arg(a.as_slice());
+    }
+    Some(cmd)
+}
+
+/// The server is out of memory (`OOM command not allowed when used memory > 'maxmemory'.`).
+pub(crate) fn is_oom(e: &RedisError) -> bool {
+    e.code() == Some("OOM")
 }
 
 /// The fallback as a script, for servers where `FUNCTION` is not allowed (Redis 6.x,
