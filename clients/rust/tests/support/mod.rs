@@ -182,31 +182,7 @@ pub fn cluster(kind: Kind) -> Cluster {
     if kind == Kind::Module {
         return Cluster::start(3);
     }
-    let nodes: Vec<Server> = (0..3)
-        .map(|_| {
-            Server::builder()
-                .no_module()
-                .arg("cluster-enabled", "yes")
-                .arg("cluster-config-file", "nodes.conf")
-                .arg("cluster-node-timeout", "5000")
-                .start()
-        })
-        .collect();
-    let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
-    args.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
-    args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
-    let out = std::process::Command::new("redis-cli")
-        .args(&args)
-        .output()
-        .expect("run redis-cli --cluster create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let c = Cluster { nodes };
-    c.wait_ok();
-    c
+    fallback_cluster_with(&[])
 }
 
 /// A cluster node for `kind` (no module for the fallback), with `extra` words
