@@ -51,7 +51,7 @@ demo: ## Show a burst admitted, denied, then admitted again (needs `make run` in
 clean: ## Remove build output
 	cargo clean
 
-bench-worst: build ## Worst single-call server time of the LOG patterns, at the default cap and at 10 M
+bench-worst: build ## Worst single-call server time of the LOG patterns (default cap and 10 M) and of the fallback's LEASE at 10,000 holders
 	RL_MODULE=$(MODULE) cargo bench --profile bench-worst --bench worst_case
 
 bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python and Rust clients' fast paths and the Python side-by-side bench (BENCH_QUICK=1 shortens)
@@ -70,7 +70,7 @@ bench-sidebyside: build ## The same FastAPI and Flask apps limited by redis_rl, 
 	$(SIDE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python
 	RL_MODULE=$(MODULE) $(SIDE_VENV)/bin/python clients/python/bench/sidebyside.py $$([ -n "$${BENCH_QUICK:-}" ] && echo --quick || echo --readme)
 
-bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the floor, every RL command (~2 min; needs valgrind)
+bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the floor, every RL command, the Lua fallback and its reference scripts (~30 min; needs valgrind)
 	python3 bench/cost.py
 
 replay-demo: ## rl-replay on a generated sample log: summary, --suggest, pictures in target/replay-demo/

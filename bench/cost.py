@@ -23,6 +23,16 @@ module that the module calls, with everything it calls; the module's own code; R
 and around the module), the functions by inclusive cost, and every function whose own cost
 differs; the step and self tables add up to the totals.
 
+Then the Lua fallback (issue 25): each algorithm's `FCALL` of scripts/lua/redis_rl.lua and the
+project's reference script for it (`EVALSHA` of bench/lua/<name>.lua: gcra, fixed_window,
+sliding_window_two_keys, sliding_log_zset, lease_zset), and RL.ALL of a GCRA and a FIXED
+limit against the sum of two scripts, with the module rows' parameters, each row on a fresh
+server with the library or the script loaded before the counters are zeroed; plus a Function
+doing only TIME, SET ... PXAT and the reply (bench/lua/fallback_floor.lua), the floor of an
+exact FIXED call. It prints their table and where each call's instructions go, and (one run)
+the same table on keys that already exist (WARM_CALLS calls over WARM_KEYS keys before the
+counters are zeroed).
+
 Nothing here asserts: it measures and prints. Needs valgrind (callgrind_control and
 callgrind_annotate come with it), gcc, redis-server, redis-cli, redis-benchmark.
 """
@@ -47,6 +57,11 @@ REQUESTS = 20_000
 PIPELINE = 16
 CLIENTS = 50
 KEYSPACE = 100_000
+# Keys that already exist (one run): WARM_CALLS calls over WARM_KEYS keys before the counters
+# are zeroed, then WARM_MEASURED calls on the same keys (the usual case of a live limiter).
+WARM_KEYS = 1_000
+WARM_CALLS = 5_000
+WARM_MEASURED = 2_000
 TIMEOUT_S = 300  # any single child process
 TOP = 15
 
@@ -67,8 +82,39 @@ COMMANDS = [
     ("RL.WINDOW SLIDING", ["RL.WINDOW", "KEY", "100", "3600", "SLIDING"], "rl.window"),
     ("RL.WINDOW LOG", ["RL.WINDOW", "KEY", "100", "3600", "LOG"], "rl.window"),
     ("CL.THROTTLE", ["CL.THROTTLE", "KEY", "99", "1", "60"], "cl.throttle"),
+    ("RL.LEASE", ["RL.LEASE", "KEY", "100", "3600", "tok"], "rl.lease"),
+    ("RL.ALL GCRA + FIXED", ["RL.ALL", "2", "{KEY}a", "{KEY}b", "GCRA", "100", "1", "60", "WINDOW",
+                             "100", "3600", "FIXED"], "rl.all"),
 ]
 KEY = "k:__rand_int__"
+LIBRARY = os.path.join(ROOT, "scripts", "lua", "redis_rl.lua")
+LUA_DIR = os.path.join(ROOT, "bench", "lua")
+
+# A Function doing only what an exact FIXED call must: TIME, SET ... PXAT, a five-integer reply
+# (bench/lua/fallback_floor.lua).
+FLOOR_FN = "TIME + SET PXAT + reply (a Function's floor)"
+
+# The Lua fallback (FCALL) and the project's reference script of each algorithm (EVALSHA of
+# bench/lua/<name>.lua), with the same parameters as the module's row, each row on a fresh
+# server with the library or the script loaded and the counters zeroed after the load (issue
+# 25): (algorithm, the module's row, the fallback's argv, the reference script or scripts, the
+# reference's arguments). RL.ALL of two limits is compared with the sum of the two scripts.
+LUA_ROWS = [
+    ("GCRA", GCRA, ["FCALL", "rl_gcra", "1", "KEY", "100", "1", "60"], ["gcra"],
+     [["100", "1", "60"]]),
+    ("FIXED", "RL.WINDOW FIXED", ["FCALL", "rl_window", "1", "KEY", "100", "3600", "FIXED"],
+     ["fixed_window"], [["100", "3600"]]),
+    ("SLIDING", "RL.WINDOW SLIDING",
+     ["FCALL", "rl_window", "1", "KEY", "100", "3600", "SLIDING"],
+     ["sliding_window_two_keys"], [["100", "3600"]]),
+    ("LOG", "RL.WINDOW LOG", ["FCALL", "rl_window", "1", "KEY", "100", "3600", "LOG"],
+     ["sliding_log_zset"], [["100", "3600"]]),
+    ("LEASE", "RL.LEASE", ["FCALL", "rl_lease", "1", "KEY", "100", "3600", "tok"], ["lease_zset"],
+     [["100", "3600", "tok"]]),
+    ("RL.ALL of GCRA + FIXED", "RL.ALL GCRA + FIXED",
+     ["FCALL", "rl_all", "2", "{KEY}a", "{KEY}b", "GCRA", "100", "1", "60", "WINDOW", "100",
+      "3600", "FIXED"], ["gcra", "fixed_window"], [["100", "1", "60"], ["100", "3600"]]),
+]
 
 
 def log(msg):
@@ -115,6 +161,13 @@ class CallgrindServer:
     """redis-server under callgrind, counting only inside processCommand."""
 
     def __init__(self):
+        # A free port can be taken by another process before the server binds it: try again.
+        for attempt in range(3):
+            if self.start(attempt == 2):
+                return
+
+    def start(self, last):
+        """Starts the server; False (and cleaned up) when its port was taken and not last."""
         self.dir = tempfile.mkdtemp(prefix="redis-rl-cost-")
         self.port = free_port()
         self.out = os.path.join(self.dir, "callgrind.out")
@@ -135,10 +188,15 @@ class CallgrindServer:
                 break
             try:
                 if self.cli("PING") == "PONG":
-                    return
+                    return True
             except subprocess.CalledProcessError:
                 pass
             time.sleep(0.2)
+        with open(os.path.join(self.dir, "redis.log"), errors="replace") as f:
+            taken = "Address already in use" in f.read()
+        if taken and not last:
+            self.stop()
+            return False
         self.stop(keep=True)
         sys.exit("redis-server under callgrind did not start; see " + self.dir)
 
@@ -174,10 +232,12 @@ class CallgrindServer:
         raise RuntimeError("callgrind dump " + tag + " not found in " + self.dir)
 
     def stop(self, keep=False):
-        try:
-            self.cli("SHUTDOWN", "NOSAVE")
-        except Exception:
-            pass
+        # Only our own server: once it has exited, its port may be another process's.
+        if self.proc.poll() is None:
+            try:
+                self.cli("SHUTDOWN", "NOSAVE")
+            except Exception:
+                pass
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -223,14 +283,24 @@ def config_get_cost(server):
     return ir / max(calls, 1)
 
 
-def measure(server, label, argv, stat, keep_dir, index):
+def measure(server, label, argv, stat, keep_dir, index, warm=False):
+    """One command's count. warm: on keys that already exist (WARM_KEYS keys, each called
+    about WARM_CALLS / WARM_KEYS times before the counters are zeroed)."""
     server.cli("FLUSHALL")
+    args = [KEY if a == "KEY" else a.replace("{KEY}", "{" + KEY + "}") for a in argv]
+
+    def bench(n, keyspace):
+        subprocess.run(["redis-benchmark", "-p", str(server.port), "-c", str(CLIENTS),
+                        "-n", str(n), "-P", str(PIPELINE), "-r", str(keyspace), "--csv"] + args,
+                       capture_output=True, check=True, timeout=TIMEOUT_S)
+    if warm:
+        bench(WARM_CALLS, WARM_KEYS)
     server.cli("CONFIG", "RESETSTAT")
     server.control("--zero")
-    args = [KEY if a == "KEY" else a for a in argv]
-    subprocess.run(["redis-benchmark", "-p", str(server.port), "-c", str(CLIENTS),
-                    "-n", str(REQUESTS), "-P", str(PIPELINE), "-r", str(KEYSPACE), "--csv"] + args,
-                   capture_output=True, check=True, timeout=TIMEOUT_S)
+    if warm:
+        bench(WARM_MEASURED, WARM_KEYS)
+    else:
+        bench(REQUESTS, KEYSPACE)
     path = server.dump("cmd-%d" % index)
     stats = server.commandstats()
     ir, pc_calls = parse_callgrind(path)
@@ -246,6 +316,95 @@ def measure(server, label, argv, stat, keep_dir, index):
 
 def slug(label):
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def measure_fresh(label, argv, stat, keep_dir, index, script=None, library=LIBRARY, warm=False):
+    """One command on its own fresh server: a Functions library loaded (script None) or the
+    script bench/lua/<script>.lua loaded (its sha replaces "SHA" in argv), then measured as
+    `measure` does (FLUSHALL, CONFIG RESETSTAT and the zeroed counters come after the load)."""
+    server = CallgrindServer()
+    try:
+        config_ir = config_get_cost(server)
+        if script is None:
+            with open(library, "rb") as f:
+                out = subprocess.run(["redis-cli", "-p", str(server.port), "-x", "FUNCTION", "LOAD",
+                                      "REPLACE"], input=f.read(), capture_output=True, check=True,
+                                     timeout=TIMEOUT_S).stdout.decode().strip()
+            if out not in ("redis_rl", "rl_floor"):
+                raise RuntimeError("FUNCTION LOAD failed: " + out)
+        else:
+            with open(os.path.join(LUA_DIR, script + ".lua")) as f:
+                sha = server.cli("SCRIPT", "LOAD", f.read())
+            argv = [sha if a == "SHA" else a for a in argv]
+        r = measure(server, label, argv, stat, keep_dir, index, warm)
+        r["config_ir"] = config_ir
+        r["per_call"] = (r["ir"] - r["config_calls"] * config_ir) / max(r["calls"], 1)
+    finally:
+        server.stop()
+    return r
+
+
+def lua_round(rnd):
+    """The fallback's and the reference scripts' rows of LUA_ROWS, each on a fresh server:
+    {label: result}, labels "<algorithm> fallback" and "<script> script"."""
+    keep_dir = os.path.join(OUT_DIR, "callgrind", "round-%d" % rnd)
+    os.makedirs(keep_dir, exist_ok=True)
+    results = {}
+    index = 100
+    for algo, _module, fb_argv, scripts, script_args in LUA_ROWS:
+        label = algo + " fallback"
+        results[label] = measure_fresh(label, fb_argv, "fcall", keep_dir, index)
+        log(f"cost round {rnd}: {label}: {results[label]['per_call']:,.0f} Ir/call")
+        index += 1
+        for script, sargs in zip(scripts, script_args):
+            slabel = script + " script"
+            if slabel in results:
+                continue
+            argv = ["EVALSHA", "SHA", "1", "KEY"] + sargs
+            results[slabel] = measure_fresh(slabel, argv, "evalsha", keep_dir, index, script)
+            log(f"cost round {rnd}: {slabel}: {results[slabel]['per_call']:,.0f} Ir/call")
+            index += 1
+    results[FLOOR_FN] = measure_fresh(FLOOR_FN, ["FCALL", "rl_floor", "1", "KEY"], "fcall",
+                                      keep_dir, index,
+                                      library=os.path.join(LUA_DIR, "fallback_floor.lua"))
+    log(f"cost round {rnd}: {FLOOR_FN}: {results[FLOOR_FN]['per_call']:,.0f} Ir/call")
+    return results
+
+
+def warm_round():
+    """The module, the fallback and the reference scripts of LUA_ROWS on keys that already
+    exist, each on a fresh server: {label: result}."""
+    keep_dir = os.path.join(OUT_DIR, "callgrind", "warm")
+    os.makedirs(keep_dir, exist_ok=True)
+    commands = {label: (argv, stat) for label, argv, stat in COMMANDS}
+    results = {}
+    index = 200
+    for algo, module, fb_argv, scripts, script_args in LUA_ROWS:
+        argv, stat = commands[module]
+        rows = [(module, argv, stat, None), (algo + " fallback", fb_argv, "fcall", None)]
+        rows += [(sc + " script", ["EVALSHA", "SHA", "1", "KEY"] + sa, "evalsha", sc)
+                 for sc, sa in zip(scripts, script_args)]
+        for label, argv, stat, script in rows:
+            if label in results:
+                continue
+            results[label] = measure_fresh(label, argv, stat, keep_dir, index, script, warm=True)
+            log(f"cost on existing keys: {label}: {results[label]['per_call']:,.0f} Ir/call")
+            index += 1
+    return results
+
+
+def warm_table(warm):
+    """Markdown lines: the fallback table on keys that already exist."""
+    lines = ["| algorithm | module | fallback (`FCALL`) | reference script (`bench/lua/`) "
+             "| fallback ÷ reference |", "|---|---:|---:|---:|---:|"]
+    for algo, module, _argv, scripts, _args in LUA_ROWS:
+        mod = warm[module]["per_call"]
+        fb = warm[algo + " fallback"]["per_call"]
+        ref = sum(warm[sc + " script"]["per_call"] for sc in scripts)
+        names = " + ".join(f"`{sc}.lua`" for sc in scripts)
+        lines.append(f"| {algo} | {mod / 1000:.1f} k | **{fb / 1000:.1f} k** | {names} "
+                     f"{ref / 1000:.1f} k | {fb / ref:.2f} |")
+    return lines
 
 
 def one_round(rnd):
@@ -448,6 +607,86 @@ def compare(gcra, floor):
     return lines
 
 
+def runs(values, unit=1000.0):
+    """Figures of every round, as '55.5 k / 55.6 k'."""
+    return " / ".join(f"{v / unit:.1f} k" for v in values)
+
+
+def fallback_table(rounds):
+    """Markdown lines: per algorithm, the module, the fallback and the reference script(s),
+    instructions per call in every round, and the fallback over the reference."""
+    lines = ["| algorithm | module | fallback (`FCALL`) | reference script (`bench/lua/`) "
+             "| fallback ÷ reference |", "|---|---:|---:|---:|---:|"]
+    for algo, module, _argv, scripts, _args in LUA_ROWS:
+        mod = [r[module]["per_call"] for r in rounds]
+        fb = [r[algo + " fallback"]["per_call"] for r in rounds]
+        ref = [sum(r[sc + " script"]["per_call"] for sc in scripts) for r in rounds]
+        names = " + ".join(f"`{sc}.lua`" for sc in scripts)
+        ratio = " / ".join(f"{f / x:.2f}" for f, x in zip(fb, ref))
+        lines.append(f"| {algo} | {runs(mod)} | **{runs(fb)}** | {names} {runs(ref)} | {ratio} |")
+    return lines
+
+
+# The commands the fallback and the scripts call from Lua, by their Redis function.
+LUA_COMMANDS = [("TIME", "timeCommand"), ("GET", "getCommand"), ("GETRANGE", "getrangeCommand"),
+                ("EXISTS", "existsCommand"), ("SET", "setCommand"), ("PSETEX", "psetexCommand"),
+                ("INCR", "incrCommand"), ("EXPIRE", "expireCommand"), ("PEXPIRE", "pexpireCommand"),
+                ("PEXPIREAT", "pexpireatCommand"), ("PTTL", "pttlCommand"),
+                ("ZADD", "zaddCommand"), ("ZRANGE", "zrangeCommand"), ("ZCARD", "zcardCommand"),
+                ("ZREMRANGEBYSCORE", "zremrangebyscoreCommand"), ("INFO", "infoCommand")]
+
+
+def lua_steps(result):
+    """{step: Ir per call} of one FCALL or EVALSHA file; the rows add up to its total."""
+    calls = result["calls"] + result["config_calls"]
+    prof = Profile(result["file"])
+    inc = prof.inclusive()
+    total = inc.get("processCommand", 0)
+    lua = inc.get("luaCallFunction", 0)
+    run_ = inc.get("lua_pcall", 0)
+    gc = inc.get("lua_gc", 0)
+    called = inc.get("scriptCall", 0)
+    parse = inc.get("parseReply", 0)
+    rows = {"Redis around the script (command lookup, dispatch, stats)": total - lua,
+            "the KEYS and ARGV tables, and the reply table turned into RESP":
+                lua - run_ - gc,
+            "Redis's Lua GC step (every 50th call)": gc}
+    named = 0
+    for name, fn in LUA_COMMANDS:
+        if inc.get(fn, 0):
+            rows[f"`{name}` (the command itself)"] = inc[fn]
+            named += inc[fn]
+    rows["redis.call: look-up, ACL and propagation of each command"] = called - named
+    rows["redis.call: each reply turned into Lua values"] = parse
+    rows["the script's own Lua (the VM, string and struct helpers, GC steps of its "
+         "allocations)"] = run_ - called - parse
+    return {k: v / calls for k, v in rows.items()}, total / calls
+
+
+def fallback_steps(rounds):
+    """Markdown lines: where the instructions of the fallback and of its reference go (run 1)."""
+    cols = []
+    for algo, _module, _argv, scripts, _args in LUA_ROWS:
+        cols.append((algo + " fallback", algo))
+        for sc in scripts:
+            if (sc + " script", f"`{sc}.lua`") not in cols:
+                cols.append((sc + " script", f"`{sc}.lua`"))
+    data = [lua_steps(rounds[0][label]) for label, _h in cols]
+    names = []
+    for rows, _t in data:
+        names += [r for r in rows if r not in names]
+    lines = ["| step | " + " | ".join(h for _l, h in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for r in names:
+        vals = [rows.get(r, 0) for rows, _t in data]
+        if all(abs(v) < 0.5 for v in vals):
+            continue
+        lines.append(f"| {r} | " + " | ".join(f"{v:,.0f}" for v in vals) + " |")
+    lines.append("| **total (processCommand)** | " + " | ".join(f"{t:,.0f}" for _r, t in data)
+                 + " |")
+    return lines
+
+
 def server_version():
     out = subprocess.run(["redis-server", "--version"], capture_output=True, timeout=60).stdout
     m = re.search(rb"v=(\S+)", out)
@@ -465,10 +704,16 @@ def run():
     floor_module()
     started = time.time()
     rounds = [one_round(r + 1) for r in range(ROUNDS)]
+    for r, rnd in enumerate(rounds):
+        rnd.update(lua_round(r + 1))
+    warm = warm_round()
+    rounds[0]["warm"] = warm
     elapsed = time.time() - started
     with open(os.path.join(OUT_DIR, "cost.json"), "w") as f:
-        json.dump([{label: {k: v for k, v in r.items() if k != "file"} for label, r in rnd.items()}
-                   for rnd in rounds], f, indent=1)
+        json.dump([{label: {k: v for k, v in r.items() if k != "file"} for label, r in rnd.items()
+                    if label != "warm"} for rnd in rounds]
+                  + [{label: {k: v for k, v in r.items() if k != "file"}
+                      for label, r in warm.items()}], f, indent=1)
     lines = []
     w = lines.append
     w("## Instructions per call (callgrind)")
@@ -521,7 +766,82 @@ def run():
     lines += breakdown(rounds[0])
     w("")
     lines += compare(rounds[0][GCRA], rounds[0][FLOOR])
+    w("")
+    lines += fallback_section(rounds)
     return lines, rounds
+
+
+def fallback_section(rounds):
+    """Markdown lines: the fallback next to its reference scripts (issue 25)."""
+    lines = []
+    w = lines.append
+    w("### The Lua fallback next to the scripts it replaces")
+    w("")
+    w(f"The same load (`redis-benchmark -c {CLIENTS} -n {REQUESTS} -P {PIPELINE} -r {KEYSPACE}`, "
+      "random keys), but each row on a fresh redis-server of its own, with the library "
+      "(`FUNCTION LOAD` of `scripts/lua/redis_rl.lua`) or the script (`SCRIPT LOAD` of "
+      "`bench/lua/<name>.lua`, called by `EVALSHA`) loaded before the counters are zeroed; the "
+      "module's column is its row in the table above, in the same run. Parameters as the "
+      "module's rows: GCRA burst 100, 1 per 60 s; windows of 100 per hour; LEASE 100 slots, "
+      "leases of an hour, one token per key; RL.ALL of a GCRA and a FIXED limit on two keys, "
+      "against the sum of the two scripts. The reference scripts are the shapes teams write "
+      "and do less: `fixed_window.lua` counts from a key's first request (INCR + EXPIRE), not "
+      "in windows aligned to the epoch; `gcra.lua` and `sliding_window_two_keys.lua` compute "
+      "in floating point; none checks its arguments; the sorted sets keep a member per request "
+      "or holder. " + ", ".join(f"run {i + 1}" for i in range(len(rounds))) + " in each cell.")
+    w("")
+    lines += fallback_table(rounds)
+    w("")
+    w(f"On keys that already exist (one run, each row on a fresh server: {WARM_CALLS:,} calls "
+      f"over {WARM_KEYS:,} keys, then the counters zeroed and {WARM_MEASURED:,} calls measured "
+      "on the same keys: a GCRA or window state of the same parameters, a LOG of a few "
+      "entries, a LEASE key whose one token renews its lease). The fallback's fast paths "
+      "take these too; the reference scripts are as cheap here as on fresh keys, and "
+      "`fixed_window.lua` cheaper (its INCR finds the key and its EXPIRE is skipped):")
+    w("")
+    lines += warm_table(rounds[0]["warm"])
+    w("")
+    w("Where each call's instructions go (run 1, per call; each column adds up to its total):")
+    w("")
+    lines += fallback_steps(rounds)
+    w("")
+    lines += fallback_paragraph(rounds[0])
+    return lines
+
+
+def fallback_paragraph(rnd):
+    """Markdown lines: what the fallback spends beyond the steps every script pays."""
+    own_row = ("the script's own Lua (the VM, string and struct helpers, GC steps of its "
+               "allocations)")
+    floor = rnd[FLOOR_FN]["per_call"]
+    fixed_ref = rnd["fixed_window script"]["per_call"]
+    gcra, _t = lua_steps(rnd["GCRA fallback"])
+    ref, _t = lua_steps(rnd["gcra script"])
+    all_fb = rnd["RL.ALL of GCRA + FIXED fallback"]["per_call"]
+    singles = rnd["GCRA fallback"]["per_call"] + rnd["FIXED fallback"]["per_call"]
+    return [
+        "Where the remaining instructions go: most of a fallback call is the server's own work "
+        "that any script pays — running the function with its KEYS and ARGV tables, each "
+        "`redis.call` (look-up, ACL, the command, its reply turned into Lua values) and the "
+        "five-integer reply turned back into RESP. A fallback call makes the calls its "
+        "contract needs: `TIME` (the window or TAT is exact, from the server's clock), one "
+        "bounded read (`GETRANGE key 0 63`, never the whole value of a foreign key) and one "
+        "`SET … PXAT` (the absolute expiry replicas and the AOF receive). A Function that does "
+        f"only `TIME`, `SET … NX PXAT` and the reply ({FLOOR_FN}, "
+        f"`bench/lua/fallback_floor.lua`) costs {floor:,.0f}, as much as the whole "
+        f"`fixed_window.lua` ({fixed_ref:,.0f}), which reads no clock and lets INCR + EXPIRE "
+        "count from a key's first request: no exact, epoch-aligned FIXED reaches it. The "
+        f"fallback's own Lua is {gcra[own_row]:,.0f} instructions per GCRA call "
+        f"({ref[own_row]:,.0f} for `gcra.lua`): the fast path of plain numbers (no limb "
+        "arithmetic, no struct, cached texts instead of number-to-text conversions), plus the "
+        "Lua garbage collector, whose steps grow with the live objects of the whole library "
+        "(its code and caches) — so the library keeps few cached strings. The memory check "
+        "costs nothing: the server refuses the writing functions when out of memory "
+        f"(R-FB-9). RL.ALL of two limits ({all_fb:,.0f}) costs about "
+        f"its two single calls ({singles:,.0f}): one function call and one `TIME` fewer, but a "
+        "reply of four nested tables, and an `EXISTS` for the second missing key so that no "
+        "write is ever undone.",
+    ]
 
 
 def main():

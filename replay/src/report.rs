@@ -487,7 +487,7 @@ pub fn text(r: &Report) -> String {
                     o,
                     "Suggested: {spec} per {} — the smallest candidate from which on at most \
                      {target} % of keys would ever have been denied ({} of {} keys; it denies \
-                     {} of their requests).",
+                     {} of the requests it applies to).",
                     l.per,
                     thousands(kd),
                     thousands(k),

@@ -33,6 +33,33 @@ MODULE = Path(os.environ.get("RL_MODULE") or ROOT / "target" / "release" / "libr
 SERVER = os.environ.get("REDIS_SERVER", "redis-server")
 START_DEADLINE = 20.0
 
+
+def _server_major() -> int:
+    """_server_major is the major version of $REDIS_SERVER (Redis 6.2, 7.0; Valkey 8, 9)."""
+    out = subprocess.run([SERVER, "--version"], capture_output=True, text=True, timeout=30).stdout
+    for word in out.split():
+        if word.startswith("v="):
+            return int(word[2:].split(".")[0])
+    raise RuntimeError(f"cannot read the version of {SERVER}: {out!r}")
+
+
+#: The server's major version: 6 has no Functions and none of the 7.0 switches below.
+SERVER_MAJOR = _server_major()
+
+#: Commands a Redis 6.x server does not have: renaming them away is a no-op there.
+_NOT_ON_6 = {"FUNCTION", "FCALL", "FCALL_RO"}
+
+
+def renamed_away(*names: str) -> tuple[str, ...]:
+    """renamed_away is the `--rename-command NAME ""` words for `names`, leaving out the
+    commands a 6.x server does not have (it refuses to rename them, and lacks them anyway)."""
+    out: tuple[str, ...] = ()
+    for name in names:
+        if SERVER_MAJOR < 7 and name.upper() in _NOT_ON_6:
+            continue
+        out += ("--rename-command", name, "")
+    return out
+
 def free_port(cluster: bool = False) -> int:
     """free_port finds a free loopback port; for a cluster node, one ≤ 55535 whose bus port
     (+10000) is free too."""
@@ -103,8 +130,9 @@ class RedisServer:
         cmd = [
             SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", self.dir, "--logfile", "redis.log",
-            "--enable-module-command", "yes", "--enable-debug-command", "yes",
         ]
+        if SERVER_MAJOR >= 7:
+            cmd += ["--enable-module-command", "yes", "--enable-debug-command", "yes"]
         if self.module:
             cmd += ["--loadmodule", str(MODULE)]
         cmd += list(self.extra)
@@ -226,9 +254,123 @@ class RedisCluster:
                 time.sleep(0.1)
             c.close()
 
+    def add_master(self) -> RedisServer:
+        """add_master starts one more master like the others, joins it with CLUSTER MEET
+        (it serves no slot yet) and waits until every node knows it."""
+        node = RedisServer(module=self.nodes[0].module, extra=self.nodes[0].extra)
+        self.nodes.append(node)
+        c = self.nodes[0].client()
+        c.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+        c.close()
+        new_id = node_id(node)
+        deadline = time.monotonic() + 30
+        for n in self.nodes:
+            nc = n.client()
+            while not self._knows(nc, new_id) or "cluster_state:ok" not in text_of(
+                nc.execute_command("CLUSTER", "INFO")
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"node {node.port} did not join: {node.log()}")
+                time.sleep(0.05)
+            nc.close()
+        return node
+
+    @staticmethod
+    def _knows(c: redis.Redis, node: str) -> bool:
+        """_knows: `c`'s node lists `node` as a connected master (handshake over)."""
+        for line in text_of(c.execute_command("CLUSTER", "NODES")).splitlines():
+            fields = line.split()
+            if fields[0] == node:
+                return "master" in fields[2] and "handshake" not in fields[2] and fields[7] == "connected"
+        return False
+
+    def owner_of_slot(self, slot: int) -> RedisServer:
+        for n in self.nodes:
+            c = n.client()
+            try:
+                if self._serves(c, slot):
+                    return n
+            finally:
+                c.close()
+        raise RuntimeError(f"no node serves slot {slot}")
+
+    @staticmethod
+    def _serves(c: redis.Redis, slot: int) -> bool:
+        me = text_of(c.execute_command("CLUSTER", "MYID"))
+        for line in text_of(c.execute_command("CLUSTER", "NODES")).splitlines():
+            fields = line.split()
+            if fields[0] != me:
+                continue
+            for r in fields[8:]:
+                if r.startswith("["):
+                    continue
+                lo, _, hi = r.partition("-")
+                if int(lo) <= slot <= int(hi or lo):
+                    return True
+        return False
+
+    def move_slot(self, slot: int, to: RedisServer) -> None:
+        """move_slot moves `slot`, with its keys (MIGRATE), to `to`, as `redis-cli --cluster
+        reshard` does: SETSLOT IMPORTING / MIGRATING, MIGRATE, then SETSLOT NODE on every
+        master; waits until every node sends the slot's keys to `to`."""
+        src = self.owner_of_slot(slot)
+        src_c, dst_c = src.client(), to.client()
+        src_id, dst_id = node_id(src), node_id(to)
+        dst_c.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src_c.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        while True:
+            keys = src_c.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            if not keys:
+                break
+            src_c.execute_command("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", *keys)
+        for n in [to, src, *[m for m in self.nodes if m is not to and m is not src]]:
+            c = n.client()
+            c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+            c.close()
+        src_c.close()
+        dst_c.close()
+        deadline = time.monotonic() + 30
+        for n in self.nodes:
+            c = n.client()
+            while not self._knows_owner(c, slot, dst_id):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"node {n.port} does not see slot {slot} on {to.port}")
+                time.sleep(0.05)
+            c.close()
+
+    @staticmethod
+    def _knows_owner(c: redis.Redis, slot: int, owner_id: str) -> bool:
+        for entry in c.execute_command("CLUSTER", "SLOTS"):
+            lo, hi, primary = entry[0], entry[1], entry[2]
+            if lo <= slot <= hi:
+                return len(primary) > 2 and text_of(primary[2]) == owner_id
+        return False
+
     def close(self) -> None:
         for n in self.nodes:
             n.close()
+
+
+def text_of(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def node_id(node: RedisServer) -> str:
+    c = node.client()
+    try:
+        return text_of(c.execute_command("CLUSTER", "MYID"))
+    finally:
+        c.close()
+
+
+def command_stats(node: RedisServer) -> dict[str, int]:
+    """command_stats is a server's `INFO commandstats` calls by command name
+    (`function|load`, `evalsha`, …)."""
+    c = node.client()
+    try:
+        return {k.removeprefix("cmdstat_").lower(): v["calls"] for k, v in c.info("commandstats").items()}
+    finally:
+        c.close()
 
 
 # -- servers ------------------------------------------------------------------------------------
@@ -248,7 +390,20 @@ def plain_server() -> Iterator[RedisServer]:
     s.close()
 
 
-@pytest.fixture(params=["module", "fallback"])
+#: The modes the behaviour suite runs in: a 6.x server cannot load the module (it refuses
+#: itself there, scripts/test-compat.sh checks that), so it runs the fallback only.
+MODES = ["module", "fallback"] if SERVER_MAJOR >= 7 else ["fallback"]
+
+
+def fallback_call(r: redis.Redis, op: str, keys: list[str], *args: Any) -> Any:
+    """fallback_call runs the fallback's `rl_<op>` directly: FCALL, or on a 6.x server (no
+    Functions) the script by EVAL."""
+    from redis_rl._protocol import frame
+
+    return r.execute_command(*frame(Mode.FALLBACK, op, keys, list(args), "eval" if SERVER_MAJOR < 7 else None))
+
+
+@pytest.fixture(params=MODES)
 def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from redis_rl import GCRA, NEVER, Algorithm, AsyncLimiter, Limiter, Source, Window
 from redis_rl._limits import MAX_SECONDS
 
-from .conftest import RedisServer, SyncAsAsync, close_limiter, expected_mode
+from .conftest import RedisServer, SyncAsAsync, close_limiter, expected_mode, fallback_call
 
 pytestmark = pytest.mark.asyncio
 
@@ -268,7 +268,7 @@ async def test_deny_cache_never_denies_what_redis_would_admit(limiter: Any, r: r
         if d.source is Source.LOCAL and ms(d.retry_after) >= 20:
             module = await limiter.resolved_mode() == "module"
             peek = r.execute_command("RL.GCRA", key, 2, 10, 1, "PEEK") if module \
-                else r.execute_command("FCALL", "rl_gcra", 1, key, 2, 10, 1, "PEEK")
+                else fallback_call(r, "gcra", [key], 2, 10, 1, "PEEK")
             # Only a PEEK answered before the local denial ran out says anything (on a
             # loaded host the answer may come later; then it is not counted).
             if (time.monotonic() - asked) * 1000 < ms(d.retry_after) - 2:
@@ -327,7 +327,7 @@ def remaining_in_redis(r: redis.Redis, mode: str, key: str, g: GCRA) -> int:
     """remaining_in_redis asks the server directly (QUANTITY 0), not through the limiter."""
     args = [key, *g.args(), "QUANTITY", 0]
     reply = r.execute_command("RL.GCRA", *args) if mode == "module" else \
-        r.execute_command("FCALL", "rl_gcra", 1, *args)
+        fallback_call(r, "gcra", [key], *args[1:])
     return int(reply[2])
 
 
@@ -401,3 +401,67 @@ async def test_batching_fixed_window_never_exceeds_any_window(make_limiter: Any,
                 if int(before / 0.5) == int(after / 0.5):
                     per_window[int(before / 0.5)] = per_window.get(int(before / 0.5), 0) + 1
     assert per_window and max(per_window.values()) <= 15, per_window
+
+
+# -- out of memory ----------------------------------------------------------------------------
+
+
+async def test_out_of_memory_refuses_writes_and_still_denies(
+    make_limiter: Any, r: redis.Redis, server: RedisServer, mode: str
+) -> None:
+    """docs/clients.md#out-of-memory: right after CONFIG SET maxmemory 1 denials, peeks and cost 0
+    are Redis's own answers, and the very next check that would write is refused (the server's
+    OOM error, for the failure policy: here raise) and writes nothing, in both modes. As the
+    fallback, the server refuses FCALL rl_* whole and the client asks its no-writes twin
+    (FCALL_RO rl_*_ro) once. Also the twin by raw FCALL_RO. (An OOM error is an outage for
+    the policy: inside its probe interval a limiter does not ask Redis, so each refused write
+    here has a limiter of its own.)"""
+    from redis_rl import Lease
+    from redis_rl._policy import LimiterUnavailable, RateLimitExceeded
+
+    from .conftest import SERVER_MAJOR, command_stats
+
+    lim = make_limiter(on_error="raise", deny_cache=False)
+    g, w = GCRA(1, 1, 3600), Window(5, 3600, "FIXED")
+    assert (await lim.check("full", g)).allowed
+    assert (await lim.check("win", w)).allowed
+    async with lim.acquire("lease", Lease(1, 60), token="a"):
+        before = r.dbsize()
+        twins = command_stats(server).get("fcall_ro", 0)
+        r.config_set("maxmemory", 1)
+        try:
+            source = Source.MODULE if mode == "module" else Source.FALLBACK
+            denied = await lim.check("full", g)
+            assert not denied.allowed and not denied.degraded and denied.source is source
+            peek = await lim.check("win", w, peek=True)
+            assert peek.allowed and peek.remaining == 3 and not peek.degraded
+            zero = await lim.check("new", g, cost=0)
+            assert zero.allowed and zero.remaining == 1 and not zero.degraded
+            both = await lim.check_all({"full": g, "x": w})
+            assert not both.allowed and not both.degraded
+            with pytest.raises(RateLimitExceeded):
+                async with lim.acquire("lease", Lease(1, 60), token="b"):
+                    pass
+            for key, limit in (("win", w), ("new", g)):
+                alone = make_limiter(on_error="raise", deny_cache=False, prefix=lim.prefix)
+                with pytest.raises(LimiterUnavailable) as caught:
+                    await alone.check(key, limit)
+                assert str(caught.value.__cause__) == "command not allowed when used memory > 'maxmemory'."
+            alone = make_limiter(on_error="raise", deny_cache=False, prefix=lim.prefix)
+            with pytest.raises(LimiterUnavailable):
+                await alone.check_all({"{a}x": g, "{a}y": w})
+            assert r.dbsize() == before, "nothing written out of memory"
+            if mode == "fallback" and SERVER_MAJOR >= 7:
+                assert command_stats(server).get("fcall_ro", 0) >= twins + 8
+                # The twin itself, by raw FCALL_RO: a denial answers, a write answers OOM.
+                full = lim.prefix + "full"
+                assert r.execute_command("FCALL_RO", "rl_gcra_ro", 1, full, 1, 1, 3600)[0] == 0
+                with pytest.raises(redis.exceptions.OutOfMemoryError):
+                    r.execute_command("FCALL_RO", "rl_gcra_ro", 1, lim.prefix + "new2", 1, 1, 3600)
+                with pytest.raises(redis.exceptions.OutOfMemoryError):
+                    fallback_call(r, "gcra", [full], 1, 1, 3600)
+        finally:
+            r.config_set("maxmemory", 0)
+    d = await lim.check("win", w)
+    assert d.allowed and d.remaining == 3
+    assert (await lim.check("new", g)).allowed

@@ -216,3 +216,60 @@ async def test_auto_mode_moves_to_the_fallback_when_the_module_goes(flavor: str)
             await lim.redis.aclose()
     finally:
         server.close()
+
+
+async def test_a_newer_library_loaded_while_we_looked_is_not_overwritten(
+    flavor: str, bare: RedisServer, admin: redis.Redis
+) -> None:
+    # A rolling deploy: a newer client loads its library between this client's rl_version
+    # (none there yet) and its FUNCTION LOAD. The load (no REPLACE) fails, the client looks
+    # again, finds the newer version and keeps it.
+    assert server_version(admin) is None
+    if flavor == "sync":
+        lim: Any = Limiter(bare.client())
+    else:
+        lim = AsyncLimiter(aredis.Redis(host="127.0.0.1", port=bare.port))
+    real_on = lim._on
+
+    def race(*args: Any) -> None:
+        if args[1:3] == ("FUNCTION", "LOAD") and server_version(admin) is None:
+            admin.execute_command("FUNCTION", "LOAD", variant("99.0.0"))
+
+    if flavor == "sync":
+        def on(*args: Any) -> Any:
+            race(*args)
+            return real_on(*args)
+    else:
+        async def on(*args: Any) -> Any:  # type: ignore[misc]
+            race(*args)
+            return await real_on(*args)
+    lim._on = on
+    try:
+        d = lim.check("race", GCRA(5, 1, 1))
+        d = await d if flavor == "async" else d
+        assert d.allowed and d.source is Source.FALLBACK
+        assert server_version(admin) == "99.0.0"
+    finally:
+        if flavor == "sync":
+            lim.close()
+            lim.redis.close()
+        else:
+            await lim.aclose()
+            await lim.redis.aclose()
+
+
+async def test_an_older_client_works_beside_a_newer_library_and_leaves_its_text(
+    flavor: str, bare: RedisServer, admin: redis.Redis
+) -> None:
+    # Two library versions, as two client releases carry them: this package's text as the
+    # "older" one, a copy of it with a higher VERSION as the "newer" one (a newer client's).
+    # The newer replacing an older one, settings kept, is
+    # test_an_older_version_is_replaced_keeping_the_servers_settings.
+    newer = variant("99.0.0", log_max_limit=500)
+    admin.execute_command("FUNCTION", "LOAD", newer)
+    for _ in range(2):  # the older client works beside it, and leaves it in place
+        d = await check_once(flavor, bare)
+        assert d.allowed and d.source is Source.FALLBACK and not d.degraded
+    (entry,) = admin.function_list("redis_rl", withcode=True)
+    assert dict(zip(entry[::2], entry[1::2]))[b"library_code"].decode() == newer
+    assert server_config(admin)["log-max-limit"] == 500  # the newer one's settings, too

@@ -17,9 +17,9 @@ import redis.asyncio as aredis
 
 from redis_rl import GCRA, AsyncLimiter, Lease, LeaseLost, Limiter, LimiterError, Source, Window, tag
 
-from .conftest import RedisCluster, RedisServer, SyncAsAsync, close_limiter
+from .conftest import SERVER_MAJOR, RedisCluster, RedisServer, SyncAsAsync, close_limiter, renamed_away
 
-NO_FUNCTION = ("--rename-command", "FUNCTION", "")
+NO_FUNCTION = renamed_away("FUNCTION")
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +39,12 @@ def make(flavor: str, port: int, prefix: str, **kw: Any) -> Any:
 def stats(server: RedisServer) -> dict[str, int]:
     c = server.client()
     try:
-        return {k.removeprefix("cmdstat_").lower(): v["calls"] for k, v in c.info("commandstats").items()}
+        got = {k.removeprefix("cmdstat_").lower(): v["calls"] for k, v in c.info("commandstats").items()}
     finally:
         c.close()
+    if SERVER_MAJOR < 7 and "script" in got:  # 6.x counts no subcommands: SCRIPT is LOAD here
+        got["script|load"] = got.pop("script")
+    return got
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])
@@ -165,3 +168,137 @@ def test_a_cluster_node_without_the_text_gets_it_once() -> None:
         lim.close()
         client.close()
         cl.close()
+
+
+def server_with(*renamed: str) -> RedisServer:
+    """server_with is a server without the module whose `renamed` commands are renamed away."""
+    return RedisServer(module=False, extra=renamed_away(*renamed))
+
+
+async def run_burst(lim: Any) -> None:
+    """run_burst: three decisions, a check_all, a refund and a lease, all from the fallback."""
+    got = [await lim.check("b", GCRA(2, 1, 60)) for _ in range(3)]
+    assert [d.allowed for d in got] == [True, True, False]
+    assert all(d.source is Source.FALLBACK and not d.degraded for d in got)
+    both = await lim.check_all({"{u}:a": Window(2, 60, "FIXED"), "{u}:b": GCRA(5, 1, 60)})
+    assert both.allowed and both.remaining == 1
+    assert (await lim.refund("b", 1)).refunded == 1
+    async with lim.acquire("job", Lease(1, 30)) as held:
+        assert held.decision.allowed
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_evalsha_renamed_away_every_call_sends_the_text(flavor: str, prefix: str) -> None:
+    # FUNCTION and EVALSHA renamed away: EVAL still runs the fallback (the text each time).
+    s = server_with("FUNCTION", "EVALSHA")
+    lim = make(flavor, s.port, prefix)
+    try:
+        await run_burst(lim)
+        calls = stats(s)
+        assert calls.get("eval", 0) >= 6 and "evalsha" not in calls, calls
+        before = calls["eval"]
+        assert (await lim.check("b", GCRA(2, 1, 60))).allowed  # the refund gave one back
+        assert stats(s)["eval"] == before + 1  # one EVAL per call, nothing tried first
+    finally:
+        await close_limiter(lim)
+        s.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_eval_renamed_away_runs_by_script_load_and_evalsha(flavor: str, prefix: str) -> None:
+    # FUNCTION and EVAL renamed away: the text goes by SCRIPT LOAD, the calls by EVALSHA,
+    # and NOSCRIPT (the cache flushed, as by a restart) loads it again once.
+    s = server_with("FUNCTION", "EVAL")
+    lim = make(flavor, s.port, prefix)
+    try:
+        await run_burst(lim)
+        calls = stats(s)
+        assert calls.get("script|load") == 1 and calls.get("evalsha", 0) >= 6, calls
+        c = s.client()
+        c.script_flush()
+        c.config_resetstat()
+        c.close()
+        assert (await lim.check("b", GCRA(2, 1, 60))).allowed
+        calls = stats(s)
+        # One EVALSHA met NOSCRIPT, SCRIPT LOAD sent the text, the EVALSHA again: decided.
+        assert (calls.get("evalsha"), calls.get("script|load")) == (2, 1), calls
+        assert not (await lim.check("b", GCRA(2, 1, 60))).allowed
+        assert (stats(s).get("evalsha"), stats(s).get("script|load")) == (3, 1)
+    finally:
+        await close_limiter(lim)
+        s.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+@pytest.mark.parametrize("denied", ["-evalsha", "-eval"])
+async def test_an_acl_that_denies_one_script_command_uses_the_other(
+    plain_server: RedisServer, flavor: str, denied: str, prefix: str
+) -> None:
+    name, pw = acl_user(plain_server, "-function", "-fcall", "-fcall_ro", denied)
+    lim = make(flavor, plain_server.port, prefix, username=name, password=pw)
+    try:
+        await run_burst(lim)
+        assert lim.counters["errors"] == 0
+    finally:
+        await close_limiter(lim)
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+@pytest.mark.parametrize(
+    "renamed", [("FUNCTION", "EVAL", "EVALSHA"), ("FCALL", "FCALL_RO", "EVAL", "EVALSHA")], ids=["function", "fcall"]
+)
+async def test_everything_renamed_away_is_one_clear_error(flavor: str, renamed: tuple[str, ...], prefix: str) -> None:
+    s = server_with(*renamed)
+    lim = make(flavor, s.port, prefix)
+    try:
+        for _ in range(2):  # every call, the same error (not an outage, not a second kind)
+            with pytest.raises(LimiterError, match="no redis-rl module .* Functions library .* scripts"):
+                await lim.check("none", GCRA(2, 1, 60))
+        assert (lim.counters["degraded"], lim.counters["errors"]) == (0, 0)
+    finally:
+        await close_limiter(lim)
+        s.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_a_key_the_acl_forbids_is_not_taken_for_no_scripting(flavor: str, prefix: str) -> None:
+    # As scripts, a NOPERM on the key (the user's key patterns) is the server's own error,
+    # not "no scripting here".
+    s = server_with("FUNCTION")
+    c = s.client()
+    c.execute_command("ACL", "SETUSER", "keys", "on", ">pw", f"~{prefix}ok*", "+@all")
+    c.close()
+    lim = make(flavor, s.port, prefix, username="keys", password="pw")
+    try:
+        assert (await lim.check("ok1", GCRA(2, 1, 60))).allowed
+        with pytest.raises(redis.exceptions.NoPermissionError) as caught:
+            await lim.check("other", GCRA(2, 1, 60))
+        assert not isinstance(caught.value, LimiterError)
+    finally:
+        await close_limiter(lim)
+        s.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_lua_switched_off_is_one_clear_error(flavor: str, prefix: str) -> None:
+    # Valkey 9.1 runs Lua as an engine module an operator can unload: then neither the
+    # library nor scripts can run, and the client says so (not "Engine 'lua' not found").
+    s = RedisServer(module=False)
+    try:
+        c = s.client()
+        modules = [m.get("name", m.get(b"name")) for m in c.module_list()]
+        if "lua" not in modules and b"lua" not in modules:
+            c.close()
+            pytest.skip("Lua is built into this server (only Valkey 9+ can switch it off)")
+        c.execute_command("MODULE", "UNLOAD", "lua")
+        c.close()
+        lim = make(flavor, s.port, prefix)
+        try:
+            for _ in range(2):
+                with pytest.raises(LimiterError, match="no redis-rl module .* Functions library .* scripts"):
+                    await lim.check("none", GCRA(2, 1, 60))
+            assert (lim.counters["degraded"], lim.counters["errors"]) == (0, 0)
+        finally:
+            await close_limiter(lim)
+    finally:
+        s.close()

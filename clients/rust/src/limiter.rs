@@ -20,9 +20,9 @@ use crate::local::{credit_deadlines, Credit, Credits, DenyCache};
 use crate::memory::{LocalItem, LocalOptions, Memory};
 use crate::policy::{Counter, Counters, FailurePolicy, Health, Hook};
 use crate::protocol::{
-    all_reply, command_exists, configured_code, frame, frame_with, ints, is_missing_function,
-    is_refused, is_unknown_command, library_plan, library_version, listed_library, script_text,
-    Connection, LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
+    all_reply, command_exists, configured_code, frame_with, ints, is_missing_function, is_noscript,
+    is_oom, is_refused, is_unknown_command, library_plan, library_version, listed_library,
+    script_text, twin_frame, Connection, LibraryPlan, Mode, Op, Script, LIBRARY_NAME, LUA_LIBRARY,
 };
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -300,7 +300,9 @@ impl LimiterBuilder {
                     .then(|| Memory::new(self.fleet_size)),
                 renew_plain: AtomicBool::new(false),
                 scripts: AtomicBool::new(false),
-                script_sha: Mutex::new(None),
+                script_cached: AtomicBool::new(false),
+                eval_refused: AtomicBool::new(false),
+                evalsha_refused: AtomicBool::new(false),
                 batch: self.batch,
                 batch_hold: self.batch_hold,
                 credits: batching.then(Credits::new),
@@ -317,6 +319,15 @@ impl LimiterBuilder {
 /// aborted, a broken pipe, an end of file. Not a timeout.
 fn is_connection_level(e: &RedisError) -> bool {
     !e.is_timeout() && (e.is_connection_dropped() || e.is_connection_refusal())
+}
+
+/// How a call sent as a script goes on after an error ([`Limiter::script_recovery`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScriptStep {
+    /// Send the call again, in the (updated) form.
+    Retry,
+    /// `SCRIPT LOAD` the text on the key's node, then send the call again by SHA1.
+    Load,
 }
 
 fn timed_out(after: Duration) -> RedisError {
@@ -341,9 +352,15 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     memory: Option<Memory>,
     renew_plain: AtomicBool,
-    /// The fallback runs as a script (no FUNCTION here), by this SHA1 if known.
+    /// The fallback runs as a script (no FUNCTION here): `EVAL` first, `EVALSHA` once the
+    /// servers were sent the text (`script_cached`).
     scripts: AtomicBool,
-    script_sha: Mutex<Option<String>>,
+    script_cached: AtomicBool,
+    /// `EVAL` is refused (renamed away, denied by ACL): the text goes by `SCRIPT LOAD`,
+    /// calls by `EVALSHA`.
+    eval_refused: AtomicBool,
+    /// `EVALSHA` is refused: every call sends the text (`EVAL`).
+    evalsha_refused: AtomicBool,
     batch: Option<u64>,
     batch_hold: Duration,
     credits: Option<Credits>,
@@ -1017,129 +1034,247 @@ impl Limiter {
         Ok(mode)
     }
 
+    /// Makes every master run our library version, per its `rl_version`: loads it where it
+    /// is missing, replaces an older one (keeping its settings), leaves a newer one (a
+    /// rolling deploy) in place. Where `FCALL` is refused (Redis 6.x, an ACL, a service that
+    /// disables Functions) or the library is missing and `FUNCTION` is refused, the
+    /// fallback runs as a script.
     async fn ensure_library(&self) -> Result<(), Error> {
+        let mut probe = redis::cmd("FCALL_RO");
+        probe.arg("rl_version").arg(0);
+        let replies = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(probe))
+            .await
+            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?
+            .map_err(Error::Redis)?;
+        let ours = library_version(LUA_LIBRARY).unwrap_or("");
+        for (node, reply) in replies {
+            let theirs = match reply {
+                Ok(v) => Some(redis::from_redis_value::<String>(v).unwrap_or_default()),
+                Err(e) if is_missing_function(&e) => None,
+                Err(e) if is_refused(&e) => {
+                    self.use_scripts(&e);
+                    return Ok(());
+                }
+                Err(e) => return Err(Error::Redis(e)),
+            };
+            if !self.load_on(node.as_ref(), ours, theirs).await? {
+                return Ok(()); // FUNCTION refused where the library is missing: scripts
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads our library on one node (`None`: the one server) as [`library_plan`] says for
+    /// the version there (`theirs`). A missing library is loaded without `REPLACE`, so one
+    /// another client loaded since we looked (maybe newer) is never overwritten: it is
+    /// looked at again, and replaced only if older. Returns false when the fallback moved to
+    /// scripts.
+    async fn load_on(
+        &self,
+        node: Option<&(String, u16)>,
+        ours: &str,
+        mut theirs: Option<String>,
+    ) -> Result<bool, Error> {
+        let at = node.map_or_else(String::new, |(h, p)| format!(" on {h}:{p}"));
+        for _ in 0..2 {
+            let plan = library_plan(theirs.as_deref(), ours);
+            match plan {
+                LibraryPlan::Keep => return Ok(true),
+                LibraryPlan::Newer => {
+                    // A newer client loaded it (a rolling deploy): it answers our calls too.
+                    tracing::warn!(target: "redis_rl_client", "redis-rl: the server{at} runs redis_rl library {}, newer than this client's ({ours}): left in place", theirs.as_deref().unwrap_or(""));
+                    return Ok(true);
+                }
+                _ if !self.inner.load_library => {
+                    if plan == LibraryPlan::Load {
+                        return Err(Error::Library(format!(
+                            "the redis_rl Functions library is not loaded{at} and load_library is false"
+                        )));
+                    }
+                    tracing::warn!(target: "redis_rl_client", "redis-rl: the server{at} runs an older redis_rl library than this client's ({ours}); load_library is false: not replaced");
+                    return Ok(true);
+                }
+                _ => {}
+            }
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD");
+            if plan == LibraryPlan::Replace {
+                load.arg("REPLACE").arg(self.configured_for(node).await);
+            } else {
+                load.arg(LUA_LIBRARY);
+            }
+            match self.node_query(&load, node).await? {
+                Ok(_) => {
+                    tracing::info!(target: "redis_rl_client", "redis-rl: loaded redis_rl library {ours}{at} (it had: {})", theirs.as_deref().unwrap_or("none"));
+                    return Ok(true);
+                }
+                Err(e) if plan == LibraryPlan::Load && e.to_string().contains("already exists") => {
+                    // Another client loaded it since we looked: "" (no rl_version) is older.
+                    let mut probe = redis::cmd("FCALL_RO");
+                    probe.arg("rl_version").arg(0);
+                    theirs = Some(match self.node_query(&probe, node).await? {
+                        Ok(v) => redis::from_redis_value::<String>(v).unwrap_or_default(),
+                        Err(e) if is_missing_function(&e) => String::new(),
+                        Err(e) => return Err(Error::Redis(e)),
+                    });
+                }
+                Err(e) if is_refused(&e) => {
+                    if theirs.is_some() {
+                        // FUNCTION denied: the library there will do.
+                        tracing::warn!(target: "redis_rl_client", "redis-rl: cannot load library {ours}{at} ({e}); using the one there");
+                        return Ok(true);
+                    }
+                    self.use_scripts(&e);
+                    return Ok(false);
+                }
+                Err(e) => return Err(Error::Redis(e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Our library's code with the settings of the library on `node` kept (an operator's
+    /// edited lines), read with `FUNCTION LIST … WITHCODE`; ours as it is if that fails.
+    async fn configured_for(&self, node: Option<&(String, u16)>) -> String {
         let mut list = redis::cmd("FUNCTION");
         list.arg("LIST")
             .arg("LIBRARYNAME")
             .arg(LIBRARY_NAME)
             .arg("WITHCODE");
-        let listed = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(list))
-            .await
-            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?;
-        let listings = match listed {
-            Ok(l) => l,
-            // No FUNCTION here (Redis 6.x, an ACL or a service that disables it): the
-            // fallback runs as a script.
-            Err(e) if is_refused(&e) => return self.use_scripts().await,
-            Err(e) => return Err(Error::Redis(e)),
-        };
-        let ours = library_version(LUA_LIBRARY).unwrap_or("");
-        let listed: Vec<Option<(String, String)>> = listings.iter().map(listed_library).collect();
-        let plans: Vec<LibraryPlan> = listed
-            .iter()
-            .map(|l| library_plan(l.as_ref().map(|(version, _)| version.as_str()), ours))
-            .collect();
-        if plans.contains(&LibraryPlan::Newer) {
-            // A newer client loaded it (a rolling deploy): it answers our calls too.
-            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library is newer than this client's ({ours}): left in place");
+        match self.node_query(&list, node).await {
+            Ok(Ok(listing)) => match listed_library(&listing) {
+                Some((_, theirs)) => configured_code(LUA_LIBRARY, &theirs),
+                None => LUA_LIBRARY.to_owned(),
+            },
+            _ => LUA_LIBRARY.to_owned(),
         }
-        if plans
-            .iter()
-            .all(|p| matches!(p, LibraryPlan::Keep | LibraryPlan::Newer))
+    }
+
+    /// Runs `cmd` on one node within the timeout: `Ok(Err(_))` is the server's error reply,
+    /// `Err` one that reached no server.
+    async fn node_query(
+        &self,
+        cmd: &Cmd,
+        node: Option<&(String, u16)>,
+    ) -> Result<Result<Value, RedisError>, Error> {
+        match tokio::time::timeout(self.inner.timeout, self.inner.conn.on_node(cmd, node, None))
+            .await
         {
-            return Ok(());
+            Err(_) => Err(Error::Redis(timed_out(self.inner.timeout))),
+            Ok(Err(e)) if e.code().is_none() => Err(Error::Redis(e)),
+            Ok(r) => Ok(r),
         }
-        if !self.inner.load_library {
-            if plans.contains(&LibraryPlan::Load) {
-                return Err(Error::Library(
-                    "the redis_rl Functions library is not loaded and load_library is false".into(),
-                ));
-            }
-            tracing::warn!(target: "redis_rl_client", "redis-rl: the server's redis_rl library is older than this client's ({ours})");
-            return Ok(());
-        }
-        if plans.contains(&LibraryPlan::Newer) {
-            // Some masters run a newer library: FUNCTION LOAD REPLACE goes to every master,
-            // so ours is not loaded at all rather than over the newer one.
-            return Ok(());
-        }
-        // An older library's settings (an operator's edited lines) are kept.
-        let code = plans
-            .iter()
-            .zip(&listed)
-            .find_map(|(plan, l)| match (plan, l) {
-                (LibraryPlan::Replace, Some((_, theirs))) => {
-                    Some(configured_code(LUA_LIBRARY, theirs))
-                }
-                _ => None,
-            })
-            .unwrap_or_else(|| LUA_LIBRARY.to_owned());
-        let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(code);
-        // FUNCTION LOAD goes to every master of a cluster.
-        self.raw(&load, None).await.map_err(Error::Redis)?;
-        Ok(())
     }
 
-    /// Switches the fallback to scripts: `SCRIPT LOAD` on every master for the SHA1 (if
-    /// `SCRIPT` is refused too, every call sends the text with `EVAL`).
-    async fn use_scripts(&self) -> Result<(), Error> {
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(script_text());
-        let loaded = tokio::time::timeout(self.inner.timeout, self.inner.conn.on_masters(load))
-            .await
-            .map_err(|_| Error::Redis(timed_out(self.inner.timeout)))?;
-        let sha = match loaded {
-            Ok(replies) => replies.iter().find_map(|v| match v {
-                Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-                Value::SimpleString(s) => Some(s.clone()),
-                _ => None,
-            }),
-            Err(e) if is_refused(&e) => None,
-            Err(e) => return Err(Error::Redis(e)),
-        };
+    /// Switches the fallback to scripts: `EVAL` first, `EVALSHA` once a server has the text.
+    fn use_scripts(&self, why: &RedisError) {
         if !self.inner.scripts.swap(true, Ordering::AcqRel) {
-            tracing::info!(target: "redis_rl_client", "redis-rl: FUNCTION is not available here: the Lua fallback runs as a script (EVALSHA)");
+            tracing::info!(target: "redis_rl_client", "redis-rl: no Functions library on this server ({why}): the Lua fallback runs as a script (EVAL, then EVALSHA)");
         }
-        *lock(&self.inner.script_sha) = sha;
-        Ok(())
     }
 
-    /// The command for `op`: the module's, `FCALL`, or the script (`EVALSHA`, or `EVAL` when
-    /// `text` or no SHA1 is known).
-    fn command(&self, mode: Mode, op: Op, keys: &[&str], args: &[Vec<u8>], text: bool) -> Cmd {
-        if mode != Mode::Fallback || !self.inner.scripts.load(Ordering::Acquire) {
-            return frame(mode, op, keys, args);
+    /// How the fallback is sent now: `FCALL`, or as a script (see [`Inner::scripts`]).
+    fn script_form(&self) -> Script {
+        let inner = &self.inner;
+        if !inner.scripts.load(Ordering::Acquire) {
+            Script::Functions
+        } else if inner.eval_refused.load(Ordering::Acquire) {
+            Script::Sha
+        } else if inner.evalsha_refused.load(Ordering::Acquire)
+            || !inner.script_cached.load(Ordering::Acquire)
+        {
+            Script::Text
+        } else {
+            Script::Sha
         }
-        let sha = lock(&self.inner.script_sha).clone();
-        let script = match (&sha, text) {
-            (Some(sha), false) => Script::Sha(sha),
-            _ => Script::Text,
-        };
-        frame_with(mode, script, op, keys, args)
+    }
+
+    /// How a call sent as a script goes on after error `e` (docs/clients.md#the-fallback-where-users-are):
+    /// NOSCRIPT (a node without the text: a restart, a failover, a node added to a Cluster)
+    /// sends the text there (`EVAL`, or `SCRIPT LOAD` where `EVAL` is refused); a refused
+    /// `EVAL` moves to `SCRIPT LOAD` + `EVALSHA`, a refused `EVALSHA` to `EVAL`. `None`: not
+    /// a scripting problem, or nothing left to try.
+    fn script_recovery(&self, sent: Script, e: &RedisError) -> Option<ScriptStep> {
+        let inner = &self.inner;
+        if sent == Script::Sha && is_noscript(e) {
+            if inner.eval_refused.load(Ordering::Acquire) {
+                return Some(ScriptStep::Load);
+            }
+            inner.script_cached.store(false, Ordering::Release);
+            return Some(ScriptStep::Retry);
+        }
+        if !is_refused(e) {
+            return None;
+        }
+        match sent {
+            Script::Text if !inner.eval_refused.swap(true, Ordering::AcqRel) => {
+                (!inner.evalsha_refused.load(Ordering::Acquire)).then_some(ScriptStep::Load)
+            }
+            Script::Sha if !inner.evalsha_refused.swap(true, Ordering::AcqRel) => {
+                (!inner.eval_refused.load(Ordering::Acquire)).then_some(ScriptStep::Retry)
+            }
+            _ => None,
+        }
+    }
+
+    /// The one clear error of a server with neither the module nor any way to run the fallback.
+    fn no_scripting(e: &RedisError) -> Error {
+        Error::Library(format!(
+            "redis-rl cannot decide on this server: it has no redis-rl module (RL.GCRA is not \
+             there) and refuses the Lua fallback both as a Functions library (FUNCTION/FCALL) and \
+             as scripts (EVAL/EVALSHA): {e}. Load the module, or allow FCALL and FUNCTION, or \
+             EVAL and EVALSHA, for this client"
+        ))
     }
 
     /// Runs one command in the resolved mode, detecting again once when the module
-    /// disappeared or the library was flushed (a restart, a failover).
+    /// disappeared or the library was flushed (a restart, a failover), and, as a script,
+    /// going on as [`Limiter::script_recovery`] says.
     async fn call(&self, op: Op, keys: &[&str], args: &[Vec<u8>]) -> Result<(Value, Mode), Error> {
-        let (mut reconnected, mut redetected, mut as_text) = (false, false, false);
-        loop {
+        let (mut reconnected, mut redetected) = (false, false);
+        for _ in 0..5 {
+            let mut form = Script::Functions;
             let (e, mode) = match self.mode().await {
                 Err(Error::Redis(e)) => (e, None),
                 Err(other) => return Err(other),
                 Ok(mode) => {
                     self.inner.counters.add(Counter::RedisCalls, 1);
                     let sent = Instant::now();
-                    match self
-                        .raw(
-                            &self.command(mode, op, keys, args, as_text),
-                            keys.first().copied(),
-                        )
-                        .await
-                    {
+                    if mode == Mode::Fallback {
+                        form = self.script_form();
+                    }
+                    let cmd = frame_with(mode, form, op, keys, args);
+                    match self.raw(&cmd, keys.first().copied()).await {
                         Ok(v) => {
                             self.observe_rtt(sent);
+                            if mode == Mode::Fallback && form == Script::Text {
+                                self.inner.script_cached.store(true, Ordering::Release);
+                            }
                             return Ok((v, mode));
+                        }
+                        Err(e)
+                            if mode == Mode::Fallback
+                                && form == Script::Functions
+                                && is_oom(&e) =>
+                        {
+                            // Out of memory the server refuses the writing function whole: its
+                            // no-writes twin answers denials, PEEK and QUANTITY 0
+                            // (docs/clients.md#out-of-memory).
+                            let Some(twin) = twin_frame(op, keys, args) else {
+                                return Err(Error::Redis(e));
+                            };
+                            self.inner.counters.add(Counter::RedisCalls, 1);
+                            return match self.raw(&twin, keys.first().copied()).await {
+                                Ok(v) => {
+                                    self.observe_rtt(sent);
+                                    Ok((v, mode))
+                                }
+                                // A library older than 1.3.0 has no twin: the OOM error stands.
+                                Err(again) if is_missing_function(&again) || is_refused(&again) => {
+                                    Err(Error::Redis(e))
+                                }
+                                Err(again) => Err(Error::Redis(again)),
+                            };
                         }
                         Err(e) => (e, Some(mode)),
                     }
@@ -1168,28 +1303,42 @@ impl Limiter {
                 self.inner.resolved.store(2, Ordering::Release);
                 continue;
             }
-            if mode == Some(Mode::Fallback) && self.inner.scripts.load(Ordering::Acquire) {
-                // A node without the script cached (a restart, a failover, a node added to
-                // a Cluster): once, with the text, which caches it there.
-                if !as_text && (e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT"))
-                {
-                    as_text = true;
-                    continue;
-                }
-                if is_refused(&e) {
-                    return Err(Error::Library(format!(
-                        "this server has no redis-rl module and refuses Lua scripts to this \
-                         client ({e}): load the module (MODULE LOAD), or allow FUNCTION or \
-                         EVAL/EVALSHA"
-                    )));
+            if mode == Some(Mode::Fallback) && form != Script::Functions {
+                match self.script_recovery(form, &e) {
+                    Some(ScriptStep::Retry) => continue,
+                    Some(ScriptStep::Load) => {
+                        self.script_load(keys.first().copied()).await?;
+                        continue;
+                    }
+                    None if is_refused(&e) => return Err(Self::no_scripting(&e)),
+                    None => {}
                 }
             }
-            if !redetected && mode == Some(Mode::Fallback) && is_missing_function(&e) {
+            if !redetected
+                && mode == Some(Mode::Fallback)
+                && form == Script::Functions
+                && is_missing_function(&e)
+            {
                 redetected = true;
                 self.inner.library_ready.store(false, Ordering::Release);
                 continue;
             }
             return Err(Error::Redis(e));
+        }
+        Err(Error::Library(format!(
+            "redis-rl: the fallback kept failing on this server ({op:?})"
+        )))
+    }
+
+    /// Sends the script's text with `SCRIPT LOAD` to the master of `key`'s slot (the one
+    /// server), where `EVAL` is refused.
+    async fn script_load(&self, key: Option<&str>) -> Result<(), Error> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script_text());
+        match self.raw(&load, key).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_refused(&e) => Err(Self::no_scripting(&e)),
+            Err(e) => Err(Error::Redis(e)),
         }
     }
 

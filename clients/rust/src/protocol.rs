@@ -79,6 +79,39 @@ impl Op {
             Op::Release => "rl_release",
         }
     }
+
+    /// The no-writes twin of a writing function that may grow memory (library 1.3.0):
+    /// `FCALL rl_<op>` carries no `allow-oom`, so the server refuses it whole when out of
+    /// memory, and `FCALL_RO rl_<op>_ro` answers what writes nothing (a denial, `PEEK`,
+    /// `QUANTITY 0`, an error) and the module's `OOM` error where the call would write
+    /// (docs/clients.md#out-of-memory). Refunds and releases only free: they have none.
+    pub(crate) fn twin(self) -> Option<&'static str> {
+        match self {
+            Op::Gcra => Some("rl_gcra_ro"),
+            Op::Window => Some("rl_window_ro"),
+            Op::All => Some("rl_all_ro"),
+            Op::Lease => Some("rl_lease_ro"),
+            Op::Refund | Op::Release => None,
+        }
+    }
+}
+
+/// `FCALL_RO rl_<op>_ro numkeys key … arg …`: the twin of [`Op::twin`], if `op` has one.
+pub(crate) fn twin_frame(op: Op, keys: &[&str], args: &[Vec<u8>]) -> Option<Cmd> {
+    let mut cmd = redis::cmd("FCALL_RO");
+    cmd.arg(op.twin()?).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    for a in args {
+        cmd.arg(a.as_slice());
+    }
+    Some(cmd)
+}
+
+/// The server is out of memory (`OOM command not allowed when used memory > 'maxmemory'.`).
+pub(crate) fn is_oom(e: &RedisError) -> bool {
+    e.code() == Some("OOM")
 }
 
 /// The fallback as a script, for servers where `FUNCTION` is not allowed (Redis 6.x,
@@ -90,14 +123,26 @@ pub(crate) fn script_text() -> &'static str {
         .map_or(LUA_LIBRARY, |(_, rest)| rest)
 }
 
+/// The SHA1 the server knows [`script_text`] by (`EVALSHA`), lower-case hex.
+pub(crate) fn script_sha() -> &'static str {
+    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SHA.get_or_init(|| {
+        use sha1::Digest;
+        sha1::Sha1::digest(script_text().as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    })
+}
+
 /// How the fallback is called: the Functions library, or the script by its SHA1 (`EVALSHA`)
 /// or by its text (`EVAL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Script<'a> {
+pub(crate) enum Script {
     /// `FCALL` (the Functions library).
     Functions,
     /// `EVALSHA <sha>`.
-    Sha(&'a str),
+    Sha,
     /// `EVAL <text>` (loads it into the node's script cache too).
     Text,
 }
@@ -105,7 +150,7 @@ pub(crate) enum Script<'a> {
 /// Builds the wire command for `op` in MODULE or FALLBACK mode (the fallback as `script`).
 pub(crate) fn frame_with(
     mode: Mode,
-    script: Script<'_>,
+    script: Script,
     op: Op,
     keys: &[&str],
     args: &[Vec<u8>],
@@ -114,9 +159,9 @@ pub(crate) fn frame_with(
         return frame(mode, op, keys, args);
     }
     let mut cmd = match script {
-        Script::Sha(sha) => {
+        Script::Sha => {
             let mut c = redis::cmd("EVALSHA");
-            c.arg(sha);
+            c.arg(script_sha());
             c
         }
         _ => {
@@ -214,21 +259,78 @@ impl Connection {
         }
     }
 
-    /// Runs `cmd` on every master (a cluster) or the one server; returns each reply.
-    pub(crate) async fn on_masters(&self, cmd: Cmd) -> Result<Vec<Value>, RedisError> {
+    /// Runs `cmd` on every master (a cluster) or the one server; returns each node's
+    /// address (`None`: the one server) and its reply, a server's error reply as `Err`. An
+    /// error that reached no node is the outer `Err`.
+    pub(crate) async fn on_masters(&self, cmd: Cmd) -> Result<Vec<NodeReply>, RedisError> {
         match self {
-            Connection::Single(c) => Ok(vec![cmd.query_async(&mut c.clone()).await?]),
+            Connection::Single(c) => Ok(vec![(
+                None,
+                server_reply(cmd.query_async(&mut c.clone()).await)?,
+            )]),
             Connection::Cluster(c) => {
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let reply = c.clone().route_command(cmd, routing).await?;
                 // Without a response policy the replies come back as a map: node -> reply.
                 Ok(match reply {
-                    Value::Map(pairs) => pairs.into_iter().map(|(_, v)| v).collect(),
-                    other => vec![other],
+                    Value::Map(pairs) => pairs
+                        .into_iter()
+                        .map(|(node, v)| (text(&node).and_then(|a| address(&a)), value_reply(v)))
+                        .collect(),
+                    other => vec![(None, value_reply(other))],
                 })
             }
         }
     }
+
+    /// Runs `cmd` on one node: `node` (an address from [`Connection::on_masters`]), or on a
+    /// cluster without one the master of `route_key`'s slot, or the one server.
+    pub(crate) async fn on_node(
+        &self,
+        cmd: &Cmd,
+        node: Option<&(String, u16)>,
+        route_key: Option<&str>,
+    ) -> Result<Value, RedisError> {
+        match (self, node) {
+            (Connection::Cluster(c), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                match c.clone().route_command(cmd.clone(), routing).await? {
+                    Value::ServerError(e) => Err(e.into()),
+                    v => Ok(v),
+                }
+            }
+            _ => self.query(cmd, route_key).await,
+        }
+    }
+}
+
+/// One node's reply to a command sent to every master: its address (`None`: the one
+/// server) and the reply, a server's error reply as `Err`.
+pub(crate) type NodeReply = (Option<(String, u16)>, Result<Value, RedisError>);
+
+/// A reply as [`NodeReply`]'s result: `Ok(Err(_))` for an error the server sent, `Err` for
+/// one that never reached it (a dropped connection, a timeout).
+fn server_reply(r: Result<Value, RedisError>) -> Result<Result<Value, RedisError>, RedisError> {
+    match r {
+        Err(e) if e.code().is_none() => Err(e),
+        other => Ok(other),
+    }
+}
+
+fn value_reply(v: Value) -> Result<Value, RedisError> {
+    match v {
+        Value::ServerError(e) => Err(e.into()),
+        v => Ok(v),
+    }
+}
+
+/// Reads a node's `host:port` (IPv6 hosts keep their colons).
+fn address(addr: &str) -> Option<(String, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host.to_owned(), port.parse().ok()?))
 }
 
 fn protocol_error(what: &str) -> RedisError {
@@ -413,10 +515,23 @@ pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
 }
 
 /// The server refuses a command to this client: unknown (Redis 6.x, a renamed or disabled
-/// command) or not permitted by its ACL.
+/// command), not permitted by its ACL, or a scripting command on a server that runs no Lua
+/// at all (Valkey 9.1 with its `lua` engine module unloaded: "Could not find scripting
+/// engine 'lua'", "Engine 'lua' not found"). A `NOPERM` on one of the keys (`… access one
+/// of the keys`) is not a refused command: it is reported as it is.
 pub(crate) fn is_refused(e: &RedisError) -> bool {
     let msg = e.to_string().to_lowercase();
-    e.code() == Some("NOPERM") || msg.contains("unknown command") || msg.contains("noperm")
+    let noperm = e.code() == Some("NOPERM") || msg.contains("noperm");
+    msg.contains("unknown command")
+        || (noperm && msg.contains("command"))
+        || msg.contains("engine 'lua'")
+        || msg.contains("scripting engine")
+}
+
+/// `EVALSHA` of a script the node does not have cached (a restart, a failover, `SCRIPT
+/// FLUSH`, a node added to a Cluster).
+pub(crate) fn is_noscript(e: &RedisError) -> bool {
+    e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT")
 }
 
 /// The Functions library is not (or no longer) loaded.
@@ -464,6 +579,27 @@ mod tests {
         assert_eq!(library_plan(Some("1.10.0"), "1.9.0"), LibraryPlan::Newer);
         assert_eq!(library_plan(Some(""), "1.1.0"), LibraryPlan::Replace);
         assert_eq!(library_plan(Some("x"), "1.1.0"), LibraryPlan::Replace);
+    }
+
+    #[test]
+    fn the_scripts_sha1_is_the_servers() {
+        use sha1::Digest;
+        let hex = |b: &[u8]| -> String {
+            sha1::Sha1::digest(b)
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect()
+        };
+        assert_eq!(hex(b"abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
+        assert_eq!(script_sha(), hex(script_text().as_bytes()));
+        assert_eq!(script_sha().len(), 40);
+    }
+
+    #[test]
+    fn node_addresses_are_read() {
+        assert!(address("127.0.0.1:7000") == Some(("127.0.0.1".into(), 7000)));
+        assert!(address("::1:7000") == Some(("::1".into(), 7000)));
+        assert!(address("nope").is_none());
     }
 
     #[test]

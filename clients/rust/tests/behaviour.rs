@@ -9,7 +9,9 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use redis_rl_client::{Algorithm, Entry, Error, Gcra, RetryAfter, Source, Window};
+use redis_rl_client::{
+    Algorithm, Entry, Error, FailurePolicy, Gcra, Lease, RetryAfter, Source, Window,
+};
 use support::{limiter, limiter_with, Kind};
 
 fn ms(r: RetryAfter) -> u128 {
@@ -42,6 +44,7 @@ both_modes!(
     batching_near_the_limit_takes_what_is_left,
     batching_fixed_window_never_exceeds_any_window,
     counters_and_hook,
+    out_of_memory_refuses_writes_and_still_denies,
 );
 
 async fn auto_mode_picks_module_or_fallback(kind: Kind) {
@@ -720,7 +723,7 @@ async fn without_function_the_fallback_runs_as_a_script() {
         .await
         .unwrap();
     match none.check("n", &g).await {
-        Err(Error::Library(m)) => assert!(m.contains("refuses Lua scripts"), "{m}"),
+        Err(Error::Library(m)) => assert!(m.contains("refuses the Lua fallback"), "{m}"),
         other => panic!("expected Error::Library, got {other:?}"),
     }
 }
@@ -792,5 +795,123 @@ async fn the_fallback_runs_by_evalsha_on_redis_6_2() {
         .await
         .unwrap();
     held.renew().await.unwrap();
+    held.release().await.unwrap();
+    let d = lim
+        .check_all([Entry::new("{u}:a", &g), Entry::new("{u}:b", &g)])
+        .await
+        .unwrap();
+    assert!(d.allowed && d.per_key.len() == 2);
+    assert_eq!(lim.refund("k", 1).await.unwrap().refunded, 1);
+    // The text once (EVAL), then its SHA1; 6.2 counts no subcommands.
+    let mut con = client.get_connection().unwrap();
+    let stats = |con: &mut redis::Connection| -> (u64, u64) {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+        let calls = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|r| r.split(',').next())
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        (calls("eval"), calls("evalsha"))
+    };
+    assert_eq!(stats(&mut con), (1, 7), "EVAL once, then EVALSHA");
+    // A restart's empty script cache: one NOSCRIPT, the text once more, decided.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    assert!(lim.check("k2", &g).await.unwrap().allowed);
+    assert_eq!(stats(&mut con), (2, 8));
+}
+
+/// docs/clients.md#out-of-memory: right after `CONFIG SET maxmemory 1` denials, peeks and cost 0
+/// are Redis's own answers, and the very next check that would write is refused (the server's
+/// OOM error, for the failure policy: here `Error`) and writes nothing, in both modes. As the
+/// fallback, the server refuses `FCALL rl_*` whole and the client asks its no-writes twin
+/// (`FCALL_RO rl_*_ro`) once. (An OOM error is an outage for the policy: inside its probe
+/// interval a limiter does not ask Redis, so each refused write here has a limiter of its own.)
+async fn out_of_memory_refuses_writes_and_still_denies(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter_with(&server, |b| {
+        b.on_error(FailurePolicy::Error).deny_cache(false)
+    })
+    .await;
+    let g = Gcra::new(1, 1, 3600).unwrap();
+    let w = Window::new(5, 3600, Algorithm::Fixed).unwrap();
+    let l = Lease::new(1, 60).unwrap();
+    assert!(lim.check("full", &g).await.unwrap().allowed);
+    assert!(lim.check("win", &w).await.unwrap().allowed);
+    let held = lim.acquire("lease", &l).await.unwrap();
+    let mut con = server.conn();
+    let keys = |con: &mut redis::Connection| -> i64 { common::q(con, &["DBSIZE"]) };
+    let before = keys(&mut con);
+    let twins = |server| {
+        support::command_stats(server)
+            .get("fcall_ro")
+            .copied()
+            .unwrap_or(0)
+    };
+    let ro_before = twins(&server);
+    let _: () = common::q(&mut con, &["CONFIG", "SET", "maxmemory", "1"]);
+    let source = match kind {
+        Kind::Module => Source::Module,
+        Kind::Fallback => Source::Fallback,
+    };
+    let denied = lim.check("full", &g).await.unwrap();
+    assert!(
+        !denied.allowed && !denied.degraded && denied.source == source,
+        "{denied:?}"
+    );
+    let peek = lim.check("win", &w).peek().await.unwrap();
+    assert!(
+        peek.allowed && peek.remaining == 3 && !peek.degraded,
+        "{peek:?}"
+    );
+    let zero = lim.check("new", &g).cost(0).await.unwrap();
+    assert!(
+        zero.allowed && zero.remaining == 1 && !zero.degraded,
+        "{zero:?}"
+    );
+    let all = lim
+        .check_all([Entry::new("full", &g), Entry::new("x", &w)])
+        .await
+        .unwrap();
+    assert!(
+        !all.allowed && !all.degraded && all.source == source,
+        "{all:?}"
+    );
+    match lim.acquire("lease", &l).await {
+        Err(Error::RateLimited(d)) => assert!(!d.allowed && !d.degraded, "{d:?}"),
+        other => panic!("expected a lease denial, got {other:?}"),
+    }
+    // Each refused write on a limiter of its own (the same keys).
+    let alone = || async {
+        redis_rl_client::Limiter::builder(support::url(&server))
+            .prefix(lim.prefix())
+            .on_error(FailurePolicy::Error)
+            .deny_cache(false)
+            .build()
+            .await
+            .unwrap()
+    };
+    let oom = |r: Result<redis_rl_client::Decision, Error>| match r {
+        Err(Error::Unavailable(e)) => assert_eq!(e.code(), Some("OOM"), "{e}"),
+        other => panic!("expected the server's OOM, got {other:?}"),
+    };
+    oom(alone().await.check("win", &w).await);
+    oom(alone().await.check("new", &g).await);
+    oom(alone()
+        .await
+        .check_all([Entry::new("{a}x", &g), Entry::new("{a}y", &w)])
+        .await);
+    assert_eq!(keys(&mut con), before, "nothing written out of memory");
+    if kind == Kind::Fallback {
+        let ro = twins(&server);
+        assert!(
+            ro >= ro_before + 8,
+            "every refused FCALL asked its twin: {ro_before} -> {ro}"
+        );
+    }
+    let _: () = common::q(&mut con, &["CONFIG", "SET", "maxmemory", "0"]);
+    let d = lim.check("win", &w).await.unwrap();
+    assert!(d.allowed && d.remaining == 3 && d.source == source, "{d:?}");
+    assert!(lim.check("new", &g).await.unwrap().allowed);
     held.release().await.unwrap();
 }

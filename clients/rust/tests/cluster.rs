@@ -210,3 +210,144 @@ async fn module_a_master_restarted_while_idle_answers_the_next_call() {
 async fn fallback_a_master_restarted_while_idle_answers_the_next_call() {
     a_master_restarted_while_idle_answers_the_next_call(Kind::Fallback).await;
 }
+
+/// docs/clients.md#the-fallback-where-users-are on a Cluster that grows under a running
+/// limiter: a master added with `CLUSTER MEET` after the limiter started, and the slot of a
+/// limited key migrated to it (as `redis-cli --cluster reshard` does). The new node has
+/// neither the library nor the script cached; the first call whose key lands there is
+/// decided there, from the migrated state, with one load on that node (`FUNCTION LOAD`
+/// as a library, one `EVAL` as scripts) and none anywhere else. `scripts`: `FUNCTION` renamed
+/// away on every node.
+async fn a_master_added_after_start_gets_the_fallback_once(scripts: bool) {
+    let extra: &[&str] = if scripts {
+        &["--rename-command", "FUNCTION", ""]
+    } else {
+        &[]
+    };
+    let loads = |s: &std::collections::HashMap<String, u64>| -> u64 {
+        let name = if scripts { "eval" } else { "function|load" };
+        s.get(name).copied().unwrap_or(0)
+    };
+    let mut cl = support::fallback_cluster_with(extra);
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    let lim = Limiter::cluster_builder(urls)
+        .prefix("grow:")
+        .on_error(redis_rl_client::FailurePolicy::Error)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    // Exact counts however long the test takes.
+    let w = Window::new(10, 3600, redis_rl_client::Algorithm::Log).unwrap();
+    let keys: Vec<String> = (0..12)
+        .map(|i| tag(&format!("user{i}"), &["api"]).unwrap())
+        .collect();
+    for k in &keys {
+        let d = lim.check(k.as_str(), &w).await.unwrap();
+        assert!(d.allowed && d.remaining == 9 && d.source == redis_rl_client::Source::Fallback);
+    }
+    let before: Vec<u64> = cl
+        .nodes
+        .iter()
+        .map(|n| loads(&support::command_stats(n)))
+        .collect();
+    let new = support::add_master(&mut cl, support::cluster_node(Kind::Fallback, extra));
+    let slot = common::key_slot(&format!("grow:{}", keys[0]));
+    support::move_slot(&cl, slot, new);
+    assert_eq!(loads(&support::command_stats(&cl.nodes[new])), 0);
+
+    // Routed by the limiter's old slot table: MOVED, then the new node.
+    let d = lim.check(keys[0].as_str(), &w).await.unwrap();
+    assert!(
+        d.allowed && !d.degraded && d.remaining == 8,
+        "decided on the new node from the migrated key: {d:?}"
+    );
+    let on_new = support::command_stats(&cl.nodes[new]);
+    assert_eq!(loads(&on_new), 1, "{on_new:?}");
+    if !scripts {
+        let v: String = redis::cmd("FCALL_RO")
+            .arg("rl_version")
+            .arg(0)
+            .query(&mut cl.nodes[new].conn())
+            .unwrap();
+        assert!(redis_rl_client::LUA_LIBRARY.contains(&format!("local VERSION = '{v}'")));
+    }
+    assert_eq!(lim.check(keys[0].as_str(), &w).await.unwrap().remaining, 7);
+    let on_new = support::command_stats(&cl.nodes[new]);
+    assert_eq!(loads(&on_new), 1, "loaded once, not per call: {on_new:?}");
+    if scripts {
+        assert!(
+            on_new.get("evalsha").copied().unwrap_or(0) >= 1,
+            "{on_new:?}"
+        );
+    }
+    for (i, n) in cl.nodes[..new].iter().enumerate() {
+        assert_eq!(
+            loads(&support::command_stats(n)),
+            before[i],
+            "no load on node {i}"
+        );
+    }
+    for k in &keys[1..] {
+        assert_eq!(lim.check(k.as_str(), &w).await.unwrap().remaining, 8);
+    }
+    let c = lim.counters().snapshot();
+    assert_eq!((c.errors, c.degraded), (0, 0), "{c:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_a_master_added_after_start_gets_the_fallback_once() {
+    a_master_added_after_start_gets_the_fallback_once(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_a_master_added_after_start_gets_the_fallback_once() {
+    a_master_added_after_start_gets_the_fallback_once(true).await;
+}
+
+/// A rolling deploy reached one master first: the older client keeps the newer library
+/// there and still loads its own where none is (each master has its own plan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_library_on_one_master_leaves_the_others_loaded() {
+    let cl = cluster(Kind::Fallback);
+    let ours = redis_rl_client::LUA_LIBRARY
+        .split("local VERSION = '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .unwrap()
+        .to_owned();
+    let newer = redis_rl_client::LUA_LIBRARY.replace(
+        &format!("local VERSION = '{ours}'"),
+        "local VERSION = '99.0.0'",
+    );
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(newer)
+        .query(&mut cl.nodes[0].conn())
+        .unwrap();
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    let lim = Limiter::cluster_builder(urls)
+        .prefix("nw:")
+        .on_error(redis_rl_client::FailurePolicy::Error)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let w = Window::new(5, 3600, redis_rl_client::Algorithm::Log).unwrap();
+    for i in 0..12 {
+        let k = tag(&format!("user{i}"), &["api"]).unwrap();
+        assert!(lim.check(k.as_str(), &w).await.unwrap().allowed, "{k}");
+    }
+    let versions: Vec<String> = cl
+        .nodes
+        .iter()
+        .map(|n| {
+            redis::cmd("FCALL_RO")
+                .arg("rl_version")
+                .arg(0)
+                .query(&mut n.conn())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(versions, ["99.0.0", ours.as_str(), ours.as_str()]);
+}

@@ -19,7 +19,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
-from redis.exceptions import NoPermissionError, RedisClusterException, SlotNotCoveredError
+from redis.exceptions import (
+    NoPermissionError,
+    OutOfMemoryError,
+    RedisClusterException,
+    SlotNotCoveredError,
+)
 
 from ._decision import Source
 from ._limits import GCRA, U64_MAX, Lease, Limit, non_negative
@@ -66,6 +71,30 @@ def frame(
     if op == "all":
         return [_MODULE_COMMAND[op], len(keys), *keys, *args]
     return [_MODULE_COMMAND[op], *keys, *args]
+
+
+#: The fallback's writing functions that may grow memory. Since library 1.3.0 they carry no
+#: allow-oom flag, so the server refuses their FCALL whole when out of memory, and each has a
+#: no-writes twin `rl_<op>_ro` (FCALL_RO) that answers what writes nothing: a denial, PEEK,
+#: QUANTITY 0, an error, and the module's OOM error where the call would write
+#: (docs/clients.md#out-of-memory).
+TWIN_OPS = frozenset({"gcra", "window", "lease", "all"})
+
+
+def twin_frame(op: str, keys: Sequence[str], args: Sequence[Arg]) -> list[Arg]:
+    """twin_frame: `FCALL_RO rl_<op>_ro numkeys key … arg …`, the no-writes twin."""
+    return ["FCALL_RO", f"rl_{op}_ro", len(keys), *keys, *args]
+
+
+def is_oom(exc: BaseException) -> bool:
+    """is_oom: the server is out of memory (`OOM command not allowed …`)."""
+    return isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM")
+
+
+def twin_missing(exc: BaseException) -> bool:
+    """twin_missing: the twin cannot answer (a library older than 1.3.0 has none, or FCALL_RO
+    is refused): the writing function's OOM error stands."""
+    return is_missing_function(exc) or functions_refused(exc) or is_no_permission(exc)
 
 
 def check_command(
@@ -191,13 +220,32 @@ def functions_refused(exc: BaseException) -> bool:
     msg = str(exc).lower()
     if "unknown command" in msg and ("fcall" in msg or "function" in msg):
         return True
-    return is_no_permission(exc)
+    return is_command_denied(exc) or is_lua_off(exc)
 
 
 def scripting_refused(exc: BaseException) -> bool:
-    """scripting_refused: EVAL / EVALSHA are not there or not allowed for this client."""
+    """scripting_refused: the EVAL, EVALSHA or SCRIPT just sent is not there (renamed away)
+    or not allowed for this client by its ACL."""
     msg = str(exc).lower()
-    return ("unknown command" in msg and "eval" in msg) or is_no_permission(exc)
+    return (
+        ("unknown command" in msg and ("eval" in msg or "script" in msg))
+        or is_command_denied(exc)
+        or is_lua_off(exc)
+    )
+
+
+def is_lua_off(exc: BaseException) -> bool:
+    """is_lua_off: the server runs no Lua at all (Valkey 9.1 with its `lua` engine module
+    unloaded: "Could not find scripting engine 'lua'", "Engine 'lua' not found")."""
+    msg = str(exc).lower()
+    return "engine 'lua'" in msg or "scripting engine" in msg
+
+
+def is_command_denied(exc: BaseException) -> bool:
+    """is_command_denied: the ACL refuses the command itself (`NOPERM … run the 'eval'
+    command`), not one of its keys (`NOPERM … access one of the keys`, a misuse to report
+    as it is, not a server without scripting)."""
+    return is_no_permission(exc) and "command" in str(exc).lower()
 
 
 def is_unknown_renew(exc: BaseException) -> bool:
@@ -273,13 +321,52 @@ class PoolState:
     renew: bool | None = None
     scripts: bool = False
     script_cached: bool = False
+    #: EVAL is refused (renamed away, denied by ACL): the text goes by SCRIPT LOAD, calls by
+    #: EVALSHA.
+    eval_refused: bool = False
+    #: EVALSHA is refused: every call sends the text (EVAL).
+    evalsha_refused: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def script_form(self) -> str | None:
         """script_form is frame's `script` for this pool."""
         if not self.scripts:
             return None
+        if self.eval_refused:
+            return "evalsha"
+        if self.evalsha_refused:
+            return "eval"
         return "evalsha" if self.script_cached else "eval"
-    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ScriptStep(str, enum.Enum):
+    """ScriptStep is how a scripts-mode call goes on after an error (script_recovery)."""
+
+    RETRY = "retry"  # send the call again, in the pool's (updated) form
+    LOAD = "load"  # SCRIPT LOAD the text on the key's node, then send it again by SHA1
+
+
+def script_recovery(state: PoolState, form: str, exc: BaseException) -> ScriptStep | None:
+    """script_recovery decides, from the error a scripts-mode call (`form` "eval" or
+    "evalsha") got, how the call goes on, and records what the server refuses in `state`:
+    NOSCRIPT (a node without the text: a restart, a failover, a node added to a Cluster)
+    sends the text there (EVAL, or SCRIPT LOAD where EVAL is refused); a refused EVAL moves
+    to SCRIPT LOAD + EVALSHA, a refused EVALSHA to EVAL. None: not a scripting problem (or
+    nothing is left to try: the caller raises the one clear error when scripting_refused)."""
+    if form == "evalsha" and is_noscript(exc):
+        if state.eval_refused:
+            return ScriptStep.LOAD
+        state.script_cached = False
+        return ScriptStep.RETRY
+    if not scripting_refused(exc):
+        return None
+    if form == "eval" and not state.eval_refused:
+        state.eval_refused = True
+        return None if state.evalsha_refused else ScriptStep.LOAD
+    if form == "evalsha" and not state.evalsha_refused:
+        state.evalsha_refused = True
+        return None if state.eval_refused else ScriptStep.RETRY
+    return None
 
 
 _states: weakref.WeakKeyDictionary[Any, PoolState] = weakref.WeakKeyDictionary()

@@ -24,12 +24,14 @@ from ._base import HeldBase, LimiterBase, LimitEntry, Refund, Release, duration_
 from ._decision import Decision, decision_from_reply, ms_to_timedelta
 from ._limits import MAX_SECONDS, Lease, Limit, check_token, positive
 from ._local import Credit
-from ._policy import RateLimitExceeded, is_connection_level, is_unavailable
+from ._policy import LimiterError, RateLimitExceeded, is_connection_level, is_unavailable
 from ._protocol import (
     Arg,
     LibraryPlan,
     Mode,
     PARSE_ERRORS,
+    ScriptStep,
+    TWIN_OPS,
     check_command,
     cluster_route,
     command_exists,
@@ -39,16 +41,20 @@ from ._protocol import (
     ints,
     is_missing_function,
     is_no_permission,
-    is_noscript,
+    is_oom,
     is_unknown_command,
     is_unknown_renew,
     library_code,
     library_version,
     parse_config,
     pool_state,
+    script_body,
+    script_recovery,
     scripting_refused,
     source_of,
     text,
+    twin_frame,
+    twin_missing,
 )
 
 __all__ = ["AsyncHeld", "AsyncLimiter"]
@@ -167,67 +173,119 @@ class AsyncLimiter(LimiterBase):
                     raise
                 theirs = None
             where = "" if node is None else f" on {node.name}"
+            await self._load_on(node, code, ours, theirs, where)
+            if self._state.scripts:
+                return
+
+    async def _load_on(self, node: Any, code: str, ours: str, theirs: str | None, where: str) -> None:
+        """_load_on loads our library on one node where library_action says so. A library
+        that is missing is loaded without REPLACE, so one that another client loaded since
+        we looked (maybe a newer one, in a rolling deploy) is never overwritten: it is
+        looked at again, and replaced only if it is older."""
+        for _ in (0, 1):
             plan = self.library_action(theirs, ours, where)
             if plan is None:
-                continue
+                return
             load = code
             if plan is LibraryPlan.REPLACE:
                 try:
-                    load = configured_code(
-                        code, parse_config(await self._on(node, "FCALL_RO", "rl_config", 0))
-                    )
+                    load = configured_code(code, parse_config(await self._on(node, "FCALL_RO", "rl_config", 0)))
                 except redis.ResponseError:
                     pass  # a library too old to report its settings: ours are the defaults
+            words: list[Arg] = ["FUNCTION", "LOAD", "REPLACE"] if plan is LibraryPlan.REPLACE else ["FUNCTION", "LOAD"]
             try:
-                await self._on(node, "FUNCTION", "LOAD", "REPLACE", load)
+                await self._on(node, *words, load)
             except redis.ResponseError as e:
+                if plan is LibraryPlan.LOAD and "already exists" in str(e).lower():
+                    # Another client loaded it since we looked: "" (no rl_version) is older.
+                    try:
+                        theirs = text(await self._on(node, "FCALL_RO", "rl_version", 0))
+                    except redis.ResponseError as again:
+                        if not is_missing_function(again):
+                            raise
+                        theirs = ""
+                    continue
                 if not functions_refused(e):
                     raise
                 if theirs is not None:  # FUNCTION denied: the library there will do
                     self.logger.warning(
                         "redis-rl: cannot load library %s%s (%s); using the %s there", ours, where, e, theirs
                     )
-                    continue
+                    return
                 self.use_scripts(e)  # FUNCTION renamed away or denied: run as scripts
                 return
             self.logger.info(
                 "redis-rl: loaded redis_rl library %s%s (it had: %s)", ours, where, theirs or "none"
             )
+            return
 
     async def _call(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode]:
-        for attempt in (0, 1):
+        """_call: see `Limiter._call`."""
+        redetected = False
+        for _ in range(4):
             mode = await self._mode()
             self.counters.add("redis_calls")
             sent = time.monotonic()
+            form = self._state.script_form() if mode is Mode.FALLBACK else None
+            command = frame(mode, op, keys, args, form)
+            route = (
+                cluster_route(self.redis, command[0], keys)
+                if isinstance(self.redis, aredis.RedisCluster)
+                else {}
+            )
             try:
-                form = self._state.script_form() if mode is Mode.FALLBACK else None
-                command = frame(mode, op, keys, args, form)
-                route = (
-                    cluster_route(self.redis, command[0], keys)
-                    if isinstance(self.redis, aredis.RedisCluster)
-                    else {}
-                )
                 reply = await self._exec(*command, **route)
-                self.observe_rtt(sent)
-                if form == "eval":
-                    self._state.script_cached = True  # the server has the text now
-                return reply, mode
             except redis.ResponseError as e:
-                if attempt == 0 and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
+                if form is None and mode is Mode.FALLBACK and op in TWIN_OPS and is_oom(e):
+                    # Out of memory the server refuses the writing function whole: its twin
+                    # answers denials, PEEK and QUANTITY 0 (docs/clients.md#out-of-memory).
+                    reply = await self._twin(op, keys, args, route, e)
+                    self.observe_rtt(sent)
+                    return reply, mode
+                if not redetected and mode is Mode.MODULE and self.mode_setting is Mode.AUTO and is_unknown_command(e):
                     # The module is not (or no longer) there: the fallback answers.
+                    redetected = True
                     self._state.mode = Mode.FALLBACK
                     continue
-                if attempt == 0 and mode is Mode.FALLBACK and is_missing_function(e):
+                if not redetected and form is None and mode is Mode.FALLBACK and is_missing_function(e):
+                    redetected = True
                     self._state.library_ready = False
                     continue
-                if form is not None and is_noscript(e):
-                    if attempt == 0:  # a node without the text: send it there, once
-                        self._state.script_cached = False
-                        continue
-                if form is not None and scripting_refused(e):
+                if form is None:
+                    raise
+                step = script_recovery(self._state, form, e)
+                if step is ScriptStep.LOAD:
+                    await self._script_load(route)
+                if step is not None:
+                    continue
+                if scripting_refused(e):
                     raise self.no_scripting(e) from e
                 raise
-        raise AssertionError("unreachable")  # pragma: no cover
+            self.observe_rtt(sent)
+            if form == "eval":
+                self._state.script_cached = True  # the server has the text now
+            return reply, mode
+        raise LimiterError(f"redis-rl: the fallback's scripts kept failing on this server ({op})")
+
+    async def _twin(self, op: str, keys: list[str], args: list[Arg], route: dict[str, Any], oom: BaseException) -> Any:
+        """_twin: see `Limiter._twin`."""
+        self.counters.add("redis_calls")
+        try:
+            return await self._exec(*twin_frame(op, keys, args), **route)
+        except redis.ResponseError as e:
+            if twin_missing(e):
+                raise oom from None
+            raise
+
+    async def _script_load(self, route: dict[str, Any]) -> None:
+        """_script_load sends the script's text with SCRIPT LOAD to the node `route` names
+        (the call's key's master; the one server), where EVAL is refused."""
+        try:
+            await self._exec("SCRIPT", "LOAD", script_body(), **route)
+        except redis.ResponseError as e:
+            if scripting_refused(e):
+                raise self.no_scripting(e) from e
+            raise
 
     async def _guarded(self, op: str, keys: list[str], args: list[Arg]) -> tuple[Any, Mode] | BaseException:
         """_guarded: see `Limiter._guarded` (a connection-level failure is tried once more on

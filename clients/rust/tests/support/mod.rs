@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
 
 use redis_rl_client::{Limiter, LimiterBuilder, Mode};
 
@@ -181,15 +182,29 @@ pub fn cluster(kind: Kind) -> Cluster {
     if kind == Kind::Module {
         return Cluster::start(3);
     }
+    fallback_cluster_with(&[])
+}
+
+/// A cluster node for `kind` (no module for the fallback), with `extra` words
+/// (`--rename-command FUNCTION ""`), not yet in any cluster.
+pub fn cluster_node(kind: Kind, extra: &[&str]) -> Server {
+    init();
+    let b = if kind == Kind::Module {
+        Server::builder()
+    } else {
+        Server::builder().no_module()
+    };
+    b.arg("cluster-enabled", "yes")
+        .arg("cluster-config-file", "nodes.conf")
+        .arg("cluster-node-timeout", "5000")
+        .words(extra)
+        .start()
+}
+
+/// A three-master cluster without the module whose nodes start with `extra` words.
+pub fn fallback_cluster_with(extra: &[&str]) -> Cluster {
     let nodes: Vec<Server> = (0..3)
-        .map(|_| {
-            Server::builder()
-                .no_module()
-                .arg("cluster-enabled", "yes")
-                .arg("cluster-config-file", "nodes.conf")
-                .arg("cluster-node-timeout", "5000")
-                .start()
-        })
+        .map(|_| cluster_node(Kind::Fallback, extra))
         .collect();
     let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
     args.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
@@ -206,4 +221,147 @@ pub fn cluster(kind: Kind) -> Cluster {
     let c = Cluster { nodes };
     c.wait_ok();
     c
+}
+
+/// Whether `con`'s node lists `id` as a connected master (the handshake over) and the
+/// cluster as ok.
+fn knows(con: &mut redis::Connection, id: &str) -> bool {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(con).unwrap();
+    let info: String = redis::cmd("CLUSTER").arg("INFO").query(con).unwrap();
+    info.contains("cluster_state:ok")
+        && nodes.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 7
+                && f[0] == id
+                && f[2].contains("master")
+                && !f[2].contains("handshake")
+                && f[7] == "connected"
+        })
+}
+
+/// Adds `node` (started by [`cluster_node`]) to `cluster` as a master without slots:
+/// `CLUSTER MEET`, then waits until every node knows it. Returns its index in `nodes`.
+pub fn add_master(cluster: &mut Cluster, node: Server) -> usize {
+    let mut c = cluster.nodes[0].conn();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("MEET")
+        .arg("127.0.0.1")
+        .arg(node.port)
+        .query(&mut c)
+        .unwrap();
+    let id = Cluster::node_id(&node);
+    cluster.nodes.push(node);
+    for n in &cluster.nodes {
+        let mut con = n.conn();
+        crate::common::wait_until("the new master is known", Duration::from_secs(30), || {
+            knows(&mut con, &id)
+        });
+    }
+    cluster.nodes.len() - 1
+}
+
+/// Moves `slot` with its keys from its owner to `cluster.nodes[to]`, as `redis-cli
+/// --cluster reshard` does (SETSLOT IMPORTING / MIGRATING, MIGRATE, SETSLOT NODE on every
+/// node), and waits until every node sends the slot to it.
+pub fn move_slot(cluster: &Cluster, slot: u16, to: usize) {
+    let src = cluster
+        .nodes
+        .iter()
+        .position(|n| slot_owner(n, slot) == Some(Cluster::node_id(n)))
+        .expect("the slot's owner");
+    let dst = &cluster.nodes[to];
+    let (src_id, dst_id) = (Cluster::node_id(&cluster.nodes[src]), Cluster::node_id(dst));
+    let mut s = cluster.nodes[src].conn();
+    let mut d = dst.conn();
+    let setslot = |c: &mut redis::Connection, how: &str, id: &str| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(how)
+            .arg(id)
+            .query(c)
+            .unwrap();
+    };
+    setslot(&mut d, "IMPORTING", &src_id);
+    setslot(&mut s, "MIGRATING", &dst_id);
+    loop {
+        let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut s)
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        let _: redis::Value = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(dst.port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(keys)
+            .query(&mut s)
+            .unwrap();
+    }
+    setslot(&mut d, "NODE", &dst_id);
+    setslot(&mut s, "NODE", &dst_id);
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        if i != src && i != to {
+            setslot(&mut n.conn(), "NODE", &dst_id);
+        }
+    }
+    for n in &cluster.nodes {
+        crate::common::wait_until(
+            "the slot's new owner is known",
+            Duration::from_secs(30),
+            || slot_owner(n, slot).as_deref() == Some(dst_id.as_str()),
+        );
+    }
+}
+
+/// The node id `node` sends `slot` to (its `CLUSTER SLOTS`).
+fn slot_owner(node: &Server, slot: u16) -> Option<String> {
+    let mut c = node.conn();
+    let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).unwrap();
+    slots.iter().find_map(|r| {
+        let redis::Value::Array(p) = r else {
+            return None;
+        };
+        match (p.first(), p.get(1), p.get(2)) {
+            (
+                Some(redis::Value::Int(lo)),
+                Some(redis::Value::Int(hi)),
+                Some(redis::Value::Array(master)),
+            ) if (*lo..=*hi).contains(&i64::from(slot)) => match master.get(2) {
+                Some(redis::Value::BulkString(id)) => {
+                    Some(String::from_utf8_lossy(id).into_owned())
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    })
+}
+
+/// A server's `INFO commandstats` calls by command name (`function|load`, `evalsha`, …).
+pub fn command_stats(server: &Server) -> std::collections::HashMap<String, u64> {
+    let mut c = server.conn();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_lowercase(), calls))
+        })
+        .collect()
 }
