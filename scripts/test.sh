@@ -106,9 +106,9 @@ if [ "$py_ready" -eq 1 ]; then
 fi
 export RL_PYTHON="$PWD/$PYVENV/bin/python"
 
-# ---- The Go package (clients/go): the Lua library copied into it from scripts/lua (go
-# generate: the copy is ignored by git), its modules downloaded, its tests compiled.
-build go -C clients/go generate ./...
+# ---- The Go package (clients/go): its modules downloaded, its tests compiled. No go generate:
+# the suite runs on the committed copy of the Lua library (clients/go/redis_rl.lua), so
+# TestLibraryIsTheRepositoryCopy fails when that copy is stale.
 build go -C clients/go test -count=1 -run '^$' ./...
 build go -C clients/go/rlgin test -count=1 -run '^$' ./...
 

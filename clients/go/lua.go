@@ -10,8 +10,9 @@ import (
 // LuaLibrary is the project's Lua fallback, the Functions library redis_rl, embedded from
 // the repository's one copy, scripts/lua/redis_rl.lua.
 //
-// The package directory holds a copy made by `go generate` (ignored by git, so there is one
-// hand-kept text); TestLibraryIsTheRepositoryCopy fails when the copy is stale. Load it
+// The package directory holds a copy written by `go generate` and committed, so that the
+// module builds on its own (see GENERATED.md: do not edit it); TestLibraryIsTheRepositoryCopy
+// and make lint fail when the copy differs from scripts/lua/redis_rl.lua. Load it
 // yourself with FUNCTION LOAD REPLACE where clients may not run FUNCTION LOAD (see
 // WithLoadLibrary).
 //

@@ -1,7 +1,8 @@
 // Command copylua copies the repository's one Lua library, scripts/lua/redis_rl.lua, into
 // the package directory, where lua.go embeds it. `go generate` in clients/go runs it (make
-// test and make lint do too); the copy is ignored by git, so the repository keeps one
-// hand-kept copy. It writes only when the text differs.
+// test and make lint compare the two instead); the copy is committed so that the module
+// builds from its own files, and it is generated, never edited (GENERATED.md). It writes
+// only when the text differs.
 package main
 
 import (
