@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,9 +31,15 @@ type Client struct {
 
 	resolved     atomic.Uint32 // 0: not detected; 1: module; 2: fallback
 	libraryReady atomic.Bool
-	scripts      atomic.Bool // the fallback runs as a script (no FUNCTION here)
-	sha          atomic.Pointer[string]
 	detectMu     sync.Mutex
+	// The fallback runs as a script (no Functions library here): EVAL first, EVALSHA once
+	// a server was sent the text (scriptCached). evalRefused: EVAL is renamed away or
+	// denied, so the text goes by SCRIPT LOAD and calls by EVALSHA; evalshaRefused: every
+	// call sends the text (docs/clients.md#the-fallback-where-users-are).
+	scripts        atomic.Bool
+	scriptCached   atomic.Bool
+	evalRefused    atomic.Bool
+	evalshaRefused atomic.Bool
 
 	counters  Counters
 	health    health
@@ -616,6 +623,17 @@ func (c *Client) guarded(ctx context.Context, o op, keys []string, args []any) (
 // position (0: none) for Cluster routing. When ctx ends first its error is returned; when
 // the client's own timeout runs out, errTimedOut (an outage).
 func (c *Client) raw(ctx context.Context, args []any, pos int) (any, error) {
+	return c.rawOn(ctx, c.rdb, args, pos)
+}
+
+// processor is what rawOn sends through: the client's go-redis client, or one node of a
+// Cluster (*redis.Client).
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// rawOn is raw through p (one node of a Cluster, for what each master is asked).
+func (c *Client) rawOn(ctx context.Context, p processor, args []any, pos int) (any, error) {
 	tctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	cmd := redis.NewCmd(tctx, args...)
@@ -623,13 +641,13 @@ func (c *Client) raw(ctx context.Context, args []any, pos int) (any, error) {
 		cmd.SetFirstKeyPos(int8(pos))
 	}
 	if c.ctxDeadline {
-		_ = c.rdb.Process(tctx, cmd)
+		_ = p.Process(tctx, cmd)
 	} else {
 		// go-redis reads with its own ReadTimeout unless ContextTimeoutEnabled is set: wait
 		// on the context here, so a paused server costs no more than the timeout.
 		done := make(chan struct{})
 		go func() {
-			_ = c.rdb.Process(tctx, cmd)
+			_ = p.Process(tctx, cmd)
 			close(done)
 		}()
 		select {
@@ -712,26 +730,20 @@ func (c *Client) detect(ctx context.Context) (Mode, error) {
 	return m, nil
 }
 
-// onMasters runs args on every master (a Cluster) or the one server; returns each reply.
-func (c *Client) onMasters(ctx context.Context, args []any) ([]any, error) {
+// masters are the servers a library plan is made for: every master of a Cluster (its slots
+// read again, so a master added since the last look is among them), sorted by address, or
+// the one server (a nil node: the client itself).
+func (c *Client) masters(ctx context.Context) ([]*redis.Client, error) {
 	if c.cluster == nil {
-		v, err := c.raw(ctx, args, 0)
-		if err != nil {
-			return nil, err
-		}
-		return []any{v}, nil
+		return []*redis.Client{nil}, nil
 	}
 	var mu sync.Mutex
-	var out []any
+	var out []*redis.Client
 	tctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	err := c.cluster.ForEachMaster(tctx, func(ctx context.Context, node *redis.Client) error {
-		v, err := node.Do(ctx, args...).Result()
-		if err != nil {
-			return err
-		}
+	err := c.cluster.ForEachMaster(tctx, func(_ context.Context, node *redis.Client) error {
 		mu.Lock()
-		out = append(out, v)
+		out = append(out, node)
 		mu.Unlock()
 		return nil
 	})
@@ -741,114 +753,268 @@ func (c *Client) onMasters(ctx context.Context, args []any) ([]any, error) {
 		}
 		return nil, err
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Options().Addr < out[j].Options().Addr })
 	return out, nil
 }
 
-// ensureLibrary makes sure every master runs our library (or a newer one), loading it when
-// it is missing or older and loading is allowed; where FUNCTION is refused, the fallback
-// runs as a script.
+// onNode runs a keyless command on node (nil: the one server) within the client's timeout.
+func (c *Client) onNode(ctx context.Context, node *redis.Client, args ...any) (any, error) {
+	if node == nil {
+		return c.raw(ctx, args, 0)
+	}
+	return c.rawOn(ctx, node, args, 0)
+}
+
+func where(node *redis.Client) string {
+	if node == nil {
+		return ""
+	}
+	return " on " + node.Options().Addr
+}
+
+// ensureLibrary makes every master run our library version or a newer one, each by its own
+// plan (docs/clients.md#the-fallback-where-users-are): asked FCALL_RO rl_version 0, a
+// master without the library gets it (loadOn), one with an older library has it replaced
+// (its operator's settings kept), one with a newer library (a rolling deploy) keeps it.
+// Where FCALL is refused (Redis 6.x, an ACL, a service that disables Functions), or the
+// library is missing and FUNCTION is refused, the fallback runs as a script.
 func (c *Client) ensureLibrary(ctx context.Context) error {
-	listings, err := c.onMasters(ctx, []any{"FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE"})
+	nodes, err := c.masters(ctx)
 	if err != nil {
-		if isRefused(err) {
-			return c.useScripts(ctx)
-		}
 		return err
 	}
 	ours := libraryVersion(LuaLibrary)
-	plans := make([]libraryPlan, len(listings))
-	codes := make([]string, len(listings))
-	newer := false
-	for i, l := range listings {
-		version, code, loaded := listedLibrary(l)
-		plans[i], codes[i] = planFor(version, loaded, ours), code
-		newer = newer || plans[i] == planNewer
-	}
-	if newer {
-		c.health.logger.Warn("redis-rl: the server's redis_rl library is newer than this client's: left in place", slog.String("ours", ours))
-	}
-	todo, missing := false, false
-	replaced := ""
-	for i, p := range plans {
-		switch p {
-		case planLoad:
-			todo, missing = true, true
-		case planReplace:
-			todo = true
-			if replaced == "" {
-				replaced = configuredCode(LuaLibrary, codes[i])
+	for _, node := range nodes {
+		theirs, loaded, err := c.libraryOn(ctx, node)
+		if err != nil {
+			if isRefused(err) {
+				c.useScripts(err)
+				return nil
 			}
+			return err
+		}
+		scripts, err := c.loadOn(ctx, node, ours, theirs, loaded)
+		if err != nil || scripts {
+			return err
 		}
 	}
-	if !todo {
-		return nil
-	}
-	if !c.loadLibrary {
-		if missing {
-			return &libraryError{"the redis_rl Functions library is not loaded and loading it is not allowed (WithLoadLibrary(false))"}
-		}
-		c.health.logger.Warn("redis-rl: the server's redis_rl library is older than this client's", slog.String("ours", ours))
-		return nil
-	}
-	if newer {
-		// FUNCTION LOAD REPLACE goes to every master: rather none than over a newer one.
-		return nil
-	}
-	code := LuaLibrary
-	if replaced != "" {
-		code = replaced
-	}
-	_, err = c.onMasters(ctx, []any{"FUNCTION", "LOAD", "REPLACE", code})
-	return err
-}
-
-// useScripts switches the fallback to scripts: SCRIPT LOAD on every master for the SHA1 (if
-// SCRIPT is refused too, every call sends the text with EVAL).
-func (c *Client) useScripts(ctx context.Context) error {
-	replies, err := c.onMasters(ctx, []any{"SCRIPT", "LOAD", scriptText()})
-	var sha string
-	switch {
-	case err == nil:
-		for _, r := range replies {
-			if s, ok := r.(string); ok {
-				sha = s
-				break
-			}
-		}
-	case isRefused(err):
-	default:
-		return err
-	}
-	if !c.scripts.Swap(true) {
-		c.health.logger.Info("redis-rl: FUNCTION is not available here: the Lua fallback runs as a script (EVALSHA)")
-	}
-	c.sha.Store(&sha)
 	return nil
 }
 
-// frameFor is the wire command for o in mode.
-func (c *Client) frameFor(mode Mode, o op, keys []string, args []any, asText bool) ([]any, int) {
-	if mode != ModeFallback || !c.scripts.Load() {
-		return frame(mode, viaFunctions, "", o, keys, args)
+// libraryOn asks node which library version it runs (FCALL_RO rl_version 0); loaded is
+// false when it has none. A library so old it has no rl_version counts as missing here,
+// and as version "" (older than any) once FUNCTION LOAD says it exists.
+func (c *Client) libraryOn(ctx context.Context, node *redis.Client) (version string, loaded bool, err error) {
+	v, err := c.onNode(ctx, node, "FCALL_RO", "rl_version", "0")
+	if err != nil {
+		if isMissingFunction(err) {
+			return "", false, nil
+		}
+		return "", false, err
 	}
-	if p := c.sha.Load(); p != nil && *p != "" && !asText {
-		return frame(mode, viaSHA, *p, o, keys, args)
+	version, _ = v.(string)
+	return version, true, nil
+}
+
+// loadOn loads our library on node as planFor says for the version there. A missing
+// library is loaded without REPLACE, so one another client loaded since we looked (maybe a
+// newer one) is never overwritten: it is looked at again, and replaced only if it is older.
+// scripts is true when the fallback moved to scripts (FUNCTION refused, no library there).
+func (c *Client) loadOn(ctx context.Context, node *redis.Client, ours, theirs string, loaded bool) (scripts bool, err error) {
+	at := where(node)
+	log := c.health.logger
+	for range 2 {
+		plan := planFor(theirs, loaded, ours)
+		switch plan {
+		case planKeep:
+			return false, nil
+		case planNewer:
+			// A newer client loaded it (a rolling deploy): it answers our calls too.
+			log.Warn("redis-rl: the server"+at+" runs a newer redis_rl library than this client's: left in place",
+				slog.String("theirs", theirs), slog.String("ours", ours))
+			return false, nil
+		}
+		if !c.loadLibrary {
+			if plan == planLoad {
+				return false, &libraryError{"the redis_rl Functions library is not loaded" + at + " and loading it is not allowed (WithLoadLibrary(false))"}
+			}
+			log.Warn("redis-rl: the server"+at+" runs an older redis_rl library than this client's; WithLoadLibrary(false): not replaced",
+				slog.String("theirs", theirs), slog.String("ours", ours))
+			return false, nil
+		}
+		load := []any{"FUNCTION", "LOAD", LuaLibrary}
+		if plan == planReplace {
+			load = []any{"FUNCTION", "LOAD", "REPLACE", c.configuredFor(ctx, node)}
+		}
+		_, err := c.onNode(ctx, node, load...)
+		switch {
+		case err == nil:
+			had := theirs
+			if !loaded {
+				had = "none"
+			}
+			log.Info("redis-rl: loaded the redis_rl library"+at, slog.String("ours", ours), slog.String("had", had))
+			return false, nil
+		case plan == planLoad && strings.Contains(strings.ToLower(serverError(err)), "already exists"):
+			// Another client loaded it since we looked: "" (no rl_version) is older.
+			v, err := c.onNode(ctx, node, "FCALL_RO", "rl_version", "0")
+			if err != nil && !isMissingFunction(err) {
+				return false, err
+			}
+			theirs, loaded = "", true
+			if err == nil {
+				theirs, _ = v.(string)
+			}
+		case isRefused(err):
+			if loaded {
+				// FUNCTION denied: the library there will do.
+				log.Warn("redis-rl: cannot load the redis_rl library"+at+"; using the one there",
+					slog.String("theirs", theirs), slog.String("ours", ours), slog.String("error", err.Error()))
+				return false, nil
+			}
+			c.useScripts(err)
+			return true, nil
+		default:
+			return false, err
+		}
 	}
-	return frame(mode, viaText, "", o, keys, args)
+	return false, nil
+}
+
+// configuredFor is our library's code with the settings of the library on node kept (an
+// operator's edited lines), read with FUNCTION LIST ... WITHCODE; ours as it is if that
+// fails.
+func (c *Client) configuredFor(ctx context.Context, node *redis.Client) string {
+	v, err := c.onNode(ctx, node, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE")
+	if err != nil {
+		return LuaLibrary
+	}
+	if _, code, loaded := listedLibrary(v); loaded {
+		return configuredCode(LuaLibrary, code)
+	}
+	return LuaLibrary
+}
+
+// useScripts switches the fallback to scripts: EVAL first, EVALSHA once a server has the
+// text.
+func (c *Client) useScripts(why error) {
+	if !c.scripts.Swap(true) {
+		c.health.logger.Info("redis-rl: no Functions library on this server: the Lua fallback runs as a script (EVAL, then EVALSHA)",
+			slog.String("why", why.Error()))
+	}
+}
+
+// scriptForm is how the fallback is sent now: FCALL, or as a script (see Client.scripts).
+func (c *Client) scriptForm() scriptCall {
+	switch {
+	case !c.scripts.Load():
+		return viaFunctions
+	case c.evalRefused.Load():
+		return viaSHA
+	case c.evalshaRefused.Load() || !c.scriptCached.Load():
+		return viaText
+	}
+	return viaSHA
+}
+
+// scriptStep is how a call sent as a script goes on after an error.
+type scriptStep uint8
+
+const (
+	stepNone  scriptStep = iota // not a scripting problem, or nothing left to try
+	stepRetry                   // send the call again, in the (updated) form
+	stepLoad                    // SCRIPT LOAD the text on the key's node, then EVALSHA
+)
+
+// scriptRecovery decides how a call sent as a script (form sent) goes on after err, and
+// records what the server refuses: NOSCRIPT (a node without the text: a restart, a
+// failover, a node added to a Cluster) sends the text there (EVAL, or SCRIPT LOAD where
+// EVAL is refused); a refused EVAL moves to SCRIPT LOAD + EVALSHA, a refused EVALSHA to
+// EVAL (docs/clients.md#the-fallback-where-users-are). A refusal another call recorded
+// first sends this one again in the form that is left.
+func (c *Client) scriptRecovery(sent scriptCall, err error) scriptStep {
+	if sent == viaSHA && isNoScript(err) {
+		if c.evalRefused.Load() {
+			return stepLoad
+		}
+		c.scriptCached.Store(false)
+		return stepRetry
+	}
+	if !isRefused(err) {
+		return stepNone
+	}
+	switch sent {
+	case viaText:
+		first := !c.evalRefused.Swap(true)
+		switch {
+		case c.evalshaRefused.Load():
+			return stepNone
+		case first:
+			return stepLoad
+		}
+		return stepRetry
+	case viaSHA:
+		c.evalshaRefused.Store(true)
+		if c.evalRefused.Load() {
+			return stepNone
+		}
+		return stepRetry
+	}
+	return stepNone
+}
+
+// noScripting is the one clear error of a server with neither the module nor any way to
+// run the fallback.
+func noScripting(err error) error {
+	return &libraryError{fmt.Sprintf("cannot decide on this server: it has no redis-rl module (RL.GCRA is not there) "+
+		"and refuses the Lua fallback both as a Functions library (FUNCTION/FCALL) and as scripts (EVAL/EVALSHA): %v. "+
+		"Load the module, or allow FCALL and FUNCTION, or EVAL and EVALSHA, for this client", err)}
+}
+
+// scriptLoad sends the script's text with SCRIPT LOAD to the master of the first key's
+// slot (the one server), where EVAL is refused.
+func (c *Client) scriptLoad(ctx context.Context, keys []string) error {
+	var p processor = c.rdb
+	if c.cluster != nil && len(keys) > 0 {
+		tctx, cancel := context.WithTimeout(ctx, c.timeout)
+		node, err := c.cluster.MasterForKey(tctx, keys[0])
+		cancel()
+		if err != nil {
+			return err
+		}
+		p = node
+	}
+	if _, err := c.rawOn(ctx, p, []any{"SCRIPT", "LOAD", scriptText()}, 0); err != nil {
+		if isRefused(err) {
+			return noScripting(err)
+		}
+		return err
+	}
+	return nil
 }
 
 // call runs one command in the resolved mode, detecting again once when the module
-// disappeared or the library was flushed (a restart, a failover), and retrying once a
-// connection-level failure (docs/clients.md#recovery).
+// disappeared or the library was flushed (a restart, a failover, a master added to a
+// Cluster), retrying once a connection-level failure (docs/clients.md#recovery), and, as a
+// script, going on as scriptRecovery says.
 func (c *Client) call(ctx context.Context, o op, keys []string, args []any) (any, Mode, error) {
-	reconnected, redetected, asText := false, false, false
-	for {
+	reconnected, redetected := false, false
+	for range 5 {
 		mode, err := c.mode(ctx)
+		form := viaFunctions
 		if err == nil {
 			c.counters.add(cRedisCalls, 1)
-			wire, pos := c.frameFor(mode, o, keys, args, asText)
+			var wire []any
+			var pos int
+			if mode == ModeFallback {
+				form = c.scriptForm()
+			}
+			wire, pos = frame(mode, form, scriptSHA(), o, keys, args)
 			var v any
 			if v, err = c.raw(ctx, wire, pos); err == nil {
+				if form == viaText {
+					c.scriptCached.Store(true) // the server has the text now
+				}
 				return v, mode, nil
 			}
 		} else if errors.Is(err, ErrLibrary) {
@@ -862,24 +1028,31 @@ func (c *Client) call(ctx context.Context, o op, keys []string, args []any) (any
 			continue
 		}
 		if !redetected && mode == ModeModule && c.modeSetting == ModeAuto && isUnknownCommand(err) {
+			// The module is not (or no longer) there: the fallback answers.
 			redetected = true
 			c.resolved.Store(2)
 			continue
 		}
-		if mode == ModeFallback && c.scripts.Load() {
-			if !asText && isNoScript(err) {
-				asText = true
+		if mode == ModeFallback && form != viaFunctions {
+			switch c.scriptRecovery(form, err) {
+			case stepRetry:
+				continue
+			case stepLoad:
+				if err := c.scriptLoad(ctx, keys); err != nil {
+					return nil, mode, err
+				}
 				continue
 			}
 			if isRefused(err) {
-				return nil, mode, &libraryError{fmt.Sprintf("this server has no redis-rl module and refuses Lua scripts to this client (%v): load the module (MODULE LOAD), or allow FUNCTION or EVAL/EVALSHA", err)}
+				return nil, mode, noScripting(err)
 			}
 		}
-		if !redetected && mode == ModeFallback && isMissingFunction(err) {
+		if !redetected && mode == ModeFallback && form == viaFunctions && isMissingFunction(err) {
 			redetected = true
 			c.libraryReady.Store(false)
 			continue
 		}
 		return nil, mode, err
 	}
+	return nil, ModeFallback, &libraryError{fmt.Sprintf("the fallback kept failing on this server (%s)", o.function())}
 }

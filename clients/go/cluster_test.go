@@ -18,16 +18,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// clusterNode starts one cluster-enabled server (extra: more server arguments).
+func clusterNode(t *testing.T, module bool, extra ...string) *server {
+	t.Helper()
+	// The bus port is chosen too: by default it is port+10000, which may be taken.
+	args := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(freePort(t))}, extra...)
+	return startServer(t, module, args...)
+}
+
 // startCluster starts three masters and joins them (redis-cli --cluster create), with a
-// deadline on every wait.
-func startCluster(t *testing.T, module bool) []*server {
+// deadline on every wait; extra are more server arguments for every node.
+func startCluster(t *testing.T, module bool, extra ...string) []*server {
 	t.Helper()
 	var nodes []*server
 	var addrs []string
 	for range 3 {
-		// The bus port is chosen too: by default it is port+10000, which may be taken.
-		s := startServer(t, module, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(freePort(t)))
+		s := clusterNode(t, module, extra...)
 		nodes = append(nodes, s)
 		addrs = append(addrs, s.addr())
 	}
@@ -148,5 +155,218 @@ func TestCheckAllOnThreeMasters(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func nodeID(t *testing.T, s *server) string {
+	t.Helper()
+	id, _ := s.do(t, "CLUSTER", "MYID").(string)
+	return id
+}
+
+// waitFor polls cond every 50 ms until it holds, failing the test after 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30 s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// addMaster starts one more master like the others, joins it with CLUSTER MEET (it serves no
+// slot yet) and waits until every node knows it as a connected master.
+func addMaster(t *testing.T, nodes []*server, module bool, extra ...string) []*server {
+	t.Helper()
+	n := clusterNode(t, module, extra...)
+	bus := ""
+	for i, a := range n.args {
+		if a == "--cluster-port" && i+1 < len(n.args) {
+			bus = n.args[i+1]
+		}
+	}
+	// The bus port too: it is not port+10000 here.
+	nodes[0].do(t, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.port), bus)
+	id := nodeID(t, n)
+	nodes = append(nodes, n)
+	for _, m := range nodes {
+		waitFor(t, m.addr()+" knows "+n.addr(), func() bool {
+			info, _ := m.do(t, "CLUSTER", "INFO").(string)
+			listing, _ := m.do(t, "CLUSTER", "NODES").(string)
+			for _, line := range strings.Split(listing, "\n") {
+				f := strings.Fields(line)
+				if len(f) >= 8 && f[0] == id {
+					return strings.Contains(f[2], "master") && !strings.Contains(f[2], "handshake") &&
+						f[7] == "connected" && strings.Contains(info, "cluster_state:ok")
+				}
+			}
+			return false
+		})
+	}
+	return nodes
+}
+
+// slotOwner is the node whose CLUSTER SLOTS says it serves slot (by its ID), as seen by m.
+func slotOwner(t *testing.T, m *server, slot int) string {
+	t.Helper()
+	entries, _ := m.do(t, "CLUSTER", "SLOTS").([]any)
+	for _, e := range entries {
+		r, _ := e.([]any)
+		if len(r) < 3 {
+			continue
+		}
+		lo, _ := r[0].(int64)
+		hi, _ := r[1].(int64)
+		if int64(slot) >= lo && int64(slot) <= hi {
+			if primary, _ := r[2].([]any); len(primary) > 2 {
+				id, _ := primary[2].(string)
+				return id
+			}
+		}
+	}
+	return ""
+}
+
+// moveSlot moves slot, with its keys (MIGRATE), to node to, as redis-cli --cluster reshard
+// does: SETSLOT IMPORTING / MIGRATING, MIGRATE, then SETSLOT NODE on every master; waits
+// until every node sends the slot's keys to it.
+func moveSlot(t *testing.T, nodes []*server, slot int, to *server) {
+	t.Helper()
+	dst := nodeID(t, to)
+	var src *server
+	owner := slotOwner(t, nodes[0], slot)
+	for _, n := range nodes {
+		if nodeID(t, n) == owner {
+			src = n
+		}
+	}
+	if src == nil || src == to {
+		t.Fatalf("slot %d: owner %q", slot, owner)
+	}
+	sl := strconv.Itoa(slot)
+	to.do(t, "CLUSTER", "SETSLOT", sl, "IMPORTING", owner)
+	src.do(t, "CLUSTER", "SETSLOT", sl, "MIGRATING", dst)
+	for {
+		keys, _ := src.do(t, "CLUSTER", "GETKEYSINSLOT", sl, "100").([]any)
+		if len(keys) == 0 {
+			break
+		}
+		src.do(t, append([]any{"MIGRATE", "127.0.0.1", strconv.Itoa(to.port), "", "0", "5000", "KEYS"}, keys...)...)
+	}
+	for _, n := range append([]*server{to, src}, nodes...) {
+		n.do(t, "CLUSTER", "SETSLOT", sl, "NODE", dst)
+	}
+	for _, n := range nodes {
+		waitFor(t, n.addr()+" sees slot "+sl+" on "+to.addr(), func() bool { return slotOwner(t, n, slot) == dst })
+	}
+}
+
+// A Cluster that grows under a running client (docs/clients.md#the-fallback-where-users-are):
+// a master added with CLUSTER MEET after the client started, and the slot of a limited key
+// migrated to it (as redis-cli --cluster reshard does). The new node has neither the library
+// nor the script cached; the first call whose key lands there is decided there, from the
+// migrated state, with one load on that node (FUNCTION LOAD as a library, one EVAL as
+// scripts) and none anywhere else. scripts: FUNCTION renamed away on every node. As the Rust
+// crate's cluster.rs and the Python package's test_cluster_growth.py.
+func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
+	for _, scripts := range []bool{false, true} {
+		name, load, extra := "functions", "function|load", []string(nil)
+		if scripts {
+			name, load, extra = "scripts", "eval", []string{"--rename-command", "FUNCTION", ""}
+		}
+		t.Run(name, func(t *testing.T) {
+			nodes := startCluster(t, false, extra...)
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr()}, MaxRetries: 3})
+			t.Cleanup(func() { _ = rdb.Close() })
+			c := ok(New(rdb, WithPrefix("grow:"), WithFailurePolicy(FailError), WithTimeout(5*time.Second)))
+			w := MustWindow(10, time.Hour, Log) // exact counts however long the test takes
+			var keys []string
+			for i := range 12 {
+				keys = append(keys, ok(Tag(fmt.Sprintf("user%d", i), "api")))
+			}
+			for _, k := range keys {
+				if d := ok(c.Check(ctxT(t), k, w)); !d.Allowed || d.Remaining != 9 || d.Source != SourceFallback {
+					t.Fatalf("%s: %+v", k, d)
+				}
+			}
+			before := map[string]uint64{}
+			for _, n := range nodes {
+				before[n.addr()] = commandStats(t, n)[load]
+			}
+			nodes = addMaster(t, nodes, false, extra...)
+			added := nodes[len(nodes)-1]
+			moveSlot(t, nodes, int(keySlot("grow:"+keys[0])), added)
+			if n := commandStats(t, added)[load]; n != 0 {
+				t.Fatalf("%s ran %d times on the new node before any call", load, n)
+			}
+
+			// Routed by the client's old slot table: MOVED, then the new node.
+			d := ok(c.Check(ctxT(t), keys[0], w))
+			if !d.Allowed || d.Degraded || d.Remaining != 8 {
+				t.Fatalf("not decided on the new node from the migrated key: %+v", d)
+			}
+			if n := commandStats(t, added)[load]; n != 1 {
+				t.Fatalf("%s ran %d times on the new node, want 1", load, n)
+			}
+			if !scripts {
+				if v := added.do(t, "FCALL_RO", "rl_version", "0"); v != libraryVersion(LuaLibrary) {
+					t.Errorf("the new node runs %v", v)
+				}
+			}
+			if d := ok(c.Check(ctxT(t), keys[0], w)); d.Remaining != 7 {
+				t.Fatalf("%+v", d)
+			}
+			onNew := commandStats(t, added)
+			if onNew[load] != 1 {
+				t.Errorf("loaded once, not per call: %v", onNew)
+			}
+			if scripts && onNew["evalsha"] < 1 {
+				t.Errorf("by SHA1 once the node has the text: %v", onNew)
+			}
+			for _, n := range nodes[:len(nodes)-1] {
+				if got := commandStats(t, n)[load]; got != before[n.addr()] {
+					t.Errorf("%s: %s %d -> %d", n.addr(), load, before[n.addr()], got)
+				}
+			}
+			for _, k := range keys[1:] {
+				if d := ok(c.Check(ctxT(t), k, w)); d.Remaining != 8 {
+					t.Errorf("%s: %+v", k, d)
+				}
+			}
+			if snap := c.Counters().Snapshot(); snap["errors"] != 0 || snap["degraded"] != 0 {
+				t.Errorf("%v", snap)
+			}
+		})
+	}
+}
+
+// A rolling deploy reached one master first: the older client keeps the newer library there
+// and still loads its own where none is (each master has its own plan).
+func TestANewerLibraryOnOneMasterLeavesTheOthersLoaded(t *testing.T) {
+	nodes := startCluster(t, false)
+	nodes[0].do(t, "FUNCTION", "LOAD", withVersion("99.0.0"))
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr())
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: 3})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := ok(New(rdb, WithPrefix("nw:"), WithFailurePolicy(FailError), WithTimeout(5*time.Second)))
+	w := MustWindow(5, time.Hour, Log)
+	for i := range 12 {
+		k := ok(Tag(fmt.Sprintf("user%d", i), "api"))
+		if d := ok(c.Check(ctxT(t), k, w)); !d.Allowed {
+			t.Errorf("%s: %+v", k, d)
+		}
+	}
+	ours := libraryVersion(LuaLibrary)
+	var versions []any
+	for _, n := range nodes {
+		versions = append(versions, n.do(t, "FCALL_RO", "rl_version", "0"))
+	}
+	if fmt.Sprint(versions) != fmt.Sprint([]any{"99.0.0", ours, ours}) {
+		t.Errorf("versions %v, want [99.0.0 %s %s]", versions, ours, ours)
 	}
 }

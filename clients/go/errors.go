@@ -124,11 +124,16 @@ func isUnknownCommand(err error) bool {
 	return strings.Contains(msg, "unknown command") && strings.Contains(msg, "rl.")
 }
 
-// isRefused: the server refuses a command to this client (unknown, renamed, or not
-// permitted by its ACL).
+// isRefused: the server refuses a command to this client: unknown (Redis 6.x, a renamed or
+// disabled command), not permitted by its ACL, or a scripting command on a server that runs
+// no Lua at all (Valkey 9.1 with its lua engine module unloaded: "Could not find scripting
+// engine 'lua'", "Engine 'lua' not found"). A NOPERM on one of the keys ("... access one of
+// the keys") is not a refused command: it is reported as it is.
 func isRefused(err error) bool {
 	msg := strings.ToLower(serverError(err))
-	return errorCode(err) == "NOPERM" || strings.Contains(msg, "unknown command") || strings.Contains(msg, "noperm")
+	noperm := errorCode(err) == "NOPERM" || strings.Contains(msg, "noperm")
+	return strings.Contains(msg, "unknown command") || (noperm && strings.Contains(msg, "command")) ||
+		strings.Contains(msg, "engine 'lua'") || strings.Contains(msg, "scripting engine")
 }
 
 // isMissingFunction: the Functions library is not (or no longer) loaded.

@@ -149,7 +149,7 @@ func TestWithoutFunctionTheFallbackRunsAsAScript(t *testing.T) {
 	// Neither FUNCTION nor EVAL: one clear error.
 	none := ok(New(aclClient(t, s, "nothing", "-function", "-eval", "-evalsha", "-script"), WithPrefix(uniquePrefix(t))))
 	_, err := none.Check(ctxT(t), "n", g)
-	if !errors.Is(err, ErrLibrary) || !strings.Contains(err.Error(), "refuses Lua scripts") {
+	if !errors.Is(err, ErrLibrary) || !strings.Contains(err.Error(), "no redis-rl module") {
 		t.Fatalf("%v", err)
 	}
 }

@@ -1,8 +1,11 @@
 package redisrl
 
 import (
+	"crypto/sha1"
 	_ "embed" // the Lua library
+	"encoding/hex"
 	"strings"
+	"sync"
 )
 
 //go:generate go run ./internal/copylua ../../scripts/lua/redis_rl.lua redis_rl.lua
@@ -31,6 +34,12 @@ func scriptText() string {
 	}
 	return LuaLibrary
 }
+
+// scriptSHA is the SHA1 the server knows scriptText by (EVALSHA), lower-case hex.
+var scriptSHA = sync.OnceValue(func() string {
+	sum := sha1.Sum([]byte(scriptText()))
+	return hex.EncodeToString(sum[:])
+})
 
 // libraryVersion is the version a library's code declares (local VERSION = '1.1.0').
 func libraryVersion(code string) string {

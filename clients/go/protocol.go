@@ -16,8 +16,8 @@ const (
 	ModeAuto Mode = iota
 	// ModeModule sends the module's RL.* commands.
 	ModeModule
-	// ModeFallback calls the Lua library: FCALL rl_gcra 1 key ..., or EVALSHA where
-	// FUNCTION is not allowed.
+	// ModeFallback calls the Lua library: FCALL rl_gcra 1 key ..., or as a script (EVAL,
+	// then EVALSHA) where the Functions library cannot run.
 	ModeFallback
 )
 
