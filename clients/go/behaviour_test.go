@@ -437,3 +437,92 @@ func TestForceRecordsUsagePastTheLimit(t *testing.T) {
 		}
 	})
 }
+
+// A full Redis keeps denying (docs/clients.md#out-of-memory): right after CONFIG SET
+// maxmemory 1, denials, peeks, cost 0, CheckAll denials and lease denials are Redis's own
+// answers, and the very next check that would write is refused (the server's OOM error, an
+// outage for the failure policy: here FailError) and writes nothing, in both modes. As the
+// fallback, the server refuses FCALL rl_* whole and the client asks its no-writes twin
+// (FCALL_RO rl_*_ro) once. (An OOM error is an outage for the policy: inside its probe
+// interval a client does not ask Redis, so each refused write here has a client of its own.)
+// As clients/rust/tests/behaviour.rs' out_of_memory_refuses_writes_and_still_denies.
+func TestOutOfMemoryRefusesWritesAndStillDenies(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			s := startServer(t, k.module) // its own: maxmemory 1 would stop other tests
+			prefix := uniquePrefix(t)
+			client := func() *Client {
+				return ok(New(s.rdb(t), WithPrefix(prefix), WithFailurePolicy(FailError), WithDenyCache(false)))
+			}
+			c := client()
+			g := MustGCRA(1, 1, time.Hour)
+			w := MustWindow(5, time.Hour, Fixed)
+			l := MustLease(1, time.Minute)
+			if !ok(c.Check(ctxT(t), "full", g)).Allowed || !ok(c.Check(ctxT(t), "win", w)).Allowed {
+				t.Fatal("the first checks were denied")
+			}
+			held := ok(c.Acquire(ctxT(t), "lease", l))
+			before := s.do(t, "DBSIZE")
+			roBefore := commandStats(t, s)["fcall_ro"]
+			callsBefore, _ := c.Counters().Get("redis_calls")
+			s.do(t, "CONFIG", "SET", "maxmemory", "1")
+
+			if d := ok(c.Check(ctxT(t), "full", g)); d.Allowed || d.Degraded || d.Source != k.source() {
+				t.Errorf("denial: %+v", d)
+			}
+			if d := ok(c.Check(ctxT(t), "win", w, Peek())); !d.Allowed || d.Remaining != 3 || d.Degraded {
+				t.Errorf("peek: %+v", d)
+			}
+			if d := ok(c.Check(ctxT(t), "new", g, Cost(0))); !d.Allowed || d.Remaining != 1 || d.Degraded {
+				t.Errorf("cost 0: %+v", d)
+			}
+			all := ok(c.CheckAll(ctxT(t), []Entry{NewEntry("full", g), NewEntry("x", w)}))
+			if all.Allowed || all.Degraded || all.Source != k.source() {
+				t.Errorf("CheckAll: %+v", all)
+			}
+			var limited *RateLimitedError
+			if _, err := c.Acquire(ctxT(t), "lease", l); !errors.As(err, &limited) || limited.Decision.Allowed || limited.Decision.Degraded {
+				t.Errorf("expected a lease denial, got %v", err)
+			}
+			if !k.module {
+				// Each of the five asked FCALL rl_* (refused whole) and then its twin.
+				calls, _ := c.Counters().Get("redis_calls")
+				if calls != callsBefore+10 {
+					t.Errorf("redis_calls %d -> %d, want +10 (each call and its twin)", callsBefore, calls)
+				}
+			}
+			// Each refused write on a client of its own (the same keys).
+			oom := func(what string, err error) {
+				t.Helper()
+				var down *UnavailableError
+				if !errors.As(err, &down) || errorCode(down.Cause) != "OOM" {
+					t.Errorf("%s: expected the server's OOM as an outage, got %v", what, err)
+				}
+			}
+			_, err := client().Check(ctxT(t), "win", w)
+			oom("window", err)
+			_, err = client().Check(ctxT(t), "new", g)
+			oom("gcra", err)
+			_, err = client().CheckAll(ctxT(t), []Entry{NewEntry("{a}x", g), NewEntry("{a}y", w)})
+			oom("CheckAll", err)
+			_, err = client().Acquire(ctxT(t), "other-lease", l)
+			oom("lease", err)
+			if after := s.do(t, "DBSIZE"); after != before {
+				t.Errorf("keys %v -> %v: something was written out of memory", before, after)
+			}
+			if !k.module {
+				if ro := commandStats(t, s)["fcall_ro"]; ro < roBefore+9 {
+					t.Errorf("every refused FCALL asked its twin: fcall_ro %d -> %d", roBefore, ro)
+				}
+			}
+			s.do(t, "CONFIG", "SET", "maxmemory", "0")
+			if d := ok(c.Check(ctxT(t), "win", w)); !d.Allowed || d.Remaining != 3 || d.Source != k.source() {
+				t.Errorf("after: %+v", d)
+			}
+			if d := ok(c.Check(ctxT(t), "new", g)); !d.Allowed {
+				t.Errorf("after: %+v", d)
+			}
+			ok(held.Release(ctxT(t)))
+		})
+	}
+}

@@ -993,10 +993,33 @@ func (c *Client) scriptLoad(ctx context.Context, keys []string) error {
 	return nil
 }
 
+// twin asks the library's no-writes twin of o (FCALL_RO rl_<op>_ro, the same keys and
+// arguments, the same node) once, after the server refused FCALL rl_<op> out of memory
+// (docs/clients.md#out-of-memory): its answer (a denial, a peek, an error, or OOM where the
+// call would write) is the call's. Without a twin (refunds and releases, a library older
+// than 1.3.0, FCALL_RO refused) the first OOM error stands.
+func (c *Client) twin(ctx context.Context, o op, keys []string, args []any, oom error) (any, error) {
+	name, ok := o.twin()
+	if !ok {
+		return nil, oom
+	}
+	c.counters.add(cRedisCalls, 1)
+	wire, pos := twinFrame(name, keys, args)
+	v, err := c.raw(ctx, wire, pos)
+	if err != nil {
+		if ctx.Err() == nil && (isMissingFunction(err) || isRefused(err)) {
+			return nil, oom
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
 // call runs one command in the resolved mode, detecting again once when the module
 // disappeared or the library was flushed (a restart, a failover, a master added to a
-// Cluster), retrying once a connection-level failure (docs/clients.md#recovery), and, as a
-// script, going on as scriptRecovery says.
+// Cluster), retrying once a connection-level failure (docs/clients.md#recovery), asking the
+// no-writes twin once when the library's writing function is refused out of memory, and, as
+// a script, going on as scriptRecovery says.
 func (c *Client) call(ctx context.Context, o op, keys []string, args []any) (any, Mode, error) {
 	reconnected, redetected := false, false
 	for range 5 {
@@ -1016,6 +1039,10 @@ func (c *Client) call(ctx context.Context, o op, keys []string, args []any) (any
 					c.scriptCached.Store(true) // the server has the text now
 				}
 				return v, mode, nil
+			}
+			if mode == ModeFallback && form == viaFunctions && isOOM(err) {
+				v, err = c.twin(ctx, o, keys, args, err)
+				return v, mode, err
 			}
 		} else if errors.Is(err, ErrLibrary) {
 			return nil, mode, err

@@ -136,6 +136,10 @@ func isRefused(err error) bool {
 		strings.Contains(msg, "engine 'lua'") || strings.Contains(msg, "scripting engine")
 }
 
+// isOOM: the server is out of memory ("OOM command not allowed when used memory >
+// 'maxmemory'.").
+func isOOM(err error) bool { return errorCode(err) == "OOM" }
+
 // isMissingFunction: the Functions library is not (or no longer) loaded.
 func isMissingFunction(err error) bool {
 	msg := strings.ToLower(serverError(err))

@@ -59,6 +59,29 @@ func (o op) function() string {
 	return [...]string{"rl_gcra", "rl_window", "rl_all", "rl_refund", "rl_lease", "rl_release"}[o]
 }
 
+// twin is the no-writes twin of a writing function that may grow memory (library 1.3.0):
+// FCALL rl_<op> carries no allow-oom, so the server refuses it whole when out of memory, and
+// FCALL_RO rl_<op>_ro answers what writes nothing (a denial, PEEK, QUANTITY 0, an error)
+// and the module's OOM error where the call would write (docs/clients.md#out-of-memory).
+// Refunds and releases only free: they have none.
+func (o op) twin() (string, bool) {
+	switch o {
+	case opGCRA, opWindow, opAll, opLease:
+		return o.function() + "_ro", true
+	}
+	return "", false
+}
+
+// twinFrame is FCALL_RO name numkeys key ... arg ..., and its first key's position.
+func twinFrame(name string, keys []string, args []any) ([]any, int) {
+	out := make([]any, 0, 3+len(keys)+len(args))
+	out = append(out, "FCALL_RO", name, strconv.Itoa(len(keys)))
+	for _, k := range keys {
+		out = append(out, k)
+	}
+	return append(out, args...), 3
+}
+
 // scriptCall says how the fallback is called.
 type scriptCall uint8
 

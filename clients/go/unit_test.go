@@ -82,6 +82,29 @@ func TestHeaders(t *testing.T) {
 	}
 }
 
+// The no-writes twins (docs/clients.md#out-of-memory): the writing functions that may grow
+// memory have one, with the same keys and arguments; refunds and releases have none.
+func TestTwinFrames(t *testing.T) {
+	for o, want := range map[op]string{opGCRA: "rl_gcra_ro", opWindow: "rl_window_ro", opAll: "rl_all_ro", opLease: "rl_lease_ro"} {
+		name, ok := o.twin()
+		if !ok || name != want {
+			t.Errorf("%s: %q %v", o.function(), name, ok)
+		}
+		if !strings.Contains(LuaLibrary, "'"+want+"'") {
+			t.Errorf("the library registers no %s", want)
+		}
+	}
+	for _, o := range []op{opRefund, opRelease} {
+		if _, ok := o.twin(); ok {
+			t.Errorf("%s has a twin", o.function())
+		}
+	}
+	wire, pos := twinFrame("rl_all_ro", []string{"{u}a", "{u}b"}, []any{"GCRA", "3", "1", "10"})
+	if got := join(wire); got != "FCALL_RO rl_all_ro 2 {u}a {u}b GCRA 3 1 10" || pos != 3 {
+		t.Errorf("%q %d", got, pos)
+	}
+}
+
 func TestFrames(t *testing.T) {
 	args := []any{"3", "1", "10"}
 	wire, pos := frame(ModeModule, viaFunctions, "", opGCRA, []string{"k"}, args)
