@@ -9,6 +9,7 @@ package redisrl
 // server here runs without the module.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -272,33 +273,54 @@ func TestAnOlderClientWorksBesideANewerLibraryAndLeavesItsText(t *testing.T) {
 	}
 }
 
-// A missing library is loaded without REPLACE: a library another client loaded between the
-// look and the load (here: a newer one, as a rolling deploy loads it) is looked at again and
-// kept, never overwritten.
-func TestALibraryLoadedSinceTheLookIsLookedAtAgain(t *testing.T) {
-	s := serverWith(t)
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
-	newer := withVersion("99.0.0")
-	// What another client did after this one asked FCALL_RO rl_version and found nothing.
-	s.do(t, "FUNCTION", "LOAD", newer)
-	scripts, err := c.loadOn(ctxT(t), nil, libraryVersion(LuaLibrary), "", false)
-	if err != nil || scripts {
-		t.Fatalf("%v %v", scripts, err)
+// raceHook runs before, once, just before the client sends its first FUNCTION LOAD.
+type raceHook struct {
+	before func()
+	done   bool
+}
+
+func (h *raceHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *raceHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *raceHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); !h.done && len(a) > 1 && fmt.Sprint(a[0]) == "FUNCTION" && fmt.Sprint(a[1]) == "LOAD" {
+			h.done = true
+			h.before()
+		}
+		return next(ctx, cmd)
 	}
-	st := commandStats(t, s)
-	if st["function|load"] != 2 || st["fcall_ro"] != 1 {
-		t.Errorf("one refused LOAD (no REPLACE), one look: %v", st)
-	}
-	if v := s.do(t, "FCALL_RO", "rl_version", "0"); v != "99.0.0" {
-		t.Fatalf("the newer library was overwritten: %v", v)
-	}
-	// An older one loaded meanwhile is replaced (after the refused LOAD and the look).
-	s.do(t, "FUNCTION", "LOAD", "REPLACE", withVersion("0.0.1"))
-	if _, err := c.loadOn(ctxT(t), nil, libraryVersion(LuaLibrary), "", false); err != nil {
-		t.Fatal(err)
-	}
-	if v := s.do(t, "FCALL_RO", "rl_version", "0"); v != libraryVersion(LuaLibrary) {
-		t.Fatalf("the older library was kept: %v", v)
+}
+
+// A rolling deploy: another client loads its library between this client's FCALL_RO
+// rl_version (none there yet) and its FUNCTION LOAD. The load (no REPLACE) is refused, the
+// client looks again and keeps what it finds if it is newer, replaces it if it is older.
+func TestALibraryLoadedWhileWeLookedIsNotOverwritten(t *testing.T) {
+	for _, tc := range []struct {
+		name, theirs, want string
+	}{{"newer", "99.0.0", "99.0.0"}, {"older", "0.0.1", libraryVersion(LuaLibrary)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := serverWith(t)
+			rdb := s.rdb(t)
+			rdb.AddHook(&raceHook{before: func() { s.do(t, "FUNCTION", "LOAD", withVersion(tc.theirs)) }})
+			c := ok(New(rdb, WithPrefix(uniquePrefix(t))))
+			if d := ok(c.Check(ctxT(t), "race", MustGCRA(5, 1, time.Second))); !d.Allowed || d.Source != SourceFallback {
+				t.Fatalf("%+v", d)
+			}
+			st := commandStats(t, s)
+			if v := s.do(t, "FCALL_RO", "rl_version", "0"); v != tc.want {
+				t.Fatalf("the server runs %v, want %s", v, tc.want)
+			}
+			// Ours refused (no REPLACE), the other client's, and for an older one REPLACE.
+			loads := uint64(2)
+			if tc.name == "older" {
+				loads = 3
+			}
+			if st["function|load"] != loads {
+				t.Errorf("FUNCTION LOAD ran %d times, want %d: %v", st["function|load"], loads, st)
+			}
+		})
 	}
 }
 
