@@ -50,6 +50,7 @@ type server struct {
 	module  bool
 	cmd     *exec.Cmd
 	args    []string
+	env     []string // more environment (KEY=value) for the server's process
 	exited  chan struct{}
 }
 
@@ -90,7 +91,13 @@ func freePort(t fataler) int {
 // the test ends.
 func startServer(t testing.TB, module bool, extra ...string) *server {
 	t.Helper()
-	s := &server{port: freePort(t), dir: t.TempDir(), module: module}
+	return startServerEnv(t, nil, module, extra...)
+}
+
+// startServerEnv is startServer with more environment for the server's process.
+func startServerEnv(t testing.TB, env []string, module bool, extra ...string) *server {
+	t.Helper()
+	s := &server{port: freePort(t), dir: t.TempDir(), module: module, env: env}
 	s.args = []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--enable-debug-command", "yes", "--enable-module-command", "yes"}
 	if module {
@@ -128,6 +135,9 @@ func (s *server) tryStart(t fataler) bool {
 	t.Helper()
 	args := append([]string{"--port", strconv.Itoa(s.port), "--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
 	s.cmd = exec.Command(serverBinary(), args...)
+	if len(s.env) > 0 {
+		s.cmd.Env = append(os.Environ(), s.env...)
+	}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", serverBinary(), err)
 	}
