@@ -273,7 +273,7 @@ func TestUsageErrors(t *testing.T) {
 		if _, err := c.Check(ctx, "k", Limit{Rate: 1, Burst: 0, Period: time.Second}); err == nil || err.Error() != "burst must be a positive integer" {
 			t.Errorf("bad Limit: %v", err)
 		}
-		for _, opt := range []Option{WithPrefix("a{b"), WithTimeout(0), WithFailurePolicy(FailLocal), WithFailurePolicy(FailurePolicy(9)), WithMode(Mode(7))} {
+		for _, opt := range []Option{WithPrefix("a{b"), WithTimeout(0), WithFleetSize(0), WithFailurePolicy(FailurePolicy(9)), WithMode(Mode(7))} {
 			if _, err := New(s.rdb(t), opt); !errors.Is(err, ErrUsage) {
 				t.Errorf("New: %v", err)
 			}

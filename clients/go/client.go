@@ -44,6 +44,8 @@ type Client struct {
 	counters  Counters
 	health    health
 	denyCache *denyCache
+	memory    *memoryStore // FailLocal's limits (nil under the other policies)
+	fleet     uint64       // FailLocal divides each limit by it
 }
 
 type config struct {
@@ -57,6 +59,7 @@ type config struct {
 	denyCache        bool
 	hook             Hook
 	logger           *slog.Logger
+	fleetSize        uint64
 }
 
 // Option configures a Client (New).
@@ -92,6 +95,12 @@ func WithLoadLibrary(allowed bool) Option { return func(c *config) { c.loadLibra
 // WithDenyCache turns the local deny cache on (the default) or off.
 func WithDenyCache(on bool) Option { return func(c *config) { c.denyCache = on } }
 
+// WithFleetSize is the number of processes sharing the limits, for FailLocal: while Redis is
+// unreachable each process enforces each limit divided by n (rounding down, at least 1; a
+// GCRA's burst and its rate, a window's or a lease's limit), so the fleet stays near the
+// limit (docs/clients.md#failure-policy-local). 1 by default; 0 is refused.
+func WithFleetSize(n uint64) Option { return func(c *config) { c.fleetSize = n } }
+
 // WithHook calls hook(counterName, n) on every counter increment.
 func WithHook(hook Hook) Option { return func(c *config) { c.hook = hook } }
 
@@ -114,6 +123,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 		closedRetryAfter: time.Second,
 		loadLibrary:      true,
 		denyCache:        true,
+		fleetSize:        1,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -133,11 +143,12 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 		return nil, usage("unknown mode %d", cfg.mode)
 	}
 	switch cfg.policy {
-	case FailOpen, FailClosed, FailError:
-	case FailLocal:
-		return nil, usage("FailLocal is not implemented in this package yet (use FailOpen, FailClosed or FailError)")
+	case FailOpen, FailClosed, FailError, FailLocal:
 	default:
 		return nil, usage("unknown failure policy %d", cfg.policy)
+	}
+	if cfg.fleetSize == 0 {
+		return nil, usage("fleet size must be at least 1 (the number of processes sharing the limits)")
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
@@ -160,6 +171,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 	c.health = health{policy: cfg.policy, probeInterval: cfg.probeInterval, closedRetryAfter: cfg.closedRetryAfter, logger: cfg.logger}
 	if cfg.denyCache {
 		c.denyCache = newDenyCache(10_000)
+	}
+	c.fleet = cfg.fleetSize
+	if cfg.policy == FailLocal {
+		c.memory = newMemoryStore(100_000, nil)
 	}
 	return c, nil
 }
@@ -285,7 +300,7 @@ func (c *Client) Check(ctx context.Context, key string, limit Spec, opts ...Chec
 		}
 	}
 	if c.health.skip() {
-		return c.degraded(limit, full, nil)
+		return c.degradedCheck(limit, full, nil, o)
 	}
 	args := s.args()
 	if o.cost != 1 {
@@ -304,7 +319,7 @@ func (c *Client) Check(ctx context.Context, key string, limit Spec, opts ...Chec
 	v, mode, err := c.guarded(ctx, opc, []string{full}, args)
 	if err != nil {
 		if errors.Is(err, errDown) {
-			return c.degraded(limit, full, errors.Unwrap(err))
+			return c.degradedCheck(limit, full, errors.Unwrap(err), o)
 		}
 		return Decision{}, err
 	}
@@ -409,7 +424,7 @@ func (c *Client) CheckAll(ctx context.Context, entries []Entry, opts ...CheckOpt
 // count false leaves the counters to the caller (one decision of several calls).
 func (c *Client) checkAll(ctx context.Context, entries []Entry, keys []string, specs []spec, o checkOptions, count bool) (Decision, error) {
 	if c.health.skip() {
-		return c.degradedAll(entries, keys, nil, count)
+		return c.degradedAll(entries, keys, nil, o, count)
 	}
 	var args []any
 	for i, s := range specs {
@@ -434,7 +449,7 @@ func (c *Client) checkAll(ctx context.Context, entries []Entry, keys []string, s
 	v, mode, err := c.guarded(ctx, opAll, keys, args)
 	if err != nil {
 		if errors.Is(err, errDown) {
-			return c.degradedAll(entries, keys, errors.Unwrap(err), count)
+			return c.degradedAll(entries, keys, errors.Unwrap(err), o, count)
 		}
 		return Decision{}, err
 	}
@@ -494,7 +509,7 @@ func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, er
 		c.denyCache.forget(full)
 	}
 	r, err := c.report(ctx, opRefund, full, u(n))
-	if err == nil && !r.Degraded {
+	if err == nil && r.Units > 0 {
 		c.counters.add(cRefunded, r.Units)
 	}
 	return r, err
@@ -532,6 +547,17 @@ func (c *Client) report(ctx context.Context, o op, full, arg string) (Refunded, 
 			return Refunded{}, err
 		}
 		cause = errors.Unwrap(err)
+	}
+	if c.memory != nil {
+		// FailLocal: given back in memory (to what the local policy charged).
+		var r [3]int64
+		if o == opRefund {
+			n, _ := strconv.ParseUint(arg, 10, 64)
+			r = c.memory.refund(full, n)
+		} else {
+			r = c.memory.release(full, arg)
+		}
+		return Refunded{Units: nonNeg(r[0]), Remaining: nonNeg(r[1]), ResetAfter: msDuration(r[2]), Degraded: true}, nil
 	}
 	if _, err := c.health.answer(nil, full, cause); err != nil {
 		return Refunded{}, err
@@ -574,7 +600,10 @@ func (c *Client) degraded(limit Spec, full string, cause error) (Decision, error
 	return d, nil
 }
 
-func (c *Client) degradedAll(entries []Entry, keys []string, cause error, count bool) (Decision, error) {
+func (c *Client) degradedAll(entries []Entry, keys []string, cause error, o checkOptions, count bool) (Decision, error) {
+	if c.memory != nil {
+		return c.localAll(entries, keys, o, count)
+	}
 	d, err := c.health.answer(nil, "", cause)
 	if err != nil {
 		return Decision{}, err
@@ -591,6 +620,126 @@ func (c *Client) degradedAll(entries []Entry, keys []string, cause error, count 
 		c.counters.countDecision(d)
 	}
 	return d, nil
+}
+
+// localSpec is limit as FailLocal enforces it: divided by the fleet size (rounding down, at
+// least 1), its name kept.
+func (c *Client) localSpec(limit Spec) (Spec, spec, error) {
+	s, err := limit.spec()
+	if err != nil || c.fleet <= 1 {
+		return limit, s, err
+	}
+	div := func(n uint64) uint64 { return max(1, n/c.fleet) }
+	var out Spec
+	switch s.kind {
+	case kindGCRA:
+		g, err := NewGCRA(div(s.capacity), div(s.rate), time.Duration(s.span))
+		if err == nil && s.name != "" {
+			g, err = g.Named(s.name)
+		}
+		out = g
+		if err != nil {
+			return nil, spec{}, err
+		}
+	case kindLease:
+		l, err := NewLease(div(s.capacity), time.Duration(s.span))
+		if err == nil && s.name != "" {
+			l, err = l.Named(s.name)
+		}
+		out = l
+		if err != nil {
+			return nil, spec{}, err
+		}
+	default:
+		w, err := NewWindow(div(s.capacity), time.Duration(s.span), s.alg)
+		if err == nil && s.name != "" {
+			w, err = w.Named(s.name)
+		}
+		out = w
+		if err != nil {
+			return nil, spec{}, err
+		}
+	}
+	ls, err := out.spec()
+	return out, ls, err
+}
+
+// local is a decision of FailLocal's in-memory limits: Degraded, not Blind, Source local.
+func local(r [5]int64, s Spec, key string, reservation bool) Decision {
+	d := fromReply(r, s, key, SourceLocal, reservation)
+	d.Degraded = true
+	return d
+}
+
+func (c *Client) decidedLocally(d Decision) Decision {
+	c.counters.add(cLocal, 1)
+	c.counters.countDecision(d)
+	return d
+}
+
+// degradedCheck is the failure policy's answer to a check Redis did not answer: the
+// in-memory limits under FailLocal, else open / closed (or the error of FailError).
+func (c *Client) degradedCheck(limit Spec, full string, cause error, o checkOptions) (Decision, error) {
+	if c.memory == nil {
+		return c.degraded(limit, full, cause)
+	}
+	ls, s, err := c.localSpec(limit)
+	if err != nil {
+		return Decision{}, err
+	}
+	wait := int64(-1)
+	if o.hasWait {
+		wait = o.maxWait.Milliseconds()
+	}
+	r, err := c.memory.check(full, s, o.cost, o.peek, o.force, wait)
+	if err != nil {
+		return Decision{}, err
+	}
+	return c.decidedLocally(local(r, ls, full, o.hasWait)), nil
+}
+
+// localAll is RL.ALL in memory (FailLocal).
+func (c *Client) localAll(entries []Entry, keys []string, o checkOptions, count bool) (Decision, error) {
+	items := make([]memoryItem, len(entries))
+	specs := make([]Spec, len(entries))
+	for i, e := range entries {
+		ls, s, err := c.localSpec(e.limit)
+		if err != nil {
+			return Decision{}, err
+		}
+		items[i] = memoryItem{key: keys[i], s: s, cost: e.cost, hasCost: e.hasCost, token: e.token}
+		specs[i] = ls
+	}
+	combined, each, err := c.memory.checkAll(items, o.cost, o.peek, o.force)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := local(combined, nil, "", false)
+	d.PerKey = make([]Decision, len(entries))
+	for i, r := range each {
+		d.PerKey[i] = local(r, specs[i], keys[i], false)
+	}
+	d.Spec = binding(d)
+	if count {
+		c.decidedLocally(d)
+	}
+	return d, nil
+}
+
+// degradedLease is the failure policy's answer to an Acquire Redis did not answer.
+func (c *Client) degradedLease(lease Lease, full string, cause error, token string, slots uint64) (Decision, error) {
+	if c.memory == nil {
+		return c.degraded(lease, full, cause)
+	}
+	ls, s, err := c.localSpec(lease)
+	if err != nil {
+		return Decision{}, err
+	}
+	r, err := c.memory.lease(full, s, token, slots, false, false)
+	if err != nil {
+		return Decision{}, err
+	}
+	return c.decidedLocally(local(r, ls, full, false)), nil
 }
 
 func (c *Client) decided(d Decision) Decision {

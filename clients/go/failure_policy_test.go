@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,12 @@ func (l *logCapture) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.Write(p)
+}
+
+func (l *logCapture) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 func (l *logCapture) count(substr string) int {
@@ -308,6 +315,112 @@ func TestRefundInsideTheProbeIntervalDoesNotWait(t *testing.T) {
 		}
 		if after, _ := c.Counters().Get("redis_calls"); after != calls {
 			t.Errorf("a refund or release inside the probe interval called Redis")
+		}
+	})
+}
+
+// FailLocal (docs/clients.md#failure-policy-local): with Redis stopped mid-run each process
+// enforces the same limits in memory, divided by the fleet size, with the local figures
+// (Degraded, not Blind, Source local, RateLimit fields from them); RL.ALL's all-or-nothing,
+// refunds and leases in memory too; the first call after Redis answers again is decided by
+// Redis. As clients/rust/tests/failure_policy.rs'
+// local_enforces_the_limits_in_memory_then_returns_to_redis.
+func TestLocalEnforcesTheLimitsInMemoryThenReturnsToRedis(t *testing.T) {
+	eachMode(t, func(t *testing.T, k testMode) {
+		s, c, logs := ownServer(t, k, FailLocal, nil, WithFleetSize(2))
+		g := MustGCRA(6, 2, time.Minute)       // locally: burst 3, 1 per 60 s
+		w := MustWindow(4, time.Minute, Fixed) // locally: 2
+		l := MustLease(2, time.Minute)         // locally: 1
+		if d := ok(c.Check(ctxT(t), "g", g)); d.Degraded {
+			t.Fatalf("%+v", d)
+		}
+		s.stop()
+		firstLocal := time.Now()
+		var got []Decision
+		for range 4 {
+			got = append(got, ok(c.Check(ctxT(t), "g", g)))
+		}
+		elapsed := time.Since(firstLocal)
+		want := [][3]any{{true, uint64(3), uint64(2)}, {true, uint64(3), uint64(1)}, {true, uint64(3), uint64(0)}, {false, uint64(3), uint64(0)}}
+		for i, d := range got {
+			if !d.Degraded || d.Blind || d.Source != SourceLocal || [3]any{d.Allowed, d.Limit, d.Remaining} != want[i] {
+				t.Fatalf("local %d: %+v", i, d)
+			}
+		}
+		// 60 s from the first local charge, less the time these calls took (measured, not
+		// assumed small), rounded to milliseconds.
+		denied := got[3]
+		if denied.RetryAfter+elapsed+time.Millisecond < time.Minute || denied.RetryAfter > time.Minute {
+			t.Errorf("retry after %v (%v after the first)", denied.RetryAfter, elapsed)
+		}
+		h := denied.Headers("g")
+		if h.Get("RateLimit-Policy") != `"g";q=3;w=180` || !strings.HasPrefix(h.Get("RateLimit"), `"g";r=0;t=`) {
+			t.Errorf("%v", h)
+		}
+		if retry, err := strconv.Atoi(h.Get("Retry-After")); err != nil || retry > 60 || time.Duration(retry+1)*time.Second+elapsed < time.Minute {
+			t.Errorf("Retry-After %q", h.Get("Retry-After"))
+		}
+		// Several limits in memory: all or nothing, as RL.ALL.
+		both := []Entry{NewEntry("{u}:g", g), NewEntry("{u}:w", w)}
+		var all []Decision
+		for range 3 {
+			all = append(all, ok(c.CheckAll(ctxT(t), both)))
+		}
+		if !all[0].Allowed || !all[1].Allowed || all[2].Allowed || !all[2].Degraded || all[2].Source != SourceLocal {
+			t.Fatalf("%+v", all)
+		}
+		if all[2].PerKey[0].Remaining != 0 || all[1].PerKey[0].Remaining != 1 || all[2].PerKey[1].Remaining != 0 {
+			t.Errorf("the GCRA was charged twice, not three times: %+v", all)
+		}
+		// A refund during the outage goes back to memory.
+		if r := ok(c.Refund(ctxT(t), "g", 1)); r.Units != 1 || !r.Degraded {
+			t.Errorf("%+v", r)
+		}
+		if d := ok(c.Check(ctxT(t), "g", g)); !d.Allowed || d.Source != SourceLocal {
+			t.Errorf("after the refund: %+v", d)
+		}
+		// A lease in memory: one slot locally; renewed and released there.
+		held := ok(c.Acquire(ctxT(t), "job", l))
+		if d := held.Decision(); !d.Degraded || d.Blind || d.Source != SourceLocal || d.Limit != 1 {
+			t.Errorf("%+v", d)
+		}
+		var limited *RateLimitedError
+		if _, err := c.Acquire(ctxT(t), "job", l); !errors.As(err, &limited) || limited.Decision.Source != SourceLocal {
+			t.Errorf("a second local lease of one: %v", err)
+		}
+		if d, err := held.Renew(ctxT(t)); err != nil || !d.Allowed || d.Source != SourceLocal {
+			t.Errorf("renew: %+v %v", d, err)
+		}
+		if r := ok(held.Release(ctxT(t))); r.Units != 1 || !r.Degraded {
+			t.Errorf("release: %+v", r)
+		}
+		if again := ok(c.Acquire(ctxT(t), "job", l)); again.Decision().Source != SourceLocal {
+			t.Errorf("%+v", again.Decision())
+		} else {
+			ok(again.Release(ctxT(t)))
+		}
+		snap := c.Counters().Snapshot()
+		if snap["local"] < 11 || snap["degraded"] < 11 || snap["refunded"] < 1 {
+			t.Errorf("%v", snap)
+		}
+		s.start(t)
+		var back Decision
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			back = ok(c.Check(ctxT(t), "g", g))
+			if !back.Degraded {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("did not return to Redis within 10 s")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !back.Allowed || back.Source != k.source() || back.Limit != 6 {
+			t.Errorf("Redis's limit, not the local share: %+v", back)
+		}
+		if logs.count(outageLine) != 1 || logs.count(recoveryLine) != 1 {
+			t.Errorf("one line per outage and one at recovery:\n%s", logs.String())
 		}
 	})
 }

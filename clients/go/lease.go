@@ -139,14 +139,14 @@ func (c *Client) Acquire(ctx context.Context, key string, lease Lease, opts ...A
 	}
 	var d Decision
 	if c.health.skip() {
-		d, err = c.degraded(lease, full, nil)
+		d, err = c.degradedLease(lease, full, nil, o.token, o.slots)
 	} else {
 		var v any
 		var mode Mode
 		v, mode, err = c.guarded(ctx, opLease, []string{full}, args)
 		switch {
 		case errors.Is(err, errDown):
-			d, err = c.degraded(lease, full, errors.Unwrap(err))
+			d, err = c.degradedLease(lease, full, errors.Unwrap(err), o.token, o.slots)
 		case err == nil:
 			var r [5]int64
 			if r, err = five(v); err == nil {
@@ -165,7 +165,7 @@ func (c *Client) Acquire(ctx context.Context, key string, lease Lease, opts ...A
 		decision: d, onLost: o.onLost, lost: make(chan struct{}), stop: make(chan struct{}),
 		lastRenewed: time.Now(),
 	}
-	if !d.Degraded {
+	if !d.Blind { // Redis's lease, or FailLocal's (renewed in memory)
 		go g.renewLoop()
 	}
 	return g, nil
@@ -274,8 +274,11 @@ func (g *LeaseGuard) Renew(ctx context.Context) (Decision, error) {
 	if released {
 		return Decision{}, usage("the lease on %q was released", g.key)
 	}
+	if g.decision.Blind {
+		return g.decision, nil // open or closed: holds nothing anywhere
+	}
 	if g.decision.Degraded {
-		return g.decision, nil // holds nothing in Redis
+		return g.renewLocally()
 	}
 	args := append(g.spec.args(), g.token)
 	if g.slots != 1 {
@@ -332,7 +335,11 @@ func (g *LeaseGuard) Release(ctx context.Context) (Refunded, error) {
 	}
 	var r Refunded
 	var err error
-	if first && !g.decision.Degraded {
+	switch {
+	case first && g.decision.Degraded && !g.decision.Blind && g.c.memory != nil:
+		m := g.c.memory.release(g.key, g.token) // FailLocal's lease: held in memory
+		r = Refunded{Units: nonNeg(m[0]), Remaining: nonNeg(m[1]), ResetAfter: msDuration(m[2]), Degraded: true}
+	case first && !g.decision.Degraded:
 		r, err = g.c.report(ctx, opRelease, g.key, g.token)
 	}
 	if lost := g.Err(); lost != nil {
@@ -350,4 +357,28 @@ func (g *LeaseGuard) String() string {
 	}
 	b.WriteString(")")
 	return b.String()
+}
+
+// renewLocally renews a lease FailLocal granted, in memory (RENEW's rule: lost when the
+// token no longer holds it).
+func (g *LeaseGuard) renewLocally() (Decision, error) {
+	ls, s, err := g.c.localSpec(g.lease)
+	if err != nil {
+		return Decision{}, err
+	}
+	r, err := g.c.memory.lease(g.key, s, g.token, g.slots, false, true)
+	if err != nil {
+		if strings.HasPrefix(err.Error(), "LEASELOST") {
+			return Decision{}, g.markLost(LostNotHeld)
+		}
+		return Decision{}, err
+	}
+	d := local(r, ls, g.key, false)
+	if !d.Allowed {
+		return d, g.markLost(LostDenied)
+	}
+	g.mu.Lock()
+	g.lastRenewed = time.Now()
+	g.mu.Unlock()
+	return d, nil
 }

@@ -11,9 +11,6 @@ package redisrl
 // RL.REFUND's and RL.RELEASE's three). A key whose state is idle (its reset passed) is
 // gone, as an expired Redis key is. A key is kept per algorithm (Redis refuses a key used
 // with another algorithm; the calls that reach this store were valid ones).
-//
-// Not wired yet: New still refuses FailLocal (status: the integration into Check, CheckAll,
-// Refund, Acquire, renewals and Release, and the fleet size, are what is left).
 
 import (
 	"container/list"

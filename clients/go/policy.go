@@ -25,7 +25,12 @@ const (
 	// FailError returns an error matching ErrUnavailable and lets the caller decide.
 	FailError
 	// FailLocal enforces the same limits in this process's memory while Redis is
-	// unreachable. Not implemented yet in this package: New refuses it.
+	// unreachable, with the module's algorithms and arithmetic (each limit divided by
+	// WithFleetSize, 1 by default): decisions are Degraded, not Blind, Source SourceLocal,
+	// with the local limiter's real figures (the middleware answers 429 with the RateLimit
+	// fields); refunds and leases taken meanwhile are given back in memory. The first call
+	// after Redis answers again is decided by Redis (docs/clients.md#failure-policy-local).
+	// At most 100,000 keys are kept in memory (the least recently written are forgotten).
 	FailLocal
 )
 
@@ -79,14 +84,15 @@ type Hook func(name string, n uint64)
 //   - degraded: answered by the failure policy;
 //   - errors: Redis calls that failed with an outage;
 //   - redis_calls: round trips made;
-//   - refunded: units given back (Refund, AcrossSlots' give-backs), as Redis reports them;
+//   - refunded: units given back (Refund, AcrossSlots' give-backs), as Redis (or FailLocal's
+//     memory) reports them;
+//   - local: decisions made in memory by FailLocal (also counted as degraded);
 //   - leases_lost: leases found lost while held;
 //   - skipped, missing_denied, forwarded_unusable, peer_unknown: counted by the rlhttp
 //     middleware (a limit skipped for a missing identity, a 401, an unusable forwarding
 //     header, a request without a client address).
 //
-// allowed_locally and local belong to batching and the local failure policy, which this
-// package does not have yet, and stay 0.
+// allowed_locally belongs to batching, which this package does not have yet, and stays 0.
 type Counters struct {
 	values [nCounters]atomic.Uint64
 	hook   Hook

@@ -120,10 +120,16 @@ func (c *Client) Wait(ctx context.Context, key string, limit Spec) error {
 			return nil
 		case d.Allowed: // a reservation: act at its time
 			if err := sleep(ctx, d.RetryAfter); err != nil {
-				if !d.Degraded {
+				switch {
+				case !d.Degraded:
 					// Give the slot back; a failed refund only under-admits.
 					rctx := context.WithoutCancel(ctx) // the client's timeout bounds each call
 					_, _ = c.Refund(rctx, key, 1)
+				case !d.Blind && c.memory != nil:
+					// FailLocal's reservation: given back where it was taken.
+					if full, err := c.fullKey(key); err == nil {
+						c.memory.refund(full, 1)
+					}
 				}
 				return err
 			}

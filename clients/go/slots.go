@@ -103,6 +103,9 @@ func (c *Client) checkAcrossSlots(ctx context.Context, entries []Entry, keys []s
 		charges[i] = charge(i)
 	}
 	d := combine(per, charges)
+	if d.Degraded && !d.Blind {
+		c.counters.add(cLocal, 1) // FailLocal decided it in memory
+	}
 	c.counters.countDecision(d)
 	return d, nil
 }

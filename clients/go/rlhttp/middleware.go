@@ -500,8 +500,8 @@ func (st *settlement) settle(status int) {
 	st.done = true
 	reported, has := st.reported, st.has
 	st.mu.Unlock()
-	if st.decision.Degraded {
-		return // nothing was charged in Redis
+	if st.decision.Degraded && st.decision.Blind {
+		return // open or closed: nothing was charged anywhere
 	}
 	ctx := context.WithoutCancel(st.ctx)
 	lim := st.m.limiter

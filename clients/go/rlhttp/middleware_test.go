@@ -184,6 +184,28 @@ func TestNeverIs413AndClosedIs503(t *testing.T) {
 	}
 }
 
+// Under FailLocal an outage is decided by the in-memory limits: 429 with the RateLimit fields
+// of the local figures and the quota's JSON body, not 503 (docs/clients.md#decided-details-every-package-every-middleware).
+func TestLocalAnswers429WithTheLocalNumbersDuringAnOutage(t *testing.T) {
+	rs := startServer(t)
+	rule := []Rule{{Path: "/", Limits: []Limit{{Name: "api", Spec: redisrl.MustWindow(2, time.Minute, redisrl.Fixed), Key: Header("X-API-Key")}}}}
+	s := serve(t, mustNew(t, rs.limiter(t, redisrl.WithFailurePolicy(redisrl.FailLocal)), rule))
+	rs.stop()
+	var got []reply
+	for range 3 {
+		got = append(got, get(t, s.URL+"/", "X-API-Key", "k"))
+	}
+	if got[0].status != 200 || got[1].status != 200 || got[2].status != 429 {
+		t.Fatalf("%d %d %d", got[0].status, got[1].status, got[2].status)
+	}
+	if !strings.HasPrefix(got[0].header.Get("RateLimit"), `"api";r=1;t=`) || !strings.HasPrefix(got[2].header.Get("RateLimit"), `"api";r=0;t=`) {
+		t.Errorf("%v / %v", got[0].header, got[2].header)
+	}
+	if got[2].body["error"] != "rate_limited" || got[2].header.Get("Retry-After") == "" {
+		t.Errorf("%v %v", got[2].header, got[2].body)
+	}
+}
+
 func TestExemptionsPreflightsAndTheDenialHandler(t *testing.T) {
 	rs := startServer(t)
 	rule := []Rule{{Methods: []string{"GET", "OPTIONS"}, Limits: []Limit{{Name: "one", Spec: redisrl.MustWindow(1, time.Minute, redisrl.Fixed), Key: IP()}}}}
