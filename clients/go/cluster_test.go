@@ -370,3 +370,40 @@ func TestANewerLibraryOnOneMasterLeavesTheOthersLoaded(t *testing.T) {
 		t.Errorf("versions %v, want [99.0.0 %s %s]", versions, ours, ours)
 	}
 }
+
+// FailLocal on a Cluster with every master stopped: AcrossSlots is decided slot group by
+// slot group in memory, and a later group's denial gives back the earlier group's charge in
+// memory too (docs/clients.md#identities-stay-apart, #failure-policy-local).
+func TestLocalAcrossSlotsGivesBackInMemory(t *testing.T) {
+	nodes := startCluster(t, true)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr()}, MaxRetries: -1, DialTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := ok(New(rdb, WithPrefix("loc:"), WithFailurePolicy(FailLocal), WithTimeout(300*time.Millisecond), WithProbeInterval(time.Minute)))
+	perKey := MustGCRA(5, 1, time.Minute)
+	perIP := MustWindow(1, time.Minute, Fixed)
+	kk, ki := ok(Tag("key:k1", "api")), ok(Tag("ip:192.0.2.7", "ip"))
+	if keySlot("loc:"+kk) == keySlot("loc:"+ki) {
+		t.Fatal("the two tags share a slot: pick others")
+	}
+	if d := ok(c.Check(ctxT(t), kk, perKey)); d.Degraded || d.Source != SourceModule {
+		t.Fatalf("%+v", d)
+	}
+	for _, n := range nodes {
+		n.stop()
+	}
+	across := []Entry{NewEntry(kk, perKey), NewEntry(ki, perIP)}
+	first := ok(c.CheckAll(ctxT(t), across, AcrossSlots()))
+	if !first.Allowed || !first.Degraded || first.Blind || first.Source != SourceLocal || first.Remaining != 0 {
+		t.Fatalf("%+v", first)
+	}
+	second := ok(c.CheckAll(ctxT(t), across, AcrossSlots()))
+	if second.Allowed || !second.PerKey[0].Allowed || second.PerKey[1].Allowed || second.Source != SourceLocal {
+		t.Fatalf("%+v", second)
+	}
+	if left := ok(c.Check(ctxT(t), kk, perKey, Cost(0))); left.Source != SourceLocal || left.Remaining != 4 {
+		t.Errorf("the denied request left a charge in memory: %+v", left)
+	}
+	if snap := c.Counters().Snapshot(); snap["local"] != 3 || snap["refunded"] != 1 {
+		t.Errorf("%v", snap)
+	}
+}
