@@ -58,6 +58,19 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
+/// A free loopback port for a Redis Cluster node: at most 55535, its bus port (+10000) free
+/// too. Redis exits at start with a higher one ("Your Redis port number must be 55535 or
+/// less"), and the kernel's ephemeral ports reach 60999: about one in five of them.
+pub fn free_cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let port = free_port();
+        if port <= 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair for a cluster node");
+}
+
 /// A running redis-server with the module loaded.
 pub struct Server {
     child: Option<Child>,
@@ -178,8 +191,13 @@ impl Server {
 
     fn launch_fresh_port(&mut self) {
         let mut last_error = String::new();
+        let cluster = self.extra.iter().any(|w| w == "--cluster-enabled");
         for _ in 0..5 {
-            self.port = free_port();
+            self.port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
             match self.launch() {
                 Ok(()) => return,
                 Err(e) if e.contains("Address already in use") => last_error = e,

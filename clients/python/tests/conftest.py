@@ -222,7 +222,8 @@ class FrozenClock:
 
 
 class RedisCluster:
-    """RedisCluster is three masters (each with the module, or none) joined by redis-cli."""
+    """RedisCluster is three masters (each with the module, or none) joined by redis-cli;
+    add_master, add_replica and fail_over change it under a running test."""
 
     def __init__(self, *, module: bool = True, extra: tuple[str, ...] = ()) -> None:
         self.nodes = [
@@ -345,6 +346,110 @@ class RedisCluster:
             if lo <= slot <= hi:
                 return len(primary) > 2 and text_of(primary[2]) == owner_id
         return False
+
+    def add_replica(self, of: RedisServer) -> RedisServer:
+        """add_replica starts one more node like the others, joins it (add_master), makes it
+        a replica of `of` with CLUSTER REPLICATE and waits until every node lists it as
+        `of`'s replica and its link to `of` is up (the first sync done)."""
+        node = self.add_master()
+        master_id, me = node_id(of), node_id(node)
+        c = node.client()
+        c.execute_command("CLUSTER", "REPLICATE", master_id)
+        c.close()
+        deadline = time.monotonic() + 30
+        for n in self.nodes:
+            nc = n.client()
+            while self._role(nc, me) != ("slave", master_id):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"node {n.port} does not see {node.port} as a replica: {node.log()}")
+                time.sleep(0.05)
+            nc.close()
+        c = node.client()
+        while c.info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {node.port} did not sync: {node.log()}")
+            time.sleep(0.05)
+        c.close()
+        return node
+
+    @staticmethod
+    def _role(c: redis.Redis, node: str) -> tuple[str, str]:
+        """_role is how `c`'s node lists `node`: ("master" or "slave", its master's id or
+        "-"); ("", "") when it does not list it."""
+        for line in text_of(c.execute_command("CLUSTER", "NODES")).splitlines():
+            fields = line.split()
+            if fields[0] == node:
+                return ("slave" if "slave" in fields[2].split(",") else "master"), fields[3]
+        return "", ""
+
+    #: How long a manual failover is given before TAKEOVER (Redis aborts one after 5 s).
+    MANUAL_FAILOVER_DEADLINE = 15.0
+
+    def fail_over(self, replica: RedisServer) -> str:
+        """fail_over makes `replica` the master of its master's slots, as an operator does:
+        once its copy has caught up (the two replication offsets equal), `CLUSTER FAILOVER`
+        on it, and where that manual failover has not completed within
+        MANUAL_FAILOVER_DEADLINE, `CLUSTER FAILOVER TAKEOVER` (no vote of the other masters
+        needed). Returns once every node lists `replica` as a master with slots and its old
+        master as `replica`'s replica, and the cluster is ok: "failover" or "takeover",
+        whichever did it."""
+        rid = node_id(replica)
+        rc = replica.client()
+        old_id = self._role(rc, rid)[1]
+        old = next(n for n in self.nodes if node_id(n) == old_id)
+        oc = old.client()
+        deadline = time.monotonic() + 30
+        while True:
+            info = rc.info("replication")
+            if info.get("master_link_status") == "up" and info["master_repl_offset"] == oc.info(
+                "replication"
+            )["master_repl_offset"]:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {replica.port} did not catch up: {info}")
+            time.sleep(0.05)
+        oc.close()
+        how = "failover"
+        rc.execute_command("CLUSTER", "FAILOVER")
+        if not self._promoted(rid, old_id, self.MANUAL_FAILOVER_DEADLINE):
+            how = "takeover"
+            try:
+                rc.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+            except redis.ResponseError as e:  # the manual failover finished meanwhile
+                if "replica" not in str(e).lower():
+                    raise
+            if not self._promoted(rid, old_id, 30):
+                raise RuntimeError(f"replica {replica.port} not promoted: {replica.log()}")
+        rc.close()
+        return how
+
+    def _promoted(self, rid: str, old_id: str, within: float) -> bool:
+        """_promoted waits up to `within` seconds until every node lists `rid` as a master
+        with slots and `old_id` as its replica, and says cluster_state:ok."""
+        deadline = time.monotonic() + within
+        for n in self.nodes:
+            c = n.client()
+            try:
+                while True:
+                    mine = [
+                        line.split()
+                        for line in text_of(c.execute_command("CLUSTER", "NODES")).splitlines()
+                        if line.startswith(rid + " ")
+                    ]
+                    if (
+                        mine
+                        and self._role(c, rid)[0] == "master"
+                        and len(mine[0]) > 8
+                        and self._role(c, old_id) == ("slave", rid)
+                        and "cluster_state:ok" in text_of(c.execute_command("CLUSTER", "INFO"))
+                    ):
+                        break
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.05)
+            finally:
+                c.close()
+        return True
 
     def close(self) -> None:
         for n in self.nodes:

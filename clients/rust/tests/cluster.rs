@@ -305,6 +305,161 @@ async fn scripts_a_master_added_after_start_gets_the_fallback_once() {
     a_master_added_after_start_gets_the_fallback_once(true).await;
 }
 
+/// docs/clients.md#the-fallback-where-users-are on a Cluster whose replica is promoted
+/// under a running limiter: three masters, one of them with a replica, the limiter started,
+/// then the replica made master (`CLUSTER FAILOVER` once its copy caught up, `TAKEOVER`
+/// where the manual failover does not complete). The limiter's slot table still names the
+/// old master: its first call there is MOVED to the new one. As scripts (`FUNCTION`
+/// renamed away) the replica never got the script (Redis 7 replicates a script's effects,
+/// not its text: `EVALSHA` there answers NOSCRIPT): that call is recovered once, by one
+/// `EVAL` on the new master (one more Redis call, nothing degraded), and decided from the
+/// replicated state; `EVALSHA` again from then on, no load anywhere else. As a library the
+/// replica got the library with the data: it is called there with no `FUNCTION LOAD`
+/// anywhere and no second Redis call.
+async fn a_replica_promoted_after_start_answers_exactly(scripts: bool) {
+    let extra: &[&str] = if scripts {
+        &["--rename-command", "FUNCTION", ""]
+    } else {
+        &[]
+    };
+    let count = |s: &std::collections::HashMap<String, u64>, name: &str| -> u64 {
+        s.get(name).copied().unwrap_or(0)
+    };
+    let load = if scripts { "eval" } else { "function|load" };
+    let mut cl = support::fallback_cluster_with(extra);
+    let keys: Vec<String> = (0..12)
+        .map(|i| tag(&format!("user{i}"), &["api"]).unwrap())
+        .collect();
+    let owner = cl.owner(&format!("prom:{}", keys[0])).port;
+    let master = cl.nodes.iter().position(|n| n.port == owner).unwrap();
+    let replica = support::add_replica(
+        &mut cl,
+        master,
+        support::cluster_node(Kind::Fallback, extra),
+    );
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    let lim = Limiter::cluster_builder(urls)
+        .prefix("prom:")
+        .on_error(redis_rl_client::FailurePolicy::Error)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    // Exact counts however long the test takes.
+    let w = Window::new(10, 3600, redis_rl_client::Algorithm::Log).unwrap();
+    for k in &keys {
+        let d = lim.check(k.as_str(), &w).await.unwrap();
+        assert!(d.allowed && d.remaining == 9 && d.source == redis_rl_client::Source::Fallback);
+    }
+    assert_eq!(lim.check(keys[0].as_str(), &w).await.unwrap().remaining, 8);
+    if !scripts {
+        // The master's FUNCTION LOAD reaches the replica in its replication stream.
+        let mut rc = cl.nodes[replica].conn();
+        common::wait_until(
+            "the library on the replica",
+            Duration::from_secs(30),
+            || {
+                let listed: redis::Value = redis::cmd("FUNCTION")
+                    .arg("LIST")
+                    .arg("LIBRARYNAME")
+                    .arg("redis_rl")
+                    .query(&mut rc)
+                    .unwrap();
+                matches!(&listed, redis::Value::Array(libs) if !libs.is_empty())
+            },
+        );
+    }
+    let before: Vec<_> = cl.nodes.iter().map(support::command_stats).collect();
+
+    let way = support::fail_over(&cl, replica);
+    assert_eq!(
+        cl.owner(&format!("prom:{}", keys[0])).port,
+        cl.nodes[replica].port
+    );
+
+    let calls = lim.counters().snapshot().redis_calls;
+    // Routed by the limiter's old slot table: MOVED, then the promoted replica.
+    let d = lim.check(keys[0].as_str(), &w).await.unwrap();
+    assert!(
+        d.allowed && !d.degraded && d.source == redis_rl_client::Source::Fallback,
+        "{way:?}: {d:?}"
+    );
+    assert_eq!(
+        d.remaining, 7,
+        "{way:?}: decided on the promoted replica from the replicated state"
+    );
+    let on_new = support::command_stats(&cl.nodes[replica]);
+    let was = &before[replica];
+    let calls_now = lim.counters().snapshot().redis_calls;
+    if scripts {
+        // EVALSHA met NOSCRIPT there, then the text once: one recovery, one more call.
+        assert_eq!(
+            count(&on_new, "eval"),
+            count(was, "eval") + 1,
+            "{way:?}: {on_new:?}"
+        );
+        assert_eq!(
+            count(&on_new, "evalsha"),
+            count(was, "evalsha") + 1,
+            "{way:?}: {on_new:?}"
+        );
+        assert_eq!(calls_now, calls + 2, "{way:?}");
+    } else {
+        // The library was there already: one FCALL, nothing loaded.
+        assert_eq!(
+            count(&on_new, "fcall"),
+            count(was, "fcall") + 1,
+            "{way:?}: {on_new:?}"
+        );
+        assert_eq!(calls_now, calls + 1, "{way:?}");
+        let v: String = redis::cmd("FCALL_RO")
+            .arg("rl_version")
+            .arg(0)
+            .query(&mut cl.nodes[replica].conn())
+            .unwrap();
+        assert!(redis_rl_client::LUA_LIBRARY.contains(&format!("local VERSION = '{v}'")));
+    }
+
+    assert_eq!(lim.check(keys[0].as_str(), &w).await.unwrap().remaining, 6);
+    let on_new = support::command_stats(&cl.nodes[replica]);
+    assert_eq!(
+        count(&on_new, load),
+        count(was, load) + u64::from(scripts),
+        "loaded once, not per call: {on_new:?}"
+    );
+    if scripts {
+        assert_eq!(
+            count(&on_new, "evalsha"),
+            count(was, "evalsha") + 2,
+            "by SHA1 again: {on_new:?}"
+        );
+    }
+    for k in &keys[1..] {
+        assert_eq!(lim.check(k.as_str(), &w).await.unwrap().remaining, 8);
+    }
+    for (i, n) in cl.nodes.iter().enumerate() {
+        if i != replica {
+            assert_eq!(
+                count(&support::command_stats(n), load),
+                count(&before[i], load),
+                "{way:?}: no load on node {i}"
+            );
+        }
+    }
+    let c = lim.counters().snapshot();
+    assert_eq!((c.errors, c.degraded), (0, 0), "{c:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_a_replica_promoted_after_start_answers_exactly() {
+    a_replica_promoted_after_start_answers_exactly(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_a_replica_promoted_after_start_answers_exactly() {
+    a_replica_promoted_after_start_answers_exactly(true).await;
+}
+
 /// A rolling deploy reached one master first: the older client keeps the newer library
 /// there and still loads its own where none is (each master has its own plan).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

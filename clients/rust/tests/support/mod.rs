@@ -260,6 +260,129 @@ pub fn add_master(cluster: &mut Cluster, node: Server) -> usize {
     cluster.nodes.len() - 1
 }
 
+/// How `con`'s node lists node `id`: its role (`master` or `slave`), its master's id (`-`
+/// for a master) and whether it serves slots; `None` when it does not list it.
+fn listed(con: &mut redis::Connection, id: &str) -> Option<(String, String, bool)> {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(con).unwrap();
+    nodes.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 7 && f[0] == id).then(|| {
+            let slave = f[2].split(',').any(|flag| flag == "slave");
+            let role = if slave { "slave" } else { "master" };
+            (role.to_owned(), f[3].to_owned(), f.len() > 8)
+        })
+    })
+}
+
+/// Adds `node` (started by [`cluster_node`]) to `cluster` as a replica of
+/// `cluster.nodes[of]`: joined as [`add_master`] does, then `CLUSTER REPLICATE`; waits
+/// until every node lists it as that master's replica and its link is up (the first sync
+/// done). Returns its index in `nodes`.
+pub fn add_replica(cluster: &mut Cluster, of: usize, node: Server) -> usize {
+    let at = add_master(cluster, node);
+    let master_id = Cluster::node_id(&cluster.nodes[of]);
+    let me = Cluster::node_id(&cluster.nodes[at]);
+    let mut c = cluster.nodes[at].conn();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("REPLICATE")
+        .arg(&master_id)
+        .query(&mut c)
+        .unwrap();
+    for n in &cluster.nodes {
+        let mut con = n.conn();
+        crate::common::wait_until("the replica is known", Duration::from_secs(30), || {
+            listed(&mut con, &me).is_some_and(|(role, m, _)| role == "slave" && m == master_id)
+        });
+    }
+    crate::common::wait_until("the replica's link is up", Duration::from_secs(30), || {
+        crate::common::info_field(&mut c, "replication", "master_link_status").as_deref()
+            == Some("up")
+    });
+    at
+}
+
+/// How [`fail_over`] promoted a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Promotion {
+    /// `CLUSTER FAILOVER`: the manual failover, agreed with the old master and voted.
+    Failover,
+    /// `CLUSTER FAILOVER TAKEOVER`: the replica took the slots without a vote.
+    Takeover,
+}
+
+/// How long a manual failover is given before TAKEOVER (Redis aborts one after 5 s).
+const MANUAL_FAILOVER: Duration = Duration::from_secs(15);
+
+/// Makes `cluster.nodes[replica]` the master of its master's slots, as an operator does:
+/// once its copy has caught up (the two replication offsets equal), `CLUSTER FAILOVER` on
+/// it, and where that manual failover has not completed within [`MANUAL_FAILOVER`],
+/// `CLUSTER FAILOVER TAKEOVER` (no vote of the other masters needed). Returns once every
+/// node lists the replica as a master with slots and its old master as its replica, and
+/// the cluster is ok.
+pub fn fail_over(cluster: &Cluster, replica: usize) -> Promotion {
+    let rid = Cluster::node_id(&cluster.nodes[replica]);
+    let mut rc = cluster.nodes[replica].conn();
+    let old_id = listed(&mut rc, &rid).expect("the replica lists itself").1;
+    let old = cluster
+        .nodes
+        .iter()
+        .find(|n| Cluster::node_id(n) == old_id)
+        .expect("the replica's master");
+    let mut oc = old.conn();
+    let offset = |c: &mut redis::Connection| {
+        crate::common::info_field(c, "replication", "master_repl_offset")
+    };
+    crate::common::wait_until("the replica caught up", Duration::from_secs(30), || {
+        crate::common::info_field(&mut rc, "replication", "master_link_status").as_deref()
+            == Some("up")
+            && offset(&mut rc) == offset(&mut oc)
+    });
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query(&mut rc)
+        .unwrap();
+    if promoted(cluster, &rid, &old_id, MANUAL_FAILOVER) {
+        return Promotion::Failover;
+    }
+    let takeover: redis::RedisResult<()> = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .arg("TAKEOVER")
+        .query(&mut rc);
+    if let Err(e) = takeover {
+        // The manual failover finished meanwhile: "You should send CLUSTER FAILOVER to a replica".
+        assert!(e.to_string().to_lowercase().contains("replica"), "{e}");
+    }
+    assert!(
+        promoted(cluster, &rid, &old_id, Duration::from_secs(30)),
+        "replica not promoted; its log:\n{}",
+        cluster.nodes[replica].log()
+    );
+    Promotion::Takeover
+}
+
+/// Waits up to `within` until every node lists `rid` as a master with slots and `old_id`
+/// as its replica, and says `cluster_state:ok`; false if the deadline passed first.
+fn promoted(cluster: &Cluster, rid: &str, old_id: &str, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    for n in &cluster.nodes {
+        let mut con = n.conn();
+        loop {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut con).unwrap();
+            if info.contains("cluster_state:ok")
+                && listed(&mut con, rid).is_some_and(|(role, _, slots)| role == "master" && slots)
+                && listed(&mut con, old_id).is_some_and(|(role, m, _)| role == "slave" && m == rid)
+            {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    true
+}
+
 /// Moves `slot` with its keys from its owner to `cluster.nodes[to]`, as `redis-cli
 /// --cluster reshard` does (SETSLOT IMPORTING / MIGRATING, MIGRATE, SETSLOT NODE on every
 /// node), and waits until every node sends the slot to it.
