@@ -79,12 +79,26 @@ func (b *batcher) take(ck string, cost uint64, now time.Time) (credit, bool) {
 	return *c, true
 }
 
-// put stores a new credit; one it replaces that still holds units is kept for refunding.
-func (b *batcher) put(ck string, c credit) {
+// put stores a new credit. A live one it meets (another goroutine's batch of the same key
+// and limit, taken at about the same time) is merged into it with the earlier of the two
+// deadlines each (before both, both units may be used and refunded), so its units stay
+// usable; one past its use time that still holds units is kept for refunding.
+func (b *batcher) put(ck string, c credit, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if old := b.credits[ck]; old != nil && old.units > 0 {
-		b.pending = append(b.pending, *old)
+		if now.Before(old.useUntil) {
+			c.units += old.units
+			c.remainingSeen = min(c.remainingSeen, old.remainingSeen)
+			if old.useUntil.Before(c.useUntil) {
+				c.useUntil = old.useUntil
+			}
+			if old.refundUntil.Before(c.refundUntil) {
+				c.refundUntil = old.refundUntil
+			}
+		} else {
+			b.pending = append(b.pending, *old)
+		}
 	}
 	b.credits[ck] = &c
 }
@@ -222,18 +236,26 @@ func denialForCost(s spec, d Decision, taken, cost uint64) (Decision, bool) {
 	return d, true
 }
 
-// checkBatched is a plain Check (no Peek, Force or MaxWait; 1 ≤ cost < k) under batching: a
-// live credit answers locally; else one call takes up to k units, keeps what is beyond cost
+// fromCredit admits cost units of ck from a live credit, if one holds them. It is asked
+// before the deny cache: units paid for in Redis are this process's to hand out even while
+// Redis denies the key (a denial cached by one goroutine must not strand another's batch).
+func (c *Client) fromCredit(ck, full string, limit Spec, s spec, cost uint64) (Decision, bool) {
+	cr, found := c.batch.take(ck, cost, time.Now())
+	if !found {
+		return Decision{}, false
+	}
+	d := Decision{Allowed: true, Limit: s.capacity, Remaining: cr.remainingSeen + cr.units, Source: SourceLocal, Spec: limit, Key: full}
+	c.counters.add(cAllowedLocally, 1)
+	c.counters.countDecision(d)
+	return d, true
+}
+
+// checkBatched is a plain Check (no Peek, Force or MaxWait; 1 ≤ cost < k) under batching
+// that no credit answered (fromCredit): one call takes up to k units, keeps what is beyond cost
 // as a credit, and answers (at most three calls when the key has fewer than asked left).
 func (c *Client) checkBatched(ctx context.Context, ck, full string, limit Spec, s spec, o checkOptions, k uint64) (Decision, error) {
 	b := c.batch
 	cost := o.cost
-	if cr, found := b.take(ck, cost, time.Now()); found {
-		d := Decision{Allowed: true, Limit: s.capacity, Remaining: cr.remainingSeen + cr.units, Source: SourceLocal, Spec: limit, Key: full}
-		c.counters.add(cAllowedLocally, 1)
-		c.counters.countDecision(d)
-		return d, nil
-	}
 	if c.health.skip() {
 		return c.degradedCheck(limit, full, nil, o)
 	}
@@ -266,8 +288,8 @@ func (c *Client) checkBatched(ctx context.Context, ck, full string, limit Spec, 
 		if d.Allowed {
 			if units := want - cost; units > 0 {
 				use, refund := b.deadlines(s, want, sent, d.ResetAfter)
-				if use.After(time.Now()) { // else too close to a window's end: they lapse with it
-					b.put(ck, credit{key: full, units: units, useUntil: use, refundUntil: refund, remainingSeen: d.Remaining})
+				if now := time.Now(); use.After(now) { // else too close to a window's end: they lapse with it
+					b.put(ck, credit{key: full, units: units, useUntil: use, refundUntil: refund, remainingSeen: d.Remaining}, now)
 					d.Remaining += units
 					c.ensureSweeper()
 				}

@@ -356,3 +356,25 @@ func TestGCRALeftoversPastTheirDrainAreNotRefunded(t *testing.T) {
 		}
 	}, WithBatch(5), WithBatchHold(time.Minute))
 }
+
+func TestHeldUnitsAreUsedWhileADenialIsCached(t *testing.T) {
+	// Another goroutine's cached denial of the key (its batch came too late) must not strand
+	// the units this process already paid for: the credit answers first.
+	bothModes(t, func(t *testing.T, k testMode, s *server, c *Client) {
+		g := MustGCRA(50, 1, time.Hour)
+		if d := ok(c.Check(ctxT(t), "held", g)); !d.Allowed || d.Remaining != 49 {
+			t.Fatalf("%+v", d)
+		}
+		sp, _ := g.spec()
+		ck := c.Prefix() + "held\x00" + sp.ident()
+		c.denyCache.store(ck, []string{c.Prefix() + "held"}, 1, Decision{RetryAfter: time.Hour, ResetAfter: time.Hour}, time.Now())
+		for i := range 4 {
+			if d := ok(c.Check(ctxT(t), "held", g)); !d.Allowed || d.Source != SourceLocal {
+				t.Fatalf("check %d: %+v", i, d)
+			}
+		}
+		if d := ok(c.Check(ctxT(t), "held", g)); d.Allowed || d.Source != SourceLocal {
+			t.Errorf("the credit used up, the cached denial answers: %+v", d)
+		}
+	}, WithBatch(5), WithBatchHold(time.Minute))
+}

@@ -327,6 +327,14 @@ func (c *Client) Check(ctx context.Context, key string, limit Spec, opts ...Chec
 	if plain && (c.denyCache != nil || c.batch != nil) {
 		ck = full + "\x00" + s.ident()
 	}
+	batchK := uint64(0)
+	if plain && c.batch != nil {
+		if batchK = c.batch.size(s, o.cost); batchK > 0 {
+			if d, ok := c.fromCredit(ck, full, limit, s, o.cost); ok {
+				return d, nil
+			}
+		}
+	}
 	if plain && c.denyCache != nil {
 		if d, ok := c.denyCache.lookup(ck, o.cost, time.Now()); ok {
 			c.counters.add(cDeniedLocally, 1)
@@ -334,10 +342,8 @@ func (c *Client) Check(ctx context.Context, key string, limit Spec, opts ...Chec
 			return d, nil
 		}
 	}
-	if plain && c.batch != nil {
-		if k := c.batch.size(s, o.cost); k > 0 {
-			return c.checkBatched(ctx, ck, full, limit, s, o, k)
-		}
+	if batchK > 0 {
+		return c.checkBatched(ctx, ck, full, limit, s, o, batchK)
 	}
 	if c.health.skip() {
 		return c.degradedCheck(limit, full, nil, o)
