@@ -378,3 +378,65 @@ func TestHeldUnitsAreUsedWhileADenialIsCached(t *testing.T) {
 		}
 	}, WithBatch(5), WithBatchHold(time.Minute))
 }
+
+func TestHeldUnitsStillAdmitDuringAnOutageAndTheirRefundIsDropped(t *testing.T) {
+	// Units paid for in Redis are admitted while Redis is down (not Degraded); after them the
+	// failure policy answers; Close's refund that cannot reach Redis is dropped without an
+	// error (a lost refund only under-admits).
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			s, c, _ := ownServer(t, k, FailOpen, nil, WithBatch(5), WithBatchHold(time.Minute))
+			g := MustGCRA(50, 1, time.Hour)
+			if d := ok(c.Check(ctxT(t), "out", g)); !d.Allowed || d.Degraded {
+				t.Fatalf("%+v", d)
+			}
+			s.stop()
+			for i := range 4 {
+				if d := ok(c.Check(ctxT(t), "out", g)); !d.Allowed || d.Degraded || d.Source != SourceLocal {
+					t.Fatalf("held unit %d: %+v", i, d)
+				}
+			}
+			if d := ok(c.Check(ctxT(t), "out", g)); !d.Allowed || !d.Degraded {
+				t.Errorf("after the held units, the open policy: %+v", d)
+			}
+			if n, err := c.Close(ctxT(t)); n != 0 || err != nil {
+				t.Errorf("Close during the outage: %d %v", n, err)
+			}
+		})
+	}
+}
+
+func TestLeftoversAfterAnOutageGoBackWhenRedisAnswers(t *testing.T) {
+	// Held units whose refund fell in an outage are dropped; units held when Redis is back
+	// go back as usual (the sweeper keeps running while units are held).
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			s, c, _ := ownServer(t, k, FailOpen, nil, WithBatch(5), WithBatchHold(200*time.Millisecond))
+			g := MustGCRA(50, 1, time.Hour)
+			ok(c.Check(ctxT(t), "back", g))
+			s.pause(t)
+			time.Sleep(400 * time.Millisecond) // the sweeper's refund meets the paused server
+			s.resume(t)
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) && c.batch != nil && !c.batch.empty() {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if !c.batch.empty() {
+				t.Fatal("credits still held after the hold")
+			}
+			time.Sleep(100 * time.Millisecond)
+			d := ok(c.Check(ctxT(t), "back", g))
+			if !d.Allowed || d.Degraded {
+				t.Fatalf("after the outage: %+v", d)
+			}
+			ok(c.Close(ctxT(t)))
+			left := ok(c.Check(ctxT(t), "back", g, Cost(0))).Remaining
+			t.Logf("Redis has %d left (refunded counter %d)", left, counter(c, "refunded"))
+			// A refund that timed out on the paused server may still run when it resumes (it
+			// was sent); either way never more than what was held. 5 taken at first (4 of them refunded or dropped), 5 now (4 refunded by Close).
+			if left != 44 && left != 48 {
+				t.Errorf("Redis has %d left, want 48 (the first refund landed) or 44 (dropped)", left)
+			}
+		})
+	}
+}
