@@ -21,7 +21,7 @@ lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe blo
 	cargo fmt --manifest-path fuzz/Cargo.toml --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings
-	cd clients/go && git ls-files --error-unmatch redis_rl.lua >/dev/null && { cmp -s ../../scripts/lua/redis_rl.lua redis_rl.lua || { echo "clients/go/redis_rl.lua differs from scripts/lua/redis_rl.lua: run go generate ./... in clients/go and commit the copy (clients/go/GENERATED.md)"; exit 1; }; } && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt -l: $$out"; exit 1; }; } && go vet ./... && cd rlgin && go vet ./...
+	cd clients/go && git ls-files --error-unmatch redis_rl.lua >/dev/null && { cmp -s ../../scripts/lua/redis_rl.lua redis_rl.lua || { echo "clients/go/redis_rl.lua differs from scripts/lua/redis_rl.lua: run go generate ./... in clients/go and commit the copy (clients/go/GENERATED.md)"; exit 1; }; } && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt -l: $$out"; exit 1; }; } && go vet ./... && (cd rlgin && go vet ./...) && cd bench && go vet ./...
 
 test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh
@@ -54,12 +54,13 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns (default cap and 10 M) and of the fallback's LEASE at 10,000 holders
 	RL_MODULE=$(MODULE) cargo bench --profile bench-worst --bench worst_case
 
-bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python and Rust clients' fast paths and the Python side-by-side bench (BENCH_QUICK=1 shortens)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python, Rust and Go clients' fast paths, the Go side-by-side with redis_rate, and the Python side-by-side bench (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
 	.venv-py/bin/python clients/python/bench/fastpath.py $$([ -n "$${BENCH_QUICK:-}" ] && echo --seconds 1 || echo --readme)
 	RL_MODULE=$(MODULE) cargo bench -p redis-rl-client --bench fastpath -- $${BENCH_QUICK:+--seconds 1}
+	cd clients/go/bench && RL_MODULE=$(MODULE) go run ./fastpath $${BENCH_QUICK:+-seconds 1 -samples 2000}
 	$(MAKE) bench-sidebyside
 	$(MAKE) bench-replay
 

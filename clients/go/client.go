@@ -46,6 +46,7 @@ type Client struct {
 	denyCache *denyCache
 	memory    *memoryStore // FailLocal's limits (nil under the other policies)
 	fleet     uint64       // FailLocal divides each limit by it
+	batch     *batcher     // nil unless WithBatch(k) with k > 1
 }
 
 type config struct {
@@ -60,6 +61,9 @@ type config struct {
 	hook             Hook
 	logger           *slog.Logger
 	fleetSize        uint64
+	batch            uint64
+	hasBatch         bool
+	batchHold        time.Duration
 }
 
 // Option configures a Client (New).
@@ -101,6 +105,28 @@ func WithDenyCache(on bool) Option { return func(c *config) { c.denyCache = on }
 // limit (docs/clients.md#failure-policy-local). 1 by default; 0 is refused.
 func WithFleetSize(n uint64) Option { return func(c *config) { c.fleetSize = n } }
 
+// WithBatch turns batching on (docs/clients.md#batching-optional; off by default): a
+// Check of a GCRA, FIXED or SLIDING limit takes up to k units in one Redis call (QUANTITY
+// k, at most the limit's capacity), admits later requests of the same key and limit from
+// them in this process without a call (Source SourceLocal, counted as allowed_locally), and
+// gives back (RL.REFUND) what is left once the hold (WithBatchHold) has passed, or on
+// Close. Every local admission was paid for in Redis first, so the fleet never admits more
+// than the limit; the cost is that up to k−1 units per process and key may sit unused for
+// the hold. Units of a window are used and refunded only inside the window they were paid
+// in, GCRA units only while the bucket cannot have drained past them; what cannot be
+// refunded exactly lapses (under-admits, never over-admits).
+//
+// Not batched, as in the Rust crate: LOG windows, leases, CheckAll, and checks with Peek,
+// Force, MaxWait, or a cost of k or more (each is its own call). k = 1 is no batching; k = 0
+// is refused by New with an error matching ErrInvalidLimit ("batch must be a positive
+// integer").
+func WithBatch(k uint64) Option { return func(c *config) { c.batch, c.hasBatch = k, true } }
+
+// WithBatchHold is how long unused batch units are held before they are refunded (100 ms
+// by default); a duration that is not positive or is longer than MaxSeconds is refused by
+// New (ErrUsage).
+func WithBatchHold(d time.Duration) Option { return func(c *config) { c.batchHold = d } }
+
 // WithHook calls hook(counterName, n) on every counter increment.
 func WithHook(hook Hook) Option { return func(c *config) { c.hook = hook } }
 
@@ -124,6 +150,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 		loadLibrary:      true,
 		denyCache:        true,
 		fleetSize:        1,
+		batchHold:        100 * time.Millisecond,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -134,7 +161,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 	for _, d := range []struct {
 		v    time.Duration
 		name string
-	}{{cfg.timeout, "timeout"}, {cfg.probeInterval, "probe interval"}, {cfg.closedRetryAfter, "closed retry after"}} {
+	}{{cfg.timeout, "timeout"}, {cfg.probeInterval, "probe interval"}, {cfg.closedRetryAfter, "closed retry after"}, {cfg.batchHold, "batch hold"}} {
 		if d.v <= 0 || d.v > maxSpan {
 			return nil, usage("%s must be a positive duration of at most %d s", d.name, MaxSeconds)
 		}
@@ -146,6 +173,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 	case FailOpen, FailClosed, FailError, FailLocal:
 	default:
 		return nil, usage("unknown failure policy %d", cfg.policy)
+	}
+	if cfg.hasBatch && cfg.batch == 0 {
+		return nil, invalid("batch must be a positive integer")
 	}
 	if cfg.fleetSize == 0 {
 		return nil, usage("fleet size must be at least 1 (the number of processes sharing the limits)")
@@ -173,6 +203,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 		c.denyCache = newDenyCache(10_000)
 	}
 	c.fleet = cfg.fleetSize
+	if cfg.batch > 1 {
+		c.batch = newBatcher(cfg.batch, cfg.batchHold)
+	}
 	if cfg.policy == FailLocal {
 		c.memory = newMemoryStore(100_000, nil)
 	}
@@ -291,13 +324,26 @@ func (c *Client) Check(ctx context.Context, key string, limit Spec, opts ...Chec
 	// A request larger than the limit goes to Redis, which answers Never (HTTP 413).
 	plain := !o.peek && !o.force && !o.hasWait && o.cost >= 1 && o.cost <= s.capacity
 	var ck string
-	if plain && c.denyCache != nil {
+	if plain && (c.denyCache != nil || c.batch != nil) {
 		ck = full + "\x00" + s.ident()
+	}
+	batchK := uint64(0)
+	if plain && c.batch != nil {
+		if batchK = c.batch.size(s, o.cost); batchK > 0 {
+			if d, ok := c.fromCredit(ck, full, limit, s, o.cost); ok {
+				return d, nil
+			}
+		}
+	}
+	if plain && c.denyCache != nil {
 		if d, ok := c.denyCache.lookup(ck, o.cost, time.Now()); ok {
 			c.counters.add(cDeniedLocally, 1)
 			c.counters.countDecision(d)
 			return d, nil
 		}
+	}
+	if batchK > 0 {
+		return c.checkBatched(ctx, ck, full, limit, s, o, batchK)
 	}
 	if c.health.skip() {
 		return c.degradedCheck(limit, full, nil, o)

@@ -28,8 +28,8 @@ var exactLimits = map[string]Spec{
 	"log":     MustWindow(50, time.Hour, Log),
 }
 
-// TestHelperHammer is the child process: RL_HAMMER_ADDR, RL_HAMMER_KEY, RL_HAMMER_LIMIT; it
-// prints "admitted N".
+// TestHelperHammer is the child process: RL_HAMMER_ADDR, RL_HAMMER_KEY, RL_HAMMER_LIMIT (and
+// RL_HAMMER_BATCH: WithBatch of that many); it prints "admitted N".
 func TestHelperHammer(t *testing.T) {
 	addr := os.Getenv("RL_HAMMER_ADDR")
 	if addr == "" {
@@ -37,7 +37,11 @@ func TestHelperHammer(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	c := ok(New(rdb, WithDenyCache(false)))
+	opts := []Option{WithDenyCache(false)}
+	if k, err := strconv.ParseUint(os.Getenv("RL_HAMMER_BATCH"), 10, 64); err == nil {
+		opts = append(opts, WithBatch(k), WithBatchHold(time.Second))
+	}
+	c := ok(New(rdb, opts...))
 	limit := exactLimits[os.Getenv("RL_HAMMER_LIMIT")]
 	if _, err := c.ResolvedMode(context.Background()); err != nil {
 		t.Fatal(err)
@@ -64,6 +68,11 @@ func TestHelperHammer(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// Batching: what this process still holds goes back before it reports.
+	if _, err := c.Close(context.Background()); err != nil {
+		fmt.Println("error", err)
+		return
+	}
 	fmt.Printf("admitted %d\n", admitted.Load())
 }
 

@@ -80,19 +80,18 @@ type Hook func(name string, n uint64)
 // Counters counts decisions and Redis calls; lock-free, readable at any time.
 //
 //   - allowed / denied: every decision returned (local and degraded ones included);
+//   - allowed_locally: admitted from a batch credit (WithBatch), without a Redis call;
 //   - denied_locally: denied by the deny cache, without a Redis call;
 //   - degraded: answered by the failure policy;
 //   - errors: Redis calls that failed with an outage;
 //   - redis_calls: round trips made;
-//   - refunded: units given back (Refund, AcrossSlots' give-backs), as Redis (or FailLocal's
-//     memory) reports them;
+//   - refunded: units given back (Refund, AcrossSlots' give-backs, batch leftovers), as
+//     Redis (or FailLocal's memory) reports them;
 //   - local: decisions made in memory by FailLocal (also counted as degraded);
 //   - leases_lost: leases found lost while held;
 //   - skipped, missing_denied, forwarded_unusable, peer_unknown: counted by the rlhttp
 //     middleware (a limit skipped for a missing identity, a 401, an unusable forwarding
 //     header, a request without a client address).
-//
-// allowed_locally belongs to batching, which this package does not have yet, and stays 0.
 type Counters struct {
 	values [nCounters]atomic.Uint64
 	hook   Hook
