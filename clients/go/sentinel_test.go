@@ -151,11 +151,25 @@ func failOver(t *testing.T, master, replica, sentinel *server) {
 	waitFor(t, "the replica is the master", func() bool {
 		return infoField(t, replica, "replication", "role") == "master"
 	})
-	waitFor(t, "the old master follows the new one", func() bool {
+	// Sentinel turns the old master into a replica when its next INFO (every 10 s) shows it
+	// still a master: about 14 s here on an idle machine.
+	waitWithin(t, "the old master follows the new one", 90*time.Second, func() bool {
 		return infoField(t, master, "replication", "role") == "slave" &&
 			infoField(t, master, "replication", "master_port") == strconv.Itoa(replica.port) &&
 			infoField(t, master, "replication", "master_link_status") == "up"
 	})
+}
+
+// waitWithin polls cond every 50 ms until it holds, failing the test after d.
+func waitWithin(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // decideAfterSwitch checks until Redis answers (an outage while go-redis follows the switch is
