@@ -80,10 +80,19 @@ func sentinelDo(s *server, args ...any) (any, error) {
 	return c.Do(ctx, args...).Result()
 }
 
-// infoField is one field of a server's INFO section.
+// infoField is one field of a server's INFO section, "" when the server does not answer:
+// Sentinel ends every normal client's connection (CLIENT KILL TYPE normal) when it turns a
+// server into a master or a replica, so a poll may meet EOF.
 func infoField(t *testing.T, s *server, section, field string) string {
 	t.Helper()
-	info, _ := s.do(t, "INFO", section).(string)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	info, err := c.Info(ctx, section).Result()
+	if err != nil {
+		return ""
+	}
 	for _, line := range strings.Split(info, "\r\n") {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			return v
