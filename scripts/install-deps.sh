@@ -5,12 +5,25 @@
 #     (libclang1-14 + libclang-common-14-dev: the smallest set that works on Debian 12)
 # Uses apt-get as root, or through sudo. Prints what to install by hand otherwise.
 # Arguments name more Debian packages whose command of the same name is needed (e.g.
-# `install-deps.sh stress` for make test-loaded).
+# `install-deps.sh stress` for make test-loaded). The argument `staticcheck` (make lint) is
+# installed with `go install` from the Go module proxy instead, at a pinned version, into
+# `go env GOBIN` (else `$(go env GOPATH)/bin`), where make lint runs it.
 set -euo pipefail
 
+STATICCHECK_VERSION=v0.8.2
 missing=()
 for tool in "$@"; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+    case "$tool" in
+    staticcheck)
+        gobin=$(go env GOBIN)
+        [ -n "$gobin" ] || gobin="$(go env GOPATH)/bin"
+        if [ ! -x "$gobin/staticcheck" ]; then
+            echo "install-deps: go install honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" >&2
+            (cd / && go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION")
+        fi
+        ;;
+    *) command -v "$tool" >/dev/null 2>&1 || missing+=("$tool") ;;
+    esac
 done
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     missing+=(redis-server)
