@@ -93,8 +93,10 @@ def is_oom(exc: BaseException) -> bool:
 
 def twin_missing(exc: BaseException) -> bool:
     """twin_missing: the twin cannot answer (a library older than 1.3.0 has none, or FCALL_RO
-    is refused): the writing function's OOM error stands."""
-    return is_missing_function(exc) or functions_refused(exc) or is_no_permission(exc)
+    is refused: unknown, or a NOPERM on the command): the writing function's OOM error stands.
+    A NOPERM on one of the keys (the user's key patterns) is the server's answer to the call,
+    reported as it is (functions_refused leaves it out)."""
+    return is_missing_function(exc) or functions_refused(exc)
 
 
 def check_command(
