@@ -465,3 +465,47 @@ async def test_out_of_memory_refuses_writes_and_still_denies(
     d = await lim.check("win", w)
     assert d.allowed and d.remaining == 3
     assert (await lim.check("new", g)).allowed
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_out_of_memory_a_noperm_on_a_key_of_the_twin_is_the_servers_error(flavor: str, prefix: str) -> None:
+    """docs/clients.md#out-of-memory: only FCALL_RO refused to this client (a NOPERM on the
+    command) means "no twin", where the first OOM stands. A NOPERM on one of the twin's keys
+    (the user's key patterns: here its one selector that allows FCALL_RO, on `<prefix>ok*`
+    only) is the server's answer to the call, raised as it is, not an outage the failure
+    policy (open) would admit. (It was taken for "no twin" before: the OOM stood, and the
+    call was admitted, degraded.)"""
+    from .conftest import SERVER_MAJOR
+
+    if SERVER_MAJOR < 7:
+        pytest.skip("no Functions library, so no twin, before Redis 7")
+    s = RedisServer(module=False)
+    admin = s.client()
+    admin.execute_command(
+        "ACL", "SETUSER", "twin", "on", ">pw", f"~{prefix}*", "+@all", "-fcall_ro", f"(+fcall_ro ~{prefix}ok*)"
+    )
+    options: dict[str, Any] = {"prefix": prefix, "on_error": "open", "deny_cache": False}
+    lim: Any
+    if flavor == "sync":
+        lim = SyncAsAsync(Limiter(redis.Redis(port=s.port, username="twin", password="pw"), **options))
+    else:
+        lim = AsyncLimiter(aredis.Redis(port=s.port, username="twin", password="pw"), **options)
+    try:
+        g = GCRA(1, 1, 3600)
+        for key in ("ok1", "other"):
+            d = await lim.check(key, g)  # FCALL rl_gcra, as the user's root permissions allow
+            assert d.allowed and d.source is Source.FALLBACK
+        admin.config_set("maxmemory", 1)
+        try:
+            denied = await lim.check("ok1", g)  # OOM, then the twin, allowed on this key
+            assert not denied.allowed and not denied.degraded
+            with pytest.raises(redis.exceptions.NoPermissionError, match="keys"):
+                await lim.check("other", g)
+            assert lim.counters["degraded"] == 0
+        finally:
+            admin.config_set("maxmemory", 0)
+        assert not (await lim.check("other", g)).allowed
+    finally:
+        await close_limiter(lim)
+        admin.close()
+        s.close()

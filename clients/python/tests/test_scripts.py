@@ -7,15 +7,18 @@ missing. Chosen by asking the server, never by configuration."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aredis
 
-from redis_rl import GCRA, AsyncLimiter, Lease, LeaseLost, Limiter, LimiterError, Source, Window, tag
+from redis_rl import GCRA, AsyncLimiter, Lease, LeaseLost, Limiter, LimiterError, Mode, Source, Window, tag
 
 from .conftest import SERVER_MAJOR, RedisCluster, RedisServer, SyncAsAsync, close_limiter, renamed_away
 
@@ -300,5 +303,94 @@ async def test_lua_switched_off_is_one_clear_error(flavor: str, prefix: str) -> 
             assert (lim.counters["degraded"], lim.counters["errors"]) == (0, 0)
         finally:
             await close_limiter(lim)
+    finally:
+        s.close()
+
+
+#: Concurrent first calls per round, and rounds (each a new limiter: a new pool, nothing
+#: learned yet). Their EVALs (or EVALSHAs) are sent before the first refusal is read.
+CALLERS, ROUNDS = 16, 6
+
+
+async def first_calls_at_once(flavor: str, port: int, prefix: str, *, warm: bool, **kw: Any) -> list[Any]:
+    """first_calls_at_once: a new limiter learns the server allows no Functions (the mode
+    detected, no decision yet), takes one decision if `warm` (EVAL: the server has the text,
+    the next calls go by SHA1), then CALLERS decisions on their own keys at once: asyncio
+    tasks (gather) or threads released together. Their answers, or what they raised."""
+    g = GCRA(1, 1, 3600)
+    if flavor == "async":
+        alim = AsyncLimiter(aredis.Redis(port=port, **kw), prefix=prefix)
+        try:
+            assert await alim.resolved_mode() is Mode.FALLBACK
+            if warm:
+                assert (await alim.check("warm", g)).allowed
+            return list(
+                await asyncio.gather(*(alim.check(f"c{i}", g) for i in range(CALLERS)), return_exceptions=True)
+            )
+        finally:
+            await close_limiter(alim)
+    lim = Limiter(redis.Redis(port=port, **kw), prefix=prefix)
+    try:
+        assert lim.mode is Mode.FALLBACK
+        if warm:
+            assert lim.check("warm", g).allowed
+        start = threading.Barrier(CALLERS)
+
+        def one(i: int) -> Any:
+            start.wait(timeout=30)
+            return lim.check(f"c{i}", g)
+
+        with ThreadPoolExecutor(CALLERS) as pool:
+            futures = [pool.submit(one, i) for i in range(CALLERS)]
+            return [f.exception(timeout=60) or f.result() for f in futures]
+    finally:
+        lim.close()
+        lim.redis.close()
+
+
+def script_user(server: RedisServer, refused: str) -> dict[str, str]:
+    """script_user: the credentials of a user denied FUNCTION, FCALL, FCALL_RO and `refused`."""
+    name, pw = acl_user(server, "-function", "-fcall", "-fcall_ro", f"-{refused.lower()}")
+    return {"username": name, "password": pw}
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+@pytest.mark.parametrize("by", ["rename", "acl"])
+@pytest.mark.parametrize("refused", ["EVAL", "EVALSHA"])
+async def test_concurrent_first_calls_refused_one_form_all_use_the_other(
+    flavor: str, by: str, refused: str, prefix: str
+) -> None:
+    # docs/clients.md#the-fallback-where-users-are: calls refused EVAL (or EVALSHA) at the
+    # same moment each go on in the other form; the refusal one of them recorded first is no
+    # reason for the others to report "no scripting". (It failed so before: of a round's
+    # calls, those that read their refusal after the first raised the one clear error.)
+    s = server_with("FUNCTION", refused) if by == "rename" else server_with()
+    kw = script_user(s, refused) if by == "acl" else {}
+    try:
+        for round_ in range(ROUNDS):
+            got = await first_calls_at_once(flavor, s.port, f"{prefix}{round_}:", warm=refused == "EVALSHA", **kw)
+            failed = [x for x in got if isinstance(x, BaseException)]
+            assert not failed, f"round {round_}: {len(failed)} of {CALLERS} calls failed: {failed[0]!r}"
+            assert all(d.allowed and d.source is Source.FALLBACK and not d.degraded for d in got)
+        calls = stats(s)
+        # Every decision was taken once, by the form the server allows.
+        other = "evalsha" if refused == "EVAL" else "eval"
+        assert calls.get(other, 0) >= ROUNDS * CALLERS, calls
+        if refused == "EVAL":
+            assert calls.get("script|load", 0) >= ROUNDS, calls
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+async def test_concurrent_first_calls_without_any_scripting_all_get_the_clear_error(flavor: str, prefix: str) -> None:
+    # Both forms refused: every one of the concurrent calls ends with the one clear error
+    # (none with the server's raw refusal, none with "kept failing").
+    s = server_with("FUNCTION", "EVAL", "EVALSHA")
+    try:
+        for round_ in range(2):
+            got = await first_calls_at_once(flavor, s.port, f"{prefix}{round_}:", warm=False)
+            assert all(isinstance(x, LimiterError) for x in got), got
+            assert all("no redis-rl module" in str(x) and "scripts" in str(x) for x in got), got[0]
     finally:
         s.close()

@@ -1194,6 +1194,12 @@ impl Limiter {
     /// sends the text there (`EVAL`, or `SCRIPT LOAD` where `EVAL` is refused); a refused
     /// `EVAL` moves to `SCRIPT LOAD` + `EVALSHA`, a refused `EVALSHA` to `EVAL`. `None`: not
     /// a scripting problem, or nothing left to try.
+    ///
+    /// Concurrent first calls (tasks) are sent `EVAL` (or `EVALSHA`) together and refused
+    /// together: the refusal another call recorded first sends this one again in the form
+    /// that is left (by SHA1 after a refused `EVAL`: the first call's `SCRIPT LOAD` sent the
+    /// text, or `NOSCRIPT` loads it here). Only a call that was refused and knows the other
+    /// form is refused too (it saw it, or another call recorded it) gets `None`.
     fn script_recovery(&self, sent: Script, e: &RedisError) -> Option<ScriptStep> {
         let inner = &self.inner;
         if sent == Script::Sha && is_noscript(e) {
@@ -1207,13 +1213,21 @@ impl Limiter {
             return None;
         }
         match sent {
-            Script::Text if !inner.eval_refused.swap(true, Ordering::AcqRel) => {
-                (!inner.evalsha_refused.load(Ordering::Acquire)).then_some(ScriptStep::Load)
+            Script::Text => {
+                let first = !inner.eval_refused.swap(true, Ordering::AcqRel);
+                if inner.evalsha_refused.load(Ordering::Acquire) {
+                    None
+                } else if first {
+                    Some(ScriptStep::Load)
+                } else {
+                    Some(ScriptStep::Retry)
+                }
             }
-            Script::Sha if !inner.evalsha_refused.swap(true, Ordering::AcqRel) => {
+            Script::Sha => {
+                inner.evalsha_refused.store(true, Ordering::Release);
                 (!inner.eval_refused.load(Ordering::Acquire)).then_some(ScriptStep::Retry)
             }
-            _ => None,
+            Script::Functions => None,
         }
     }
 

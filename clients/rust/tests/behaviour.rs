@@ -915,3 +915,62 @@ async fn out_of_memory_refuses_writes_and_still_denies(kind: Kind) {
     assert!(lim.check("new", &g).await.unwrap().allowed);
     held.release().await.unwrap();
 }
+
+/// docs/clients.md#out-of-memory: only `FCALL_RO` refused to this client (a `NOPERM` on the
+/// command) means "no twin", where the first OOM stands. A `NOPERM` on one of the twin's keys
+/// (the user's key patterns: here its one selector that allows `FCALL_RO`, on `<prefix>ok*`
+/// only) is the server's answer to the call, returned as it is, not an outage the failure
+/// policy (open) would admit. As the Python package's
+/// test_out_of_memory_a_noperm_on_a_key_of_the_twin_is_the_servers_error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_a_noperm_on_a_key_of_the_twin_is_the_servers_error() {
+    let server = Kind::Fallback.server();
+    let prefix = support::prefix();
+    let mut con = server.conn();
+    let keys = format!("~{prefix}*");
+    let selector = format!("(+fcall_ro ~{prefix}ok*)");
+    let _: () = common::q(
+        &mut con,
+        &[
+            "ACL",
+            "SETUSER",
+            "twin",
+            "on",
+            ">pw",
+            &keys,
+            "+@all",
+            "-fcall_ro",
+            &selector,
+        ],
+    );
+    let lim =
+        redis_rl_client::Limiter::builder(format!("redis://twin:pw@127.0.0.1:{}/", server.port))
+            .prefix(prefix)
+            .on_error(FailurePolicy::Open)
+            .deny_cache(false)
+            .build()
+            .await
+            .unwrap();
+    let g = Gcra::new(1, 1, 3600).unwrap();
+    for key in ["ok1", "other"] {
+        // FCALL rl_gcra, as the user's root permissions allow.
+        let d = lim.check(key, &g).await.unwrap();
+        assert!(d.allowed && d.source == Source::Fallback, "{d:?}");
+    }
+    let _: () = common::q(&mut con, &["CONFIG", "SET", "maxmemory", "1"]);
+    // OOM, then the twin, allowed on this key: the denial.
+    let denied = lim.check("ok1", &g).await;
+    let forbidden = lim.check("other", &g).await;
+    let _: () = common::q(&mut con, &["CONFIG", "SET", "maxmemory", "0"]);
+    let denied = denied.unwrap();
+    assert!(!denied.allowed && !denied.degraded, "{denied:?}");
+    match forbidden {
+        Err(Error::Redis(e)) => {
+            assert_eq!(e.code(), Some("NOPERM"), "{e}");
+            assert!(e.to_string().contains("keys"), "{e}");
+        }
+        other => panic!("expected the server's NOPERM on the key, got {other:?}"),
+    }
+    assert_eq!(lim.counters().snapshot().degraded, 0);
+    assert!(!lim.check("other", &g).await.unwrap().allowed);
+}

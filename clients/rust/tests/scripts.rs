@@ -374,3 +374,118 @@ async fn lua_switched_off_is_one_clear_error() {
     let c = lim.counters().snapshot();
     assert_eq!((c.degraded, c.errors), (0, 0), "{c:?}");
 }
+
+/// Concurrent first calls per round, and rounds (each a new limiter: nothing learned yet).
+/// Their `EVAL`s (or `EVALSHA`s) go out on the one multiplexed connection before the first
+/// refusal is read.
+const CALLERS: usize = 16;
+const ROUNDS: usize = 6;
+
+/// A new limiter on `server` (as `user`) learns that the server allows no Functions (the
+/// mode detected, no decision yet), takes one decision if `warm` (`EVAL`: the server has the
+/// text, the next calls go by SHA1), then `CALLERS` decisions on their own keys at once, each
+/// a tokio task, joined with a deadline. Their answers.
+async fn first_calls_at_once(
+    server: &Server,
+    user: Option<&str>,
+    warm: bool,
+) -> Vec<Result<redis_rl_client::Decision, Error>> {
+    let lim = limiter_as(server, user).await;
+    assert_eq!(lim.resolved_mode().await.unwrap(), Mode::Fallback);
+    let g = Gcra::new(1, 1, 3600).unwrap();
+    if warm {
+        assert!(lim.check("warm", &g).await.unwrap().allowed);
+    }
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|i| {
+            let (lim, g) = (lim.clone(), g.clone());
+            tokio::spawn(async move { lim.check(format!("c{i}"), &g).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for task in tasks {
+        let joined = tokio::time::timeout(std::time::Duration::from_secs(60), task)
+            .await
+            .expect("a call finished within 60 s");
+        out.push(joined.expect("the task ran to its end"));
+    }
+    out
+}
+
+/// docs/clients.md#the-fallback-where-users-are: calls refused `EVAL` (or `EVALSHA`) at the
+/// same moment each go on in the other form; the refusal one of them recorded first is no
+/// reason for the others to report "no scripting". (It failed so before: of a round's calls,
+/// those that read their refusal after the first got the one clear error.) `refused` by
+/// `rename-command`, or by an ACL (`by_acl`).
+async fn concurrent_first_calls_refused(refused: &str, by_acl: bool) {
+    let s = if by_acl {
+        let s = server_with(&[]);
+        let rule = format!("-{}", refused.to_lowercase());
+        acl_user(&s, "scripts", &["-function", "-fcall", "-fcall_ro", &rule]);
+        s
+    } else {
+        server_with(&["FUNCTION", refused])
+    };
+    let user = by_acl.then_some("scripts");
+    for round in 0..ROUNDS {
+        let got = first_calls_at_once(&s, user, refused == "EVALSHA").await;
+        let failed: Vec<_> = got.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(
+            failed.is_empty(),
+            "round {round}: {} of {CALLERS} calls failed: {:?}",
+            failed.len(),
+            failed[0]
+        );
+        assert!(got.iter().all(|r| {
+            let d = r.as_ref().unwrap();
+            d.allowed && d.source == Source::Fallback && !d.degraded
+        }));
+    }
+    let st = command_stats(&s);
+    // Every decision was taken, by the form the server allows.
+    let other = if refused == "EVAL" { "evalsha" } else { "eval" };
+    assert!(calls(&st, other) >= (ROUNDS * CALLERS) as u64, "{st:?}");
+    if refused == "EVAL" {
+        assert!(calls(&st, "script|load") >= ROUNDS as u64, "{st:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_calls_refused_eval_by_rename_all_use_evalsha() {
+    concurrent_first_calls_refused("EVAL", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_calls_refused_eval_by_acl_all_use_evalsha() {
+    concurrent_first_calls_refused("EVAL", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_calls_refused_evalsha_by_rename_all_use_eval() {
+    concurrent_first_calls_refused("EVALSHA", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_calls_refused_evalsha_by_acl_all_use_eval() {
+    concurrent_first_calls_refused("EVALSHA", true).await;
+}
+
+/// Both forms refused: every one of the concurrent calls ends with the one clear error (none
+/// with the server's raw refusal, none with "kept failing").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_calls_without_any_scripting_all_get_the_clear_error() {
+    let s = server_with(&["FUNCTION", "EVAL", "EVALSHA"]);
+    for _ in 0..2 {
+        for got in first_calls_at_once(&s, None, false).await {
+            match got {
+                Err(Error::Library(m)) => {
+                    assert!(
+                        m.contains("no redis-rl module") && m.contains("scripts"),
+                        "{m}"
+                    )
+                }
+                other => panic!("expected Error::Library, got {other:?}"),
+            }
+        }
+    }
+}

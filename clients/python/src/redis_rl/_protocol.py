@@ -93,8 +93,10 @@ def is_oom(exc: BaseException) -> bool:
 
 def twin_missing(exc: BaseException) -> bool:
     """twin_missing: the twin cannot answer (a library older than 1.3.0 has none, or FCALL_RO
-    is refused): the writing function's OOM error stands."""
-    return is_missing_function(exc) or functions_refused(exc) or is_no_permission(exc)
+    is refused: unknown, or a NOPERM on the command): the writing function's OOM error stands.
+    A NOPERM on one of the keys (the user's key patterns) is the server's answer to the call,
+    reported as it is (functions_refused leaves it out)."""
+    return is_missing_function(exc) or functions_refused(exc)
 
 
 def check_command(
@@ -352,7 +354,13 @@ def script_recovery(state: PoolState, form: str, exc: BaseException) -> ScriptSt
     NOSCRIPT (a node without the text: a restart, a failover, a node added to a Cluster)
     sends the text there (EVAL, or SCRIPT LOAD where EVAL is refused); a refused EVAL moves
     to SCRIPT LOAD + EVALSHA, a refused EVALSHA to EVAL. None: not a scripting problem (or
-    nothing is left to try: the caller raises the one clear error when scripting_refused)."""
+    nothing is left to try: the caller raises the one clear error when scripting_refused).
+
+    Concurrent first calls (asyncio tasks, threads) are sent EVAL (or EVALSHA) together and
+    refused together: the refusal another call recorded first sends this one again in the
+    form that is left (by SHA1 after a refused EVAL: the first call's SCRIPT LOAD sent the
+    text, or NOSCRIPT loads it here). Only a call that was refused and knows the other form
+    is refused too (it saw it, or another call recorded it) gets None."""
     if form == "evalsha" and is_noscript(exc):
         if state.eval_refused:
             return ScriptStep.LOAD
@@ -360,10 +368,13 @@ def script_recovery(state: PoolState, form: str, exc: BaseException) -> ScriptSt
         return ScriptStep.RETRY
     if not scripting_refused(exc):
         return None
-    if form == "eval" and not state.eval_refused:
+    if form == "eval":
+        first = not state.eval_refused
         state.eval_refused = True
-        return None if state.evalsha_refused else ScriptStep.LOAD
-    if form == "evalsha" and not state.evalsha_refused:
+        if state.evalsha_refused:
+            return None
+        return ScriptStep.LOAD if first else ScriptStep.RETRY
+    if form == "evalsha":
         state.evalsha_refused = True
         return None if state.eval_refused else ScriptStep.RETRY
     return None
