@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -401,6 +403,45 @@ async def test_batching_fixed_window_never_exceeds_any_window(make_limiter: Any,
                 if int(before / 0.5) == int(after / 0.5):
                     per_window[int(before / 0.5)] = per_window.get(int(before / 0.5), 0) + 1
     assert per_window and max(per_window.values()) <= 15, per_window
+
+
+async def test_concurrent_batches_admit_exactly_the_limit(make_limiter: Any) -> None:
+    # Two limiters ("processes") x 8 threads or tasks batching one GCRA key (50 per hour,
+    # batch 10) at once, then each limiter checked one at a time until it denies: exactly
+    # 50 admitted. Those missing the credit together each take a batch: a concurrent batch
+    # must merge into the live credit (not replace it, stranding its units until a
+    # refund), and one's cached denial must not keep the others from units their limiter
+    # already paid for (the credit answers before the deny cache).
+    g = GCRA(50, 50, 3600)
+    lims = [make_limiter(batch=10, batch_hold=600) for _ in range(2)]
+
+    async def three(lim: Any) -> int:
+        return sum([(await lim.check("cb", g)).allowed for _ in range(3)])
+
+    if isinstance(lims[0], SyncAsAsync):
+        barrier = threading.Barrier(16, timeout=30)
+
+        def run(lim: Any) -> int:
+            barrier.wait()
+            return sum(lim.inner.check("cb", g).allowed for _ in range(3))
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(run, lim) for lim in lims for _ in range(8)]
+            together = sum(f.result(timeout=30) for f in futures)
+    else:
+        together = sum(
+            await asyncio.wait_for(asyncio.gather(*(three(lim) for lim in lims for _ in range(8))), 30)
+        )
+    drained = [0, 0]
+    for i, lim in enumerate(lims):
+        while (await lim.check("cb", g)).allowed:
+            drained[i] += 1
+            assert drained[i] <= 50, "more than the limit"
+    assert together + sum(drained) == 50, (together, drained)
+    for lim in lims:
+        await close_limiter(lim)
+    fresh = make_limiter()
+    assert (await fresh.check("cb", g, cost=0)).remaining == 0, "nothing was held back to refund"
 
 
 # -- out of memory ----------------------------------------------------------------------------

@@ -1523,10 +1523,18 @@ impl Limiter {
             String::new()
         };
         if plain {
+            // Units this limiter already paid for in Redis are its to hand out whatever the
+            // deny cache says: the credit answers first (a denial one task cached must not
+            // strand another's batch).
+            let k = self.batch_size(limit, c.cost);
+            if k > 0 {
+                if let Some(d) = self.take_credit(&ck, limit, &full, c.cost) {
+                    return Ok(d);
+                }
+            }
             if let Some(d) = self.local_denial(&ck, c.cost) {
                 return Ok(d);
             }
-            let k = self.batch_size(limit, c.cost);
             if k > 0 {
                 return self.check_batched(&ck, &full, limit, c.cost, k).await;
             }
@@ -1661,6 +1669,7 @@ impl Limiter {
                 refund_until,
                 remaining_seen: d.remaining,
             },
+            Instant::now(),
         );
         (
             Decision {
@@ -1748,9 +1757,6 @@ impl Limiter {
         cost: u64,
         k: u64,
     ) -> Result<Decision, Error> {
-        if let Some(d) = self.take_credit(ck, limit, full, cost) {
-            return Ok(d);
-        }
         if self.skip() {
             return self.degraded(Some(limit), full, None, cost, LocalOptions::default(), None);
         }

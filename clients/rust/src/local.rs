@@ -193,11 +193,23 @@ impl Credits {
         Some(credit.clone())
     }
 
-    /// Stores a new credit; returns the one it replaces (to refund), if it holds units.
-    pub(crate) fn put(&self, ck: &str, credit: Credit) -> Option<Credit> {
-        self.lock()
+    /// Stores a new credit. A live one it meets (another task's batch of the same key and
+    /// limit, taken at about the same time) is merged into it with the earlier of the two
+    /// deadlines each (before both, both sets of units may be used and refunded), so that its
+    /// units stay usable; returns one past its use time that still holds units (to refund).
+    pub(crate) fn put(&self, ck: &str, mut credit: Credit, now: Instant) -> Option<Credit> {
+        let mut credits = self.lock();
+        if let Some(old) = credits.get(ck) {
+            if old.units > 0 && now < old.use_until {
+                credit.units += old.units;
+                credit.remaining_seen = credit.remaining_seen.min(old.remaining_seen);
+                credit.use_until = credit.use_until.min(old.use_until);
+                credit.refund_until = credit.refund_until.min(old.refund_until);
+            }
+        }
+        credits
             .insert(ck.to_owned(), credit)
-            .filter(|old| old.units > 0)
+            .filter(|old| old.units > 0 && now >= old.use_until)
     }
 
     /// Removes and returns credits past their use time that still hold units.
@@ -262,6 +274,31 @@ mod tests {
         c.store("ck", &["k"], 1, &denial(100), sent);
         c.forget("k");
         assert!(c.lookup("ck", 1, sent).is_none());
+    }
+
+    #[test]
+    fn a_concurrent_batch_merges_into_the_live_credit() {
+        let c = Credits::new();
+        let now = Instant::now();
+        let credit = |units, use_s, refund_s, seen| Credit {
+            key: "k".into(),
+            units,
+            use_until: now + Duration::from_secs(use_s),
+            refund_until: now + Duration::from_secs(refund_s),
+            remaining_seen: seen,
+        };
+        assert!(c.put("ck", credit(9, 10, 20, 30), now).is_none());
+        assert!(c.put("ck", credit(9, 12, 18, 21), now).is_none());
+        let got = c.take("ck", 1, now).unwrap();
+        assert_eq!(got.units, 17);
+        assert_eq!(got.use_until, now + Duration::from_secs(10));
+        assert_eq!(got.refund_until, now + Duration::from_secs(18));
+        assert_eq!(got.remaining_seen, 21);
+        // Past its use time, the old one is not merged: it is returned to be refunded.
+        let later = now + Duration::from_secs(11);
+        let old = c.put("ck", credit(4, 30, 40, 5), later).unwrap();
+        assert_eq!(old.units, 17);
+        assert_eq!(c.take("ck", 1, later).unwrap().units, 3);
     }
 
     #[test]

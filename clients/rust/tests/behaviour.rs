@@ -43,6 +43,7 @@ both_modes!(
     batch_leftovers_are_refunded,
     batching_near_the_limit_takes_what_is_left,
     batching_fixed_window_never_exceeds_any_window,
+    concurrent_batches_admit_exactly_the_limit,
     counters_and_hook,
     out_of_memory_refuses_writes_and_still_denies,
 );
@@ -535,6 +536,68 @@ async fn batching_fixed_window_never_exceeds_any_window(kind: Kind) {
     }
     assert!(!per_window.is_empty());
     assert!(per_window.values().all(|&n| n <= 15), "{per_window:?}");
+}
+
+async fn concurrent_batches_admit_exactly_the_limit(kind: Kind) {
+    // Two limiters ("processes") x 8 tasks batching one GCRA key (50 per hour, batch 10)
+    // at once, then each limiter checked one at a time until it denies: exactly 50
+    // admitted. Tasks missing the credit together each take a batch: a concurrent batch
+    // must merge into the live credit (not replace it, stranding its units until a
+    // refund), and one task's cached denial must not keep the others from units their
+    // limiter already paid for (the credit answers before the deny cache).
+    let server = kind.server();
+    let prefix = support::prefix();
+    let make = || {
+        redis_rl_client::Limiter::builder(support::url(&server))
+            .prefix(prefix.clone())
+            .batch(10)
+            .batch_hold(Duration::from_secs(600))
+            .build()
+    };
+    let lims = [make().await.unwrap(), make().await.unwrap()];
+    let g = Gcra::new(50, 50, 3600).unwrap();
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(16));
+    let mut tasks = Vec::new();
+    for lim in &lims {
+        for _ in 0..8 {
+            let (lim, g, barrier) = (lim.clone(), g.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let mut admitted = 0u64;
+                for _ in 0..3 {
+                    if lim.check("cb", &g).await.unwrap().allowed {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    let mut concurrent = 0;
+    for t in tasks {
+        concurrent += tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("a task finishes")
+            .unwrap();
+    }
+    let mut drained = [0u64; 2];
+    for (lim, n) in lims.iter().zip(&mut drained) {
+        while lim.check("cb", &g).await.unwrap().allowed {
+            *n += 1;
+            assert!(*n <= 50, "more than the limit");
+        }
+    }
+    assert_eq!(
+        concurrent + drained[0] + drained[1],
+        50,
+        "concurrent {concurrent}, then one at a time {drained:?}"
+    );
+    for lim in &lims {
+        lim.close().await;
+    }
+    let fresh = make().await.unwrap();
+    let left = fresh.check("cb", &g).cost(0).await.unwrap().remaining;
+    assert_eq!(left, 0, "nothing was held back to refund");
 }
 
 async fn counters_and_hook(kind: Kind) {

@@ -507,10 +507,11 @@ class LimiterBase:
         use_until, refund_until = credit_deadlines(
             limit, taken, sent, d.reset_after, self.batch_hold, self.margin
         )
-        if use_until <= time.monotonic():
+        now = time.monotonic()
+        if use_until <= now:
             return d, None  # too close to a window's end: the units lapse with it
         old = self.credits.put(
-            ck, Credit(key, limit, units, use_until, refund_until, d.remaining)
+            ck, Credit(key, limit, units, use_until, refund_until, d.remaining), now
         )
         return (
             Decision(

@@ -165,12 +165,24 @@ class Credits:
             credit.units -= cost
             return credit
 
-    def put(self, ck: Hashable, credit: Credit) -> Credit | None:
-        """put stores a new credit; returns the one it replaces (to refund), if any."""
+    def put(self, ck: Hashable, credit: Credit, now: float) -> Credit | None:
+        """put stores a new credit. A live one it meets (another thread's or task's batch of
+        the same key and limit, taken at about the same time) is merged into it with the
+        earlier of the two deadlines each (before both, both sets of units may be used and
+        refunded), so that its units stay usable; returns one past its use time that still
+        holds units (to refund)."""
         with self._lock:
             old = self._credits.get(ck)
             self._credits[ck] = credit
-            return old if old is not None and old.units > 0 else None
+            if old is None or old.units <= 0:
+                return None
+            if now < old.use_until:
+                credit.units += old.units
+                credit.remaining_seen = min(credit.remaining_seen, old.remaining_seen)
+                credit.use_until = min(credit.use_until, old.use_until)
+                credit.refund_until = min(credit.refund_until, old.refund_until)
+                return None
+            return old
 
     def expired(self, now: float) -> list[Credit]:
         """expired removes and returns credits past their use time that still hold units."""

@@ -351,10 +351,17 @@ class Limiter(LimiterBase):
         plain = not (peek or force or max_wait is not None) and 1 <= cost <= limit.capacity
         ck: Hashable = (full, limit)
         if plain:
+            # Units this limiter already paid for in Redis are its to hand out whatever the
+            # deny cache says: the credit answers first (a denial one caller cached must not
+            # strand another's batch).
+            k = self.batch_size(limit, cost)
+            if k:
+                local = self.from_credit(ck, limit, full, cost)
+                if local is not None:
+                    return local
             local = self.local_denial(ck, cost)
             if local is not None:
                 return local
-            k = self.batch_size(limit, cost)
             if k:
                 return self._check_batched(ck, full, limit, cost, k)
         opts: dict[str, Any] = {"cost": cost, "peek": peek, "max_wait": max_wait, "force": force}
@@ -373,9 +380,6 @@ class Limiter(LimiterBase):
         return self.decided(d)
 
     def _check_batched(self, ck: Hashable, full: str, limit: Limit, cost: int, k: int) -> Decision:
-        local = self.from_credit(ck, limit, full, cost)
-        if local is not None:
-            return local
         if self.health.skip():
             return self.degraded(limit, full, None, cost=cost)
         want = self.first_take(ck, limit, cost, k)
