@@ -69,6 +69,19 @@ async fn check_all_on_three_masters(kind: Kind) {
     );
 }
 
+/// A limiter on every node of `cl` whose outages are errors (FailurePolicy::Error, so an answer
+/// is never a policy's), with a 5 s call timeout for a loaded host.
+async fn strict_limiter(cl: &Cluster, prefix: &str) -> Limiter {
+    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
+    Limiter::cluster_builder(urls)
+        .prefix(prefix)
+        .on_error(redis_rl_client::FailurePolicy::Error)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn module_check_all_on_three_masters() {
     check_all_on_three_masters(Kind::Module).await;
@@ -229,14 +242,7 @@ async fn a_master_added_after_start_gets_the_fallback_once(scripts: bool) {
         s.get(name).copied().unwrap_or(0)
     };
     let mut cl = support::fallback_cluster_with(extra);
-    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
-    let lim = Limiter::cluster_builder(urls)
-        .prefix("grow:")
-        .on_error(redis_rl_client::FailurePolicy::Error)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let lim = strict_limiter(&cl, "grow:").await;
     // Exact counts however long the test takes.
     let w = Window::new(10, 3600, redis_rl_client::Algorithm::Log).unwrap();
     let keys: Vec<String> = (0..12)
@@ -337,14 +343,7 @@ async fn a_replica_promoted_after_start_answers_exactly(scripts: bool) {
         master,
         support::cluster_node(Kind::Fallback, extra),
     );
-    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
-    let lim = Limiter::cluster_builder(urls)
-        .prefix("prom:")
-        .on_error(redis_rl_client::FailurePolicy::Error)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let lim = strict_limiter(&cl, "prom:").await;
     // Exact counts however long the test takes.
     let w = Window::new(10, 3600, redis_rl_client::Algorithm::Log).unwrap();
     for k in &keys {
@@ -480,14 +479,7 @@ async fn a_newer_library_on_one_master_leaves_the_others_loaded() {
         .arg(newer)
         .query(&mut cl.nodes[0].conn())
         .unwrap();
-    let urls: Vec<String> = cl.nodes.iter().map(support::url).collect();
-    let lim = Limiter::cluster_builder(urls)
-        .prefix("nw:")
-        .on_error(redis_rl_client::FailurePolicy::Error)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let lim = strict_limiter(&cl, "nw:").await;
     let w = Window::new(5, 3600, redis_rl_client::Algorithm::Log).unwrap();
     for i in 0..12 {
         let k = tag(&format!("user{i}"), &["api"]).unwrap();
