@@ -37,6 +37,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 // readmeBlock is one fenced block of a README.
@@ -354,7 +356,7 @@ func checkReadme(t *testing.T, readmePath string) (int, error) {
 		bin := filepath.Join(bindir, mainDirs[i])
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = append(os.Environ(), "REDIS_ADDR="+shared(t, true).addr())
+		cmd.Env = append(os.Environ(), "REDIS_ADDR="+testserver.Shared(t, true).Addr())
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()
