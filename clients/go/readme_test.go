@@ -110,11 +110,12 @@ var readmeGiven = []struct{ name, typ string }{
 // readmeImportLine is a fragment's one-line import ("import rlhttp \"…\"" or without the name).
 var readmeImportLine = regexp.MustCompile(`^import\s+(?:[A-Za-z_][A-Za-z0-9_]*\s+)?"[^"]+"\s*$`)
 
-// readmeFile is the Go file for block n; main is true for a `package main` file as written.
-func readmeFile(readme string, n int, b readmeBlock) (src string, main bool, err error) {
+// readmeFile is the Go file for block n; main is true for a `package main` file as written,
+// own for a file that needs a package of its own (its top-level names are its own).
+func readmeFile(readme string, n int, b readmeBlock) (src string, main, own bool, err error) {
 	directive := fmt.Sprintf("//line %s:%d:1\n", readme, b.line)
 	if strings.HasPrefix(strings.TrimSpace(b.text), "package ") {
-		return directive + b.text, regexp.MustCompile(`(?m)^package main\s*$`).MatchString(b.text), nil
+		return directive + b.text, regexp.MustCompile(`(?m)^package main\s*$`).MatchString(b.text), true, nil
 	}
 	// The block's own import lines, blanked (its lines keep their numbers).
 	imports := map[string]bool{}
@@ -136,7 +137,7 @@ func readmeFile(readme string, n int, b readmeBlock) (src string, main bool, err
 	fset := token.NewFileSet()
 	f, perr := parser.ParseFile(fset, readme, wrapped, parser.SkipObjectResolution)
 	if perr != nil {
-		return "", false, perr
+		return "", false, false, perr
 	}
 	// What the block declares at its top level, and the names it uses.
 	declared := map[string]bool{}
@@ -220,7 +221,7 @@ func readmeFile(readme string, n int, b readmeBlock) (src string, main bool, err
 		head = "package snippets\n"
 	}
 	if fileLevel {
-		return head + directive + body, false, nil
+		return head + directive + body, false, true, nil
 	}
 	var tail strings.Builder
 	if len(top) == 0 {
@@ -232,7 +233,7 @@ func readmeFile(readme string, n int, b readmeBlock) (src string, main bool, err
 		tail.WriteString("return nil\n")
 	}
 	return fmt.Sprintf("%s\nfunc readme%d(%s) error {\n%s%s\n%s}\n",
-		head, n, strings.Join(params, ", "), directive, body, tail.String()), false, nil
+		head, n, strings.Join(params, ", "), directive, body, tail.String()), false, false, nil
 }
 
 // dedupeImports keeps one line per import path (an aliased one where the block wrote it),
@@ -277,8 +278,8 @@ func goCommand(t *testing.T, dir string, args ...string) (string, error) {
 }
 
 // checkReadme writes the ```go blocks of the README at readmePath into a module in a
-// temporary directory, builds and vets it, and runs its programs; it returns how many blocks it checked
-// and what failed (at README lines, named by the README's absolute path).
+// temporary directory, builds and vets it, and runs its programs; it returns how many blocks
+// it checked and what failed (at README lines, named by the README's absolute path).
 func checkReadme(t *testing.T, readmePath string) (int, error) {
 	t.Helper()
 	text, err := os.ReadFile(readmePath)
@@ -321,7 +322,7 @@ func checkReadme(t *testing.T, readmePath string) (int, error) {
 			continue
 		}
 		n++
-		src, isMain, err := readmeFile(readme, n, b)
+		src, isMain, own, err := readmeFile(readme, n, b)
 		if err != nil {
 			return n, err
 		}
@@ -331,7 +332,7 @@ func checkReadme(t *testing.T, readmePath string) (int, error) {
 			write(filepath.Join(d, "main.go"), src)
 			mains = append(mains, b)
 			mainDirs = append(mainDirs, d)
-		case strings.HasPrefix(strings.TrimSpace(b.text), "package "):
+		case own:
 			write(filepath.Join(fmt.Sprintf("file%d", n), "file.go"), src)
 		default:
 			write(filepath.Join("snippets", fmt.Sprintf("block%d.go", n)), src)
@@ -382,14 +383,15 @@ func TestReadmeGoBlocksCompile(t *testing.T) {
 }
 
 // The check itself: a broken fragment and a program that prints otherwise than its README
-// shows both fail it, naming the README's line.
-func TestReadmeCheckFailsABrokenBlock(t *testing.T) {
+// shows both fail it, naming the README's line; a program that prints what it shows passes.
+func TestReadmeCheckItself(t *testing.T) {
 	for _, tc := range []struct {
 		name, readme string
 		want         []string
 	}{
 		{"fragment", "# x\n\n```go\nd, err := limiter.Check(ctx, \"k\", redisrl.NoSuchLimit)\n```\n", []string{"README.md:4:", "undefined: redisrl.NoSuchLimit"}},
 		{"output", "# x\n\n```go\npackage main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"one\") }\n```\n\n```text\ntwo\n```\n", []string{"README.md:4 printed\none\n"}},
+		{"program", "# x\n\n```go\npackage main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() { fmt.Println(os.Getenv(\"REDIS_ADDR\") != \"\") }\n```\n\n```text\ntrue\n```\n", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "README.md")
@@ -397,6 +399,9 @@ func TestReadmeCheckFailsABrokenBlock(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err := checkReadme(t, p)
+			if tc.want == nil && err != nil {
+				t.Fatal(err)
+			}
 			for _, want := range tc.want {
 				if err == nil || !strings.Contains(err.Error(), want) {
 					t.Fatalf("want an error with %q, got %v", want, err)
