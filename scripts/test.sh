@@ -157,7 +157,8 @@ fi
 
 # The Go package (clients/go): the behaviour suite against real servers with the module and
 # without it (the Lua fallback), the failure policies (servers stopped and paused mid-run),
-# leases, a three-master cluster, the net/http middleware and the gin adapter; each top-level test counts once. Then each fuzz target
+# leases, a three-master cluster, the net/http middleware and the gin adapter, and its README's
+# go blocks compiled and vetted as written (readme_test.go); each top-level test counts once. Then each fuzz target
 # (escaping, the limit and seconds grammars, client IP, paths, key functions) for a bounded
 # time.
 golog="$work/go.log"

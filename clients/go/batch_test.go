@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 func counter(c *Client, name string) uint64 {
@@ -87,11 +89,11 @@ func TestBatchingFixedWindowNeverExceedsAnyWindow(t *testing.T) {
 	// most its limit; units are never used or refunded across a window boundary.
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			s := shared(t, k.module)
+			s := testserver.Shared(t, k.module)
 			w := MustWindow(15, 500*time.Millisecond, Fixed)
-			prefix := uniquePrefix(t)
-			a := ok(New(s.rdb(t), WithPrefix(prefix), WithBatch(4), WithBatchHold(time.Second)))
-			b := ok(New(s.rdb(t), WithPrefix(prefix), WithBatch(4), WithBatchHold(time.Second)))
+			prefix := testserver.UniquePrefix(t)
+			a := ok(New(s.RDB(t), WithPrefix(prefix), WithBatch(4), WithBatchHold(time.Second)))
+			b := ok(New(s.RDB(t), WithPrefix(prefix), WithBatch(4), WithBatchHold(time.Second)))
 			perWindow := map[int64]int{}
 			deadline := time.Now().Add(2200 * time.Millisecond)
 			for time.Now().Before(deadline) {
@@ -205,17 +207,17 @@ func TestWhatCannotBatchIsOneCallEach(t *testing.T) {
 }
 
 func TestBatchSettingsAreValidated(t *testing.T) {
-	s := shared(t, true)
-	if _, err := New(s.rdb(t), WithBatch(0)); !errors.Is(err, ErrInvalidLimit) || !strings.Contains(err.Error(), "batch must be a positive integer") {
+	s := testserver.Shared(t, true)
+	if _, err := New(s.RDB(t), WithBatch(0)); !errors.Is(err, ErrInvalidLimit) || !strings.Contains(err.Error(), "batch must be a positive integer") {
 		t.Errorf("WithBatch(0): %v", err)
 	}
 	for _, d := range []time.Duration{0, -time.Second, (MaxSeconds + 1) * time.Second} {
-		if _, err := New(s.rdb(t), WithBatch(5), WithBatchHold(d)); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "batch hold") {
+		if _, err := New(s.RDB(t), WithBatch(5), WithBatchHold(d)); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "batch hold") {
 			t.Errorf("WithBatchHold(%v): %v", d, err)
 		}
 	}
 	// k = 1 is no batching: every check is a call.
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t)), WithBatch(1)))
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t)), WithBatch(1)))
 	ok(c.ResolvedMode(ctxT(t)))
 	before := counter(c, "redis_calls")
 	for range 3 {
@@ -225,7 +227,7 @@ func TestBatchSettingsAreValidated(t *testing.T) {
 		t.Errorf("WithBatch(1): %d calls, %v", n, c.Counters().Snapshot())
 	}
 	// Without WithBatch, Close has nothing to do.
-	if n, err := ok(New(s.rdb(t))).Close(ctxT(t)); n != 0 || err != nil {
+	if n, err := ok(New(s.RDB(t))).Close(ctxT(t)); n != 0 || err != nil {
 		t.Errorf("Close without batching: %d %v", n, err)
 	}
 }
@@ -270,14 +272,14 @@ func TestTwoProcessesBatchingOnOneKeyNeverAdmitMoreThanTheLimit(t *testing.T) {
 	// what Redis has left is the limit (every leftover was refunded, none twice).
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			s := shared(t, k.module)
-			c := ok(New(s.rdb(t)))
+			s := testserver.Shared(t, k.module)
+			c := ok(New(s.RDB(t)))
 			ok(c.ResolvedMode(ctxT(t)))
 			for name, l := range exactLimits {
 				if name == "log" {
 					continue
 				}
-				key := uniquePrefix(t) + name
+				key := testserver.UniquePrefix(t) + name
 				total := hammer(t, s, key, name, "RL_HAMMER_BATCH=8")
 				left := ok(c.Check(ctxT(t), key, l, Cost(0))).Remaining
 				if total > 50 || uint64(total)+left != 50 {
@@ -298,7 +300,7 @@ func hammer(t *testing.T, s *server, key, limit string, env ...string) int {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		t.Cleanup(cancel)
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperHammer$", "-test.count=1")
-		cmd.Env = append(append(os.Environ(), "RL_HAMMER_ADDR="+s.addr(), "RL_HAMMER_KEY="+key, "RL_HAMMER_LIMIT="+limit, "RL_HAMMER_AT="+at), env...)
+		cmd.Env = append(append(os.Environ(), "RL_HAMMER_ADDR="+s.Addr(), "RL_HAMMER_KEY="+key, "RL_HAMMER_LIMIT="+limit, "RL_HAMMER_AT="+at), env...)
 		out := &strings.Builder{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -390,7 +392,7 @@ func TestHeldUnitsStillAdmitDuringAnOutageAndTheirRefundIsDropped(t *testing.T) 
 			if d := ok(c.Check(ctxT(t), "out", g)); !d.Allowed || d.Degraded {
 				t.Fatalf("%+v", d)
 			}
-			s.stop()
+			s.Stop()
 			for i := range 4 {
 				if d := ok(c.Check(ctxT(t), "out", g)); !d.Allowed || d.Degraded || d.Source != SourceLocal {
 					t.Fatalf("held unit %d: %+v", i, d)
@@ -414,9 +416,9 @@ func TestLeftoversAfterAnOutageGoBackWhenRedisAnswers(t *testing.T) {
 			s, c, _ := ownServer(t, k, FailOpen, nil, WithBatch(5), WithBatchHold(200*time.Millisecond))
 			g := MustGCRA(50, 1, time.Hour)
 			ok(c.Check(ctxT(t), "back", g))
-			s.pause(t)
+			s.Pause(t)
 			time.Sleep(400 * time.Millisecond) // the sweeper's refund meets the paused server
-			s.resume(t)
+			s.Resume(t)
 			deadline := time.Now().Add(5 * time.Second)
 			for time.Now().Before(deadline) && c.batch != nil && !c.batch.empty() {
 				time.Sleep(50 * time.Millisecond)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 func between(t *testing.T, what string, got, lo, hi time.Duration) {
@@ -106,7 +108,7 @@ func TestPeekWritesNothing(t *testing.T) {
 		if !d.Allowed || d.Remaining != 1 {
 			t.Fatalf("%+v", d)
 		}
-		if n := s.do(t, "EXISTS", c.Prefix()+"p"); n != int64(0) {
+		if n := s.Do(t, "EXISTS", c.Prefix()+"p"); n != int64(0) {
 			t.Errorf("EXISTS after PEEK: %v", n)
 		}
 		if d := ok(c.Check(ctxT(t), "p", g)); d.Remaining != 1 {
@@ -210,7 +212,7 @@ func TestRefundGivesUnitsBack(t *testing.T) {
 
 func TestWrongtypeIsAnErrorNotDegraded(t *testing.T) {
 	bothModes(t, func(t *testing.T, k testMode, s *server, c *Client) {
-		s.do(t, "SET", c.Prefix()+"str", "x")
+		s.Do(t, "SET", c.Prefix()+"str", "x")
 		_, err := c.Check(ctxT(t), "str", MustGCRA(1, 1, time.Second))
 		if err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
 			t.Fatalf("%v", err)
@@ -245,7 +247,7 @@ func TestPrefixIsPartOfTheKey(t *testing.T) {
 		if d.Key != c.Prefix()+"pk" {
 			t.Errorf("key %q", d.Key)
 		}
-		if n := s.do(t, "EXISTS", c.Prefix()+"pk"); n != int64(1) {
+		if n := s.Do(t, "EXISTS", c.Prefix()+"pk"); n != int64(1) {
 			t.Errorf("EXISTS %v", n)
 		}
 	})
@@ -276,7 +278,7 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("bad Limit: %v", err)
 		}
 		for _, opt := range []Option{WithPrefix("a{b"), WithTimeout(0), WithFleetSize(0), WithFailurePolicy(FailurePolicy(9)), WithMode(Mode(7))} {
-			if _, err := New(s.rdb(t), opt); !errors.Is(err, ErrUsage) {
+			if _, err := New(s.RDB(t), opt); !errors.Is(err, ErrUsage) {
 				t.Errorf("New: %v", err)
 			}
 		}
@@ -411,7 +413,7 @@ func TestDenyCacheNeverDeniesWhatRedisWouldAdmit(t *testing.T) {
 			before := serverTime(t, s)
 			d := ok(c.Check(ctxT(t), "x", g))
 			if d.Source == SourceLocal && d.RetryAfter >= 20*time.Millisecond {
-				peek := s.do(t, peekArgs...).([]any)
+				peek := s.Do(t, peekArgs...).([]any)
 				// Redis may admit by the time the peek arrives (a busy host), but only once
 				// the cached retry has passed on the server's clock since before the check.
 				if elapsed := serverTime(t, s).Sub(before); peek[0] != int64(0) && elapsed < d.RetryAfter {
@@ -430,7 +432,7 @@ func TestDenyCacheNeverDeniesWhatRedisWouldAdmit(t *testing.T) {
 // serverTime is the server's clock (TIME), the one its limits decide by.
 func serverTime(t testing.TB, s *server) time.Time {
 	t.Helper()
-	tm, _ := s.do(t, "TIME").([]any)
+	tm, _ := s.Do(t, "TIME").([]any)
 	if len(tm) != 2 {
 		t.Fatalf("TIME answered %v", tm)
 	}
@@ -469,10 +471,10 @@ func TestForceRecordsUsagePastTheLimit(t *testing.T) {
 func TestOutOfMemoryRefusesWritesAndStillDenies(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			s := startServer(t, k.module) // its own: maxmemory 1 would stop other tests
-			prefix := uniquePrefix(t)
+			s := testserver.StartServer(t, k.module) // its own: maxmemory 1 would stop other tests
+			prefix := testserver.UniquePrefix(t)
 			client := func() *Client {
-				return ok(New(s.rdb(t), WithPrefix(prefix), WithFailurePolicy(FailError), WithDenyCache(false)))
+				return ok(New(s.RDB(t), WithPrefix(prefix), WithFailurePolicy(FailError), WithDenyCache(false)))
 			}
 			c := client()
 			g := MustGCRA(1, 1, time.Hour)
@@ -482,10 +484,10 @@ func TestOutOfMemoryRefusesWritesAndStillDenies(t *testing.T) {
 				t.Fatal("the first checks were denied")
 			}
 			held := ok(c.Acquire(ctxT(t), "lease", l))
-			before := s.do(t, "DBSIZE")
+			before := s.Do(t, "DBSIZE")
 			roBefore := commandStats(t, s)["fcall_ro"]
 			callsBefore, _ := c.Counters().Get("redis_calls")
-			s.do(t, "CONFIG", "SET", "maxmemory", "1")
+			s.Do(t, "CONFIG", "SET", "maxmemory", "1")
 
 			if d := ok(c.Check(ctxT(t), "full", g)); d.Allowed || d.Degraded || d.Source != k.source() {
 				t.Errorf("denial: %+v", d)
@@ -527,7 +529,7 @@ func TestOutOfMemoryRefusesWritesAndStillDenies(t *testing.T) {
 			oom("CheckAll", err)
 			_, err = client().Acquire(ctxT(t), "other-lease", l)
 			oom("lease", err)
-			if after := s.do(t, "DBSIZE"); after != before {
+			if after := s.Do(t, "DBSIZE"); after != before {
 				t.Errorf("keys %v -> %v: something was written out of memory", before, after)
 			}
 			if !k.module {
@@ -535,7 +537,7 @@ func TestOutOfMemoryRefusesWritesAndStillDenies(t *testing.T) {
 					t.Errorf("every refused FCALL asked its twin: fcall_ro %d -> %d", roBefore, ro)
 				}
 			}
-			s.do(t, "CONFIG", "SET", "maxmemory", "0")
+			s.Do(t, "CONFIG", "SET", "maxmemory", "0")
 			if d := ok(c.Check(ctxT(t), "win", w)); !d.Allowed || d.Remaining != 3 || d.Source != k.source() {
 				t.Errorf("after: %+v", d)
 			}

@@ -11,11 +11,13 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 func benchCheck(b *testing.B, module bool, denied bool, opts ...Option) {
-	s := shared(b, module)
-	c, err := New(s.rdb(b), append([]Option{WithPrefix(uniquePrefix(b))}, opts...)...)
+	s := testserver.Shared(b, module)
+	c, err := New(s.RDB(b), append([]Option{WithPrefix(testserver.UniquePrefix(b))}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -55,8 +57,8 @@ func BenchmarkCheck(b *testing.B) {
 }
 
 func BenchmarkCheckAllTwoLimits(b *testing.B) {
-	s := shared(b, true)
-	c, err := New(s.rdb(b), WithPrefix(uniquePrefix(b)))
+	s := testserver.Shared(b, true)
+	c, err := New(s.RDB(b), WithPrefix(testserver.UniquePrefix(b)))
 	if err != nil {
 		b.Fatal(err)
 	}

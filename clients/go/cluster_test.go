@@ -7,67 +7,24 @@ package redisrl
 // mode the client loads the Lua library on every master.
 
 import (
-	"context"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
-
-// clusterNode starts one cluster-enabled server (extra: more server arguments).
-func clusterNode(t *testing.T, module bool, extra ...string) *server {
-	t.Helper()
-	// The bus port is chosen too: by default it is port+10000, which may be taken.
-	args := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(freePort(t))}, extra...)
-	return startServer(t, module, args...)
-}
-
-// startCluster starts three masters and joins them (redis-cli --cluster create), with a
-// deadline on every wait; extra are more server arguments for every node.
-func startCluster(t *testing.T, module bool, extra ...string) []*server {
-	t.Helper()
-	var nodes []*server
-	var addrs []string
-	for range 3 {
-		s := clusterNode(t, module, extra...)
-		nodes = append(nodes, s)
-		addrs = append(addrs, s.addr())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for _, s := range nodes {
-		for {
-			info, _ := s.do(t, "CLUSTER", "INFO").(string)
-			if strings.Contains(info, "cluster_state:ok") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the cluster did not form within 20 s: %s", info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return nodes
-}
 
 func TestCheckAllOnThreeMasters(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			nodes := startCluster(t, k.module)
+			nodes := testserver.StartCluster(t, k.module)
 			var addrs []string
 			for _, n := range nodes {
-				addrs = append(addrs, n.addr())
+				addrs = append(addrs, n.Addr())
 			}
 			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: 3})
 			t.Cleanup(func() { _ = rdb.Close() })
@@ -148,9 +105,9 @@ func TestCheckAllOnThreeMasters(t *testing.T) {
 			}
 			if !k.module {
 				for _, n := range nodes {
-					_, _, loaded := listedLibrary(n.do(t, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE"))
+					_, _, loaded := listedLibrary(n.Do(t, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE"))
 					if !loaded {
-						t.Errorf("%s has no library", n.addr())
+						t.Errorf("%s has no library", n.Addr())
 					}
 				}
 			}
@@ -160,7 +117,7 @@ func TestCheckAllOnThreeMasters(t *testing.T) {
 
 func nodeID(t *testing.T, s *server) string {
 	t.Helper()
-	id, _ := s.do(t, "CLUSTER", "MYID").(string)
+	id, _ := s.Do(t, "CLUSTER", "MYID").(string)
 	return id
 }
 
@@ -180,21 +137,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // slot yet) and waits until every node knows it as a connected master.
 func addMaster(t *testing.T, nodes []*server, module bool, extra ...string) []*server {
 	t.Helper()
-	n := clusterNode(t, module, extra...)
-	bus := ""
-	for i, a := range n.args {
-		if a == "--cluster-port" && i+1 < len(n.args) {
-			bus = n.args[i+1]
-		}
-	}
+	n := testserver.ClusterNode(t, module, extra...)
 	// The bus port too: it is not port+10000 here.
-	nodes[0].do(t, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.port), bus)
+	nodes[0].Do(t, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.Port), n.BusPort())
 	id := nodeID(t, n)
 	nodes = append(nodes, n)
 	for _, m := range nodes {
-		waitFor(t, m.addr()+" knows "+n.addr(), func() bool {
-			info, _ := m.do(t, "CLUSTER", "INFO").(string)
-			listing, _ := m.do(t, "CLUSTER", "NODES").(string)
+		waitFor(t, m.Addr()+" knows "+n.Addr(), func() bool {
+			info, _ := m.Do(t, "CLUSTER", "INFO").(string)
+			listing, _ := m.Do(t, "CLUSTER", "NODES").(string)
 			for _, line := range strings.Split(listing, "\n") {
 				f := strings.Fields(line)
 				if len(f) >= 8 && f[0] == id {
@@ -211,7 +162,7 @@ func addMaster(t *testing.T, nodes []*server, module bool, extra ...string) []*s
 // slotOwner is the node whose CLUSTER SLOTS says it serves slot (by its ID), as seen by m.
 func slotOwner(t *testing.T, m *server, slot int) string {
 	t.Helper()
-	entries, _ := m.do(t, "CLUSTER", "SLOTS").([]any)
+	entries, _ := m.Do(t, "CLUSTER", "SLOTS").([]any)
 	for _, e := range entries {
 		r, _ := e.([]any)
 		if len(r) < 3 {
@@ -246,20 +197,20 @@ func moveSlot(t *testing.T, nodes []*server, slot int, to *server) {
 		t.Fatalf("slot %d: owner %q", slot, owner)
 	}
 	sl := strconv.Itoa(slot)
-	to.do(t, "CLUSTER", "SETSLOT", sl, "IMPORTING", owner)
-	src.do(t, "CLUSTER", "SETSLOT", sl, "MIGRATING", dst)
+	to.Do(t, "CLUSTER", "SETSLOT", sl, "IMPORTING", owner)
+	src.Do(t, "CLUSTER", "SETSLOT", sl, "MIGRATING", dst)
 	for {
-		keys, _ := src.do(t, "CLUSTER", "GETKEYSINSLOT", sl, "100").([]any)
+		keys, _ := src.Do(t, "CLUSTER", "GETKEYSINSLOT", sl, "100").([]any)
 		if len(keys) == 0 {
 			break
 		}
-		src.do(t, append([]any{"MIGRATE", "127.0.0.1", strconv.Itoa(to.port), "", "0", "5000", "KEYS"}, keys...)...)
+		src.Do(t, append([]any{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "KEYS"}, keys...)...)
 	}
 	for _, n := range append([]*server{to, src}, nodes...) {
-		n.do(t, "CLUSTER", "SETSLOT", sl, "NODE", dst)
+		n.Do(t, "CLUSTER", "SETSLOT", sl, "NODE", dst)
 	}
 	for _, n := range nodes {
-		waitFor(t, n.addr()+" sees slot "+sl+" on "+to.addr(), func() bool { return slotOwner(t, n, slot) == dst })
+		waitFor(t, n.Addr()+" sees slot "+sl+" on "+to.Addr(), func() bool { return slotOwner(t, n, slot) == dst })
 	}
 }
 
@@ -277,8 +228,8 @@ func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
 			name, load, extra = "scripts", "eval", []string{"--rename-command", "FUNCTION", ""}
 		}
 		t.Run(name, func(t *testing.T) {
-			nodes := startCluster(t, false, extra...)
-			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr()}, MaxRetries: 3})
+			nodes := testserver.StartCluster(t, false, extra...)
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr()}, MaxRetries: 3})
 			t.Cleanup(func() { _ = rdb.Close() })
 			c := ok(New(rdb, WithPrefix("grow:"), WithFailurePolicy(FailError), WithTimeout(5*time.Second)))
 			w := MustWindow(10, time.Hour, Log) // exact counts however long the test takes
@@ -293,7 +244,7 @@ func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
 			}
 			before := map[string]uint64{}
 			for _, n := range nodes {
-				before[n.addr()] = commandStats(t, n)[load]
+				before[n.Addr()] = commandStats(t, n)[load]
 			}
 			nodes = addMaster(t, nodes, false, extra...)
 			added := nodes[len(nodes)-1]
@@ -311,7 +262,7 @@ func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
 				t.Fatalf("%s ran %d times on the new node, want 1", load, n)
 			}
 			if !scripts {
-				if v := added.do(t, "FCALL_RO", "rl_version", "0"); v != libraryVersion(LuaLibrary) {
+				if v := added.Do(t, "FCALL_RO", "rl_version", "0"); v != libraryVersion(LuaLibrary) {
 					t.Errorf("the new node runs %v", v)
 				}
 			}
@@ -326,8 +277,8 @@ func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
 				t.Errorf("by SHA1 once the node has the text: %v", onNew)
 			}
 			for _, n := range nodes[:len(nodes)-1] {
-				if got := commandStats(t, n)[load]; got != before[n.addr()] {
-					t.Errorf("%s: %s %d -> %d", n.addr(), load, before[n.addr()], got)
+				if got := commandStats(t, n)[load]; got != before[n.Addr()] {
+					t.Errorf("%s: %s %d -> %d", n.Addr(), load, before[n.Addr()], got)
 				}
 			}
 			for _, k := range keys[1:] {
@@ -345,11 +296,11 @@ func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
 // A rolling deploy reached one master first: the older client keeps the newer library there
 // and still loads its own where none is (each master has its own plan).
 func TestANewerLibraryOnOneMasterLeavesTheOthersLoaded(t *testing.T) {
-	nodes := startCluster(t, false)
-	nodes[0].do(t, "FUNCTION", "LOAD", withVersion("99.0.0"))
+	nodes := testserver.StartCluster(t, false)
+	nodes[0].Do(t, "FUNCTION", "LOAD", withVersion("99.0.0"))
 	var addrs []string
 	for _, n := range nodes {
-		addrs = append(addrs, n.addr())
+		addrs = append(addrs, n.Addr())
 	}
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: 3})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -364,7 +315,7 @@ func TestANewerLibraryOnOneMasterLeavesTheOthersLoaded(t *testing.T) {
 	ours := libraryVersion(LuaLibrary)
 	var versions []any
 	for _, n := range nodes {
-		versions = append(versions, n.do(t, "FCALL_RO", "rl_version", "0"))
+		versions = append(versions, n.Do(t, "FCALL_RO", "rl_version", "0"))
 	}
 	if fmt.Sprint(versions) != fmt.Sprint([]any{"99.0.0", ours, ours}) {
 		t.Errorf("versions %v, want [99.0.0 %s %s]", versions, ours, ours)
@@ -375,8 +326,8 @@ func TestANewerLibraryOnOneMasterLeavesTheOthersLoaded(t *testing.T) {
 // slot group in memory, and a later group's denial gives back the earlier group's charge in
 // memory too (docs/clients.md#identities-stay-apart, #failure-policy-local).
 func TestLocalAcrossSlotsGivesBackInMemory(t *testing.T) {
-	nodes := startCluster(t, true)
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr()}, MaxRetries: -1, DialTimeout: 300 * time.Millisecond})
+	nodes := testserver.StartCluster(t, true)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr()}, MaxRetries: -1, DialTimeout: 300 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	c := ok(New(rdb, WithPrefix("loc:"), WithFailurePolicy(FailLocal), WithTimeout(300*time.Millisecond), WithProbeInterval(time.Minute)))
 	perKey := MustGCRA(5, 1, time.Minute)
@@ -389,7 +340,7 @@ func TestLocalAcrossSlotsGivesBackInMemory(t *testing.T) {
 		t.Fatalf("%+v", d)
 	}
 	for _, n := range nodes {
-		n.stop()
+		n.Stop()
 	}
 	across := []Entry{NewEntry(kk, perKey), NewEntry(ki, perIP)}
 	first := ok(c.CheckAll(ctxT(t), across, AcrossSlots()))

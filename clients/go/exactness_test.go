@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 // exactLimits are long enough that nothing refills during the test (FIXED: a ten-year
@@ -79,11 +81,11 @@ func TestHelperHammer(t *testing.T) {
 func TestTwoProcessesOnOneKeyAdmitExactlyTheLimit(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			s := shared(t, k.module)
+			s := testserver.Shared(t, k.module)
 			// The library is loaded once here, so the children find it.
-			ok(ok(New(s.rdb(t))).ResolvedMode(ctxT(t)))
+			ok(ok(New(s.RDB(t))).ResolvedMode(ctxT(t)))
 			for name := range exactLimits {
-				key := uniquePrefix(t) + name
+				key := testserver.UniquePrefix(t) + name
 				var outs []*strings.Builder
 				var cmds []*exec.Cmd
 				at := strconv.FormatInt(time.Now().Add(500*time.Millisecond).UnixNano(), 10)
@@ -91,7 +93,7 @@ func TestTwoProcessesOnOneKeyAdmitExactlyTheLimit(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 					defer cancel()
 					cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperHammer$", "-test.count=1")
-					cmd.Env = append(os.Environ(), "RL_HAMMER_ADDR="+s.addr(), "RL_HAMMER_KEY="+key, "RL_HAMMER_LIMIT="+name, "RL_HAMMER_AT="+at)
+					cmd.Env = append(os.Environ(), "RL_HAMMER_ADDR="+s.Addr(), "RL_HAMMER_KEY="+key, "RL_HAMMER_LIMIT="+name, "RL_HAMMER_AT="+at)
 					out := &strings.Builder{}
 					cmd.Stdout, cmd.Stderr = out, out
 					if err := cmd.Start(); err != nil {

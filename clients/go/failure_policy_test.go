@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 // logCapture collects what the client logs.
@@ -50,17 +52,17 @@ const (
 // and a 300 ms timeout.
 func ownServer(t *testing.T, k testMode, policy FailurePolicy, rdbOpts *redis.Options, opts ...Option) (*server, *Client, *logCapture) {
 	t.Helper()
-	s := startServer(t, k.module)
+	s := testserver.StartServer(t, k.module)
 	logs := &logCapture{}
 	o := redis.Options{MaxRetries: -1, DialTimeout: 300 * time.Millisecond}
 	if rdbOpts != nil {
 		o = *rdbOpts
 	}
-	o.Addr = s.addr()
+	o.Addr = s.Addr()
 	rdb := redis.NewClient(&o)
 	t.Cleanup(func() { _ = rdb.Close() })
 	all := append([]Option{
-		WithPrefix(uniquePrefix(t)),
+		WithPrefix(testserver.UniquePrefix(t)),
 		WithFailurePolicy(policy),
 		WithProbeInterval(50 * time.Millisecond),
 		WithTimeout(300 * time.Millisecond),
@@ -103,7 +105,7 @@ func TestOpenAdmitsDegradedThenRecovers(t *testing.T) {
 		if d := ok(c.Check(ctxT(t), "o", g)); !d.Allowed || d.Degraded {
 			t.Fatalf("%+v", d)
 		}
-		s.stop()
+		s.Stop()
 		for range 5 {
 			d := ok(c.Check(ctxT(t), "o", g))
 			if !d.Allowed || !d.Degraded || !d.Blind || d.Source != SourceLocal || d.Limit != 1 {
@@ -120,7 +122,7 @@ func TestOpenAdmitsDegradedThenRecovers(t *testing.T) {
 		if n := logs.count(outageLine); n != 1 {
 			t.Errorf("%d outage lines, want 1:\n%s", n, logs.buf.String())
 		}
-		s.start(t)
+		s.Start(t)
 		d := decidedByRedis(t, c, "o", g)
 		if !d.Allowed || d.Source != k.source() {
 			t.Errorf("after the restart (empty): %+v", d)
@@ -136,7 +138,7 @@ func TestClosedDeniesWithAShortRetryThenRecovers(t *testing.T) {
 		s, c, logs := ownServer(t, k, FailClosed, nil, WithClosedRetryAfter(2*time.Second))
 		g := MustGCRA(5, 1, time.Minute)
 		ok(c.Check(ctxT(t), "c", g))
-		s.stop()
+		s.Stop()
 		d := ok(c.Check(ctxT(t), "c", g))
 		if d.Allowed || !d.Degraded || !d.Blind || d.Never || d.RetryAfter != 2*time.Second {
 			t.Fatalf("%+v", d)
@@ -146,7 +148,7 @@ func TestClosedDeniesWithAShortRetryThenRecovers(t *testing.T) {
 			t.Errorf("%v", h)
 		}
 		// A denial of the policy is never cached as Redis's.
-		s.start(t)
+		s.Start(t)
 		if d := decidedByRedis(t, c, "c", g); !d.Allowed {
 			t.Errorf("%+v", d)
 		}
@@ -161,7 +163,7 @@ func TestErrorPolicyReturnsUnavailableThenRecovers(t *testing.T) {
 		s, c, _ := ownServer(t, k, FailError, nil)
 		g := MustGCRA(1, 1, time.Minute)
 		ok(c.Check(ctxT(t), "e", g))
-		s.stop()
+		s.Stop()
 		for range 3 { // the first reaches for Redis, the next are inside the probe interval
 			_, err := c.Check(ctxT(t), "e", g)
 			var ue *UnavailableError
@@ -172,7 +174,7 @@ func TestErrorPolicyReturnsUnavailableThenRecovers(t *testing.T) {
 		if _, err := c.Refund(ctxT(t), "e", 1); !errors.Is(err, ErrUnavailable) {
 			t.Errorf("refund: %v", err)
 		}
-		s.start(t)
+		s.Start(t)
 		if d := decidedByRedis(t, c, "e", g); !d.Allowed {
 			t.Errorf("%+v", d)
 		}
@@ -192,7 +194,7 @@ func TestAStalledServerTimesOutIntoThePolicy(t *testing.T) {
 				s, c, _ := ownServer(t, k, FailOpen, &redis.Options{MaxRetries: -1, ContextTimeoutEnabled: ctxTimeouts})
 				g := MustGCRA(1, 1, time.Minute)
 				ok(c.Check(ctxT(t), "st", g))
-				s.pause(t)
+				s.Pause(t)
 				start := time.Now()
 				d := ok(c.Check(ctxT(t), "st", g))
 				took := time.Since(start)
@@ -208,7 +210,7 @@ func TestAStalledServerTimesOutIntoThePolicy(t *testing.T) {
 				if after, _ := c.Counters().Get("redis_calls"); after != calls {
 					t.Errorf("a check inside the probe interval called Redis")
 				}
-				s.resume(t)
+				s.Resume(t)
 				if d := decidedByRedis(t, c, "st", g); d.Allowed {
 					t.Errorf("the key is still limited after the pause: %+v", d)
 				}
@@ -224,8 +226,8 @@ func TestTheCallersDeadlineIsReturnedNotAnswered(t *testing.T) {
 		s, c, _ := ownServer(t, k, FailOpen, nil, WithTimeout(2*time.Second))
 		g := MustGCRA(1, 1, time.Minute)
 		ok(c.Check(ctxT(t), "dl", g))
-		s.pause(t)
-		defer s.resume(t)
+		s.Pause(t)
+		defer s.Resume(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		start := time.Now()
@@ -247,7 +249,7 @@ func TestServerRestartedEmptyIsDetectedAgain(t *testing.T) {
 		s, c, _ := ownServer(t, k, FailError, nil)
 		g := MustGCRA(2, 1, time.Minute)
 		ok(c.Check(ctxT(t), "rs", g))
-		s.restart(t) // the fallback's library is gone with the data
+		s.Restart(t) // the fallback's library is gone with the data
 		d := ok(c.Check(ctxT(t), "rs", g))
 		if !d.Allowed || d.Remaining != 1 || d.Source != k.source() {
 			t.Errorf("%+v", d)
@@ -267,7 +269,7 @@ func TestARestartWhileIdleIsNotAnOutage(t *testing.T) {
 		s, c, logs := ownServer(t, k, FailClosed, nil)
 		g := MustGCRA(2, 1, time.Minute)
 		ok(c.Check(ctxT(t), "idle", g))
-		s.restart(t)
+		s.Restart(t)
 		d := ok(c.Check(ctxT(t), "idle", g))
 		if d.Degraded || !d.Allowed {
 			t.Errorf("%+v", d)
@@ -281,12 +283,12 @@ func TestARestartWhileIdleIsNotAnOutage(t *testing.T) {
 func TestBuiltWhileRedisIsDown(t *testing.T) {
 	eachMode(t, func(t *testing.T, k testMode) {
 		s, c, logs := ownServer(t, k, FailOpen, nil)
-		s.stop()
+		s.Stop()
 		g := MustGCRA(1, 1, time.Minute)
 		if d := ok(c.Check(ctxT(t), "b", g)); !d.Degraded || !d.Allowed {
 			t.Fatalf("%+v", d)
 		}
-		s.start(t)
+		s.Start(t)
 		d := decidedByRedis(t, c, "b", g)
 		if d.Source != k.source() {
 			t.Errorf("%+v", d)
@@ -302,8 +304,8 @@ func TestRefundInsideTheProbeIntervalDoesNotWait(t *testing.T) {
 		s, c, _ := ownServer(t, k, FailOpen, nil, WithProbeInterval(10*time.Second))
 		g := MustGCRA(1, 1, time.Minute)
 		ok(c.Check(ctxT(t), "rf", g))
-		s.pause(t)
-		defer s.resume(t)
+		s.Pause(t)
+		defer s.Resume(t)
 		ok(c.Check(ctxT(t), "rf", g)) // meets the outage
 		calls, _ := c.Counters().Get("redis_calls")
 		r := ok(c.Refund(ctxT(t), "rf", 1))
@@ -334,7 +336,7 @@ func TestLocalEnforcesTheLimitsInMemoryThenReturnsToRedis(t *testing.T) {
 		if d := ok(c.Check(ctxT(t), "g", g)); d.Degraded {
 			t.Fatalf("%+v", d)
 		}
-		s.stop()
+		s.Stop()
 		firstLocal := time.Now()
 		var got []Decision
 		for range 4 {
@@ -403,7 +405,7 @@ func TestLocalEnforcesTheLimitsInMemoryThenReturnsToRedis(t *testing.T) {
 		if snap["local"] < 11 || snap["degraded"] < 11 || snap["refunded"] < 1 {
 			t.Errorf("%v", snap)
 		}
-		s.start(t)
+		s.Start(t)
 		var back Decision
 		deadline := time.Now().Add(10 * time.Second)
 		for {

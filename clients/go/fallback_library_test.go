@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 func TestLibraryIsTheRepositoryCopy(t *testing.T) {
@@ -33,8 +35,8 @@ func TestLibraryIsTheRepositoryCopy(t *testing.T) {
 
 func aclClient(t *testing.T, s *server, user string, rules ...string) *redis.Client {
 	t.Helper()
-	s.do(t, append([]any{"ACL", "SETUSER", user, "on", ">pw", "~*", "+@all"}, toAny(rules)...)...)
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), Username: user, Password: "pw", MaxRetries: -1})
+	s.Do(t, append([]any{"ACL", "SETUSER", user, "on", ">pw", "~*", "+@all"}, toAny(rules)...)...)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: user, Password: "pw", MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -48,30 +50,30 @@ func toAny(ss []string) []any {
 }
 
 func TestANewerLibraryIsLeftInPlaceAndAnOlderOneReplaced(t *testing.T) {
-	s := startServer(t, false)
+	s := testserver.StartServer(t, false)
 	ours := libraryVersion(LuaLibrary)
 	newer := strings.Replace(LuaLibrary, "local VERSION = '"+ours+"'", "local VERSION = '99.0.0'", 1)
-	s.do(t, "FUNCTION", "LOAD", "REPLACE", newer)
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+	s.Do(t, "FUNCTION", "LOAD", "REPLACE", newer)
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 	if d := ok(c.Check(ctxT(t), "n", MustGCRA(1, 1, time.Second))); !d.Allowed || d.Source != SourceFallback {
 		t.Fatalf("%+v", d)
 	}
-	if v := s.do(t, "FCALL_RO", "rl_version", "0"); v != "99.0.0" {
+	if v := s.Do(t, "FCALL_RO", "rl_version", "0"); v != "99.0.0" {
 		t.Errorf("the newer library was replaced: %v", v)
 	}
 	older := strings.Replace(LuaLibrary, "local VERSION = '"+ours+"'", "local VERSION = '0.0.1'", 1)
 	older = strings.Replace(older, "local ALL_MAX_KEYS = 64\n", "local ALL_MAX_KEYS = 8\n", 1)
 	older = strings.Replace(older, "local LOG_MAX_LIMIT = 100000\n", "local LOG_MAX_LIMIT = 500\n", 1)
-	s.do(t, "FUNCTION", "LOAD", "REPLACE", older)
-	c = ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+	s.Do(t, "FUNCTION", "LOAD", "REPLACE", older)
+	c = ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 	if d := ok(c.Check(ctxT(t), "o", MustGCRA(1, 1, time.Second))); !d.Allowed {
 		t.Fatalf("%+v", d)
 	}
-	if v := s.do(t, "FCALL_RO", "rl_version", "0"); v != ours {
+	if v := s.Do(t, "FCALL_RO", "rl_version", "0"); v != ours {
 		t.Errorf("the older library was kept: %v", v)
 	}
 	config := map[string]any{}
-	switch reply := s.do(t, "FCALL_RO", "rl_config", "0").(type) {
+	switch reply := s.Do(t, "FCALL_RO", "rl_config", "0").(type) {
 	case []any:
 		for i := 0; i+1 < len(reply); i += 2 {
 			config[reply[i].(string)] = reply[i+1]
@@ -87,14 +89,14 @@ func TestANewerLibraryIsLeftInPlaceAndAnOlderOneReplaced(t *testing.T) {
 }
 
 func TestAMissingLibraryIsAnErrorWhenLoadingIsNotAllowed(t *testing.T) {
-	s := startServer(t, false)
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t)), WithLoadLibrary(false), WithFailurePolicy(FailOpen)))
+	s := testserver.StartServer(t, false)
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t)), WithLoadLibrary(false), WithFailurePolicy(FailOpen)))
 	_, err := c.Check(ctxT(t), "k", MustGCRA(1, 1, time.Second))
 	if !errors.Is(err, ErrLibrary) || !strings.Contains(err.Error(), "WithLoadLibrary(false)") {
 		t.Fatalf("%v", err)
 	}
 	// Loaded by an operator: then it works.
-	s.do(t, "FUNCTION", "LOAD", LuaLibrary)
+	s.Do(t, "FUNCTION", "LOAD", LuaLibrary)
 	if d := ok(c.Check(ctxT(t), "k", MustGCRA(1, 1, time.Second))); !d.Allowed || d.Source != SourceFallback {
 		t.Errorf("%+v", d)
 	}
@@ -103,19 +105,19 @@ func TestAMissingLibraryIsAnErrorWhenLoadingIsNotAllowed(t *testing.T) {
 // A library flushed under a running client (FUNCTION FLUSH, a failover to a node without
 // it) is loaded again once, by the call that finds it missing.
 func TestAFlushedLibraryIsLoadedAgain(t *testing.T) {
-	s := startServer(t, false)
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+	s := testserver.StartServer(t, false)
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 	g := MustGCRA(2, 1, time.Minute)
 	ok(c.Check(ctxT(t), "f", g))
-	s.do(t, "FUNCTION", "FLUSH")
+	s.Do(t, "FUNCTION", "FLUSH")
 	if d := ok(c.Check(ctxT(t), "f", g)); !d.Allowed || d.Remaining != 0 {
 		t.Errorf("%+v", d)
 	}
 }
 
 func TestWithoutFunctionTheFallbackRunsAsAScript(t *testing.T) {
-	s := startServer(t, false)
-	c := ok(New(aclClient(t, s, "scripts", "-function"), WithPrefix(uniquePrefix(t))))
+	s := testserver.StartServer(t, false)
+	c := ok(New(aclClient(t, s, "scripts", "-function"), WithPrefix(testserver.UniquePrefix(t))))
 	g := MustGCRA(2, 1, time.Minute)
 	var got []bool
 	for range 3 {
@@ -131,11 +133,11 @@ func TestWithoutFunctionTheFallbackRunsAsAScript(t *testing.T) {
 	if !c.scripts.Load() {
 		t.Error("the client did not switch to scripts")
 	}
-	if listed := s.do(t, "FUNCTION", "LIST"); len(listed.([]any)) != 0 {
+	if listed := s.Do(t, "FUNCTION", "LIST"); len(listed.([]any)) != 0 {
 		t.Errorf("a library was loaded: %v", listed)
 	}
 	// The script cache flushed (as after a restart): recovered once with the text.
-	s.do(t, "SCRIPT", "FLUSH")
+	s.Do(t, "SCRIPT", "FLUSH")
 	if d := ok(c.Check(ctxT(t), "t", g)); !d.Allowed {
 		t.Errorf("%+v", d)
 	}
@@ -147,7 +149,7 @@ func TestWithoutFunctionTheFallbackRunsAsAScript(t *testing.T) {
 		t.Errorf("%+v", r)
 	}
 	// Neither FUNCTION nor EVAL: one clear error.
-	none := ok(New(aclClient(t, s, "nothing", "-function", "-eval", "-evalsha", "-script"), WithPrefix(uniquePrefix(t))))
+	none := ok(New(aclClient(t, s, "nothing", "-function", "-eval", "-evalsha", "-script"), WithPrefix(testserver.UniquePrefix(t))))
 	_, err := none.Check(ctxT(t), "n", g)
 	if !errors.Is(err, ErrLibrary) || !strings.Contains(err.Error(), "no redis-rl module") {
 		t.Fatalf("%v", err)
@@ -159,8 +161,8 @@ func TestWithoutFunctionTheFallbackRunsAsAScript(t *testing.T) {
 func TestAutoModeWorksForAUserDeniedCommandInfo(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			s := shared(t, k.module)
-			c := ok(New(aclClient(t, s, "limiter", "-command"), WithPrefix(uniquePrefix(t))))
+			s := testserver.Shared(t, k.module)
+			c := ok(New(aclClient(t, s, "limiter", "-command"), WithPrefix(testserver.UniquePrefix(t))))
 			g := MustGCRA(1, 1, time.Second)
 			d := ok(c.Check(ctxT(t), "k", g))
 			if !d.Allowed || d.Source != k.source() {
@@ -179,13 +181,13 @@ func TestAutoModeWorksForAUserDeniedCommandInfo(t *testing.T) {
 // ModeModule on a server without the module is an error (unknown command), not a silent
 // switch; ModeFallback on a server with it uses the library.
 func TestExplicitModesAreKept(t *testing.T) {
-	plain := shared(t, false)
-	c := ok(New(plain.rdb(t), WithPrefix(uniquePrefix(t)), WithMode(ModeModule)))
+	plain := testserver.Shared(t, false)
+	c := ok(New(plain.RDB(t), WithPrefix(testserver.UniquePrefix(t)), WithMode(ModeModule)))
 	if _, err := c.Check(ctxT(t), "k", MustGCRA(1, 1, time.Second)); err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
 		t.Errorf("%v", err)
 	}
-	withModule := shared(t, true)
-	c = ok(New(withModule.rdb(t), WithPrefix(uniquePrefix(t)), WithMode(ModeFallback)))
+	withModule := testserver.Shared(t, true)
+	c = ok(New(withModule.RDB(t), WithPrefix(testserver.UniquePrefix(t)), WithMode(ModeFallback)))
 	if d := ok(c.Check(ctxT(t), "k", MustGCRA(1, 1, time.Second))); d.Source != SourceFallback {
 		t.Errorf("%+v", d)
 	}

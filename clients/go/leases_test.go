@@ -77,7 +77,7 @@ func TestALapsedLeaseIsReportedLost(t *testing.T) {
 		g := ok(c.Acquire(ctxT(t), "lapsed", l, OnLost(func(*LeaseLostError) { hooked.Add(1) })))
 		// Another holder takes the slot once this lease lapses: delete the key, as a lapse
 		// the renewals could not prevent (a stalled process) would leave it.
-		s.do(t, "DEL", g.Key())
+		s.Do(t, "DEL", g.Key())
 		select {
 		case <-g.Lost():
 		case <-time.After(3 * time.Second):
@@ -122,8 +122,8 @@ func TestCheckAllTakesALeaseWithTheLimits(t *testing.T) {
 func TestAcquireWhileRedisIsDown(t *testing.T) {
 	eachMode(t, func(t *testing.T, k testMode) {
 		s, open, _ := ownServer(t, k, FailOpen, nil)
-		closed := ok(New(s.rdb(t), WithFailurePolicy(FailClosed), WithTimeout(300*time.Millisecond)))
-		s.stop()
+		closed := ok(New(s.RDB(t), WithFailurePolicy(FailClosed), WithTimeout(300*time.Millisecond)))
+		s.Stop()
 		l := MustLease(1, time.Second)
 		g := ok(open.Acquire(ctxT(t), "d", l))
 		if !g.Decision().Degraded || g.Err() != nil {
@@ -145,7 +145,7 @@ func TestALeaseThatCannotBeRenewedForALeaseTimeIsLost(t *testing.T) {
 	eachMode(t, func(t *testing.T, k testMode) {
 		s, c, logs := ownServer(t, k, FailOpen, nil)
 		g := ok(c.Acquire(ctxT(t), "held", MustLease(1, 600*time.Millisecond)))
-		s.stop()
+		s.Stop()
 		stopped := time.Now()
 		select {
 		case <-g.Lost():

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 func TestDurationsAreExact(t *testing.T) {
@@ -182,9 +184,9 @@ func TestLimitStrings(t *testing.T) {
 func TestLimitMessagesMatchTheServer(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			s := shared(t, k.module)
-			rdb := s.rdb(t)
-			c := ok(New(rdb, WithPrefix(uniquePrefix(t))))
+			s := testserver.Shared(t, k.module)
+			rdb := s.RDB(t)
+			c := ok(New(rdb, WithPrefix(testserver.UniquePrefix(t))))
 			if _, err := c.ResolvedMode(ctxT(t)); err != nil {
 				t.Fatal(err)
 			}

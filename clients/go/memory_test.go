@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 // frozenClock is the clock shim, built here with cc: a server started with env reads its
@@ -82,10 +84,10 @@ func specOf(t *testing.T, l Spec) spec {
 
 func TestMemoryAnswersAsTheModuleDoes(t *testing.T) {
 	clock := newFrozenClock(t)
-	s := startServerEnv(t, clock.env, true)
+	s := testserver.StartServerEnv(t, clock.env, true)
 	probe := uint64(1_700_000_000_123_456_000)
 	clock.freezeAt(t, probe)
-	if tm, _ := s.do(t, "TIME").([]any); len(tm) != 2 || fmt.Sprint(tm[0])+fmt.Sprintf("%06s", fmt.Sprint(tm[1])) != strconv.FormatUint(probe/1000, 10) {
+	if tm, _ := s.Do(t, "TIME").([]any); len(tm) != 2 || fmt.Sprint(tm[0])+fmt.Sprintf("%06s", fmt.Sprint(tm[1])) != strconv.FormatUint(probe/1000, 10) {
 		t.Fatalf("the clock shim does not govern this redis-server: TIME %v", tm)
 	}
 	now := uint64(time.Now().UnixNano()) / 1000 * 1000
@@ -99,7 +101,7 @@ func TestMemoryAnswersAsTheModuleDoes(t *testing.T) {
 	}
 	stepsUs := []uint64{0, 1, 999, 1_000, 250_000, 60_000_000, 450_000_000, 1_800_000_000, 3_600_000_000}
 	quantities := []uint64{0, 1, 1, 1, 2, 3, 7}
-	prefix := uniquePrefix(t)
+	prefix := testserver.UniquePrefix(t)
 	compared := 0
 	for round := range 60 {
 		kind := rng.IntN(4)
@@ -121,7 +123,7 @@ func TestMemoryAnswersAsTheModuleDoes(t *testing.T) {
 			if peek {
 				args = append(args, "PEEK")
 			}
-			theirs := reply5(t, s.do(t, args...))
+			theirs := reply5(t, s.Do(t, args...))
 			ours, err := store.check(key, sp, n, peek, false, -1)
 			if err != nil || ours != theirs {
 				t.Fatalf("%v n=%d peek=%v: ours %v (%v), the module's %v", args, n, peek, ours, err, theirs)
@@ -129,7 +131,7 @@ func TestMemoryAnswersAsTheModuleDoes(t *testing.T) {
 			compared++
 			if rng.Float64() < 0.15 {
 				q := uint64(1 + rng.IntN(3))
-				r, err := ints(s.do(t, "RL.REFUND", key, strconv.FormatUint(q, 10)), 3)
+				r, err := ints(s.Do(t, "RL.REFUND", key, strconv.FormatUint(q, 10)), 3)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -146,8 +148,8 @@ func TestMemoryAnswersAsTheModuleDoes(t *testing.T) {
 }
 
 func TestMemoryCheckAllAndLeasesAnswerAsTheModuleDoes(t *testing.T) {
-	s := shared(t, true)
-	p := uniquePrefix(t)
+	s := testserver.Shared(t, true)
+	p := testserver.UniquePrefix(t)
 	store := newMemoryStore(100_000, nil)
 	a, b, l := p+"{m}:a", p+"{m}:b", p+"{m}:l"
 	items := []memoryItem{
@@ -156,7 +158,7 @@ func TestMemoryCheckAllAndLeasesAnswerAsTheModuleDoes(t *testing.T) {
 		{key: l, s: specOf(t, MustLease(2, time.Hour)), cost: 1, hasCost: true, token: "tok"},
 	}
 	for range 4 {
-		theirs := s.do(t, "RL.ALL", "3", a, b, l, "GCRA", "3", "1", "3600", "WINDOW", "2", "3600", "FIXED",
+		theirs := s.Do(t, "RL.ALL", "3", a, b, l, "GCRA", "3", "1", "3600", "WINDOW", "2", "3600", "FIXED",
 			"COST", "1", "LEASE", "2", "3600", "tok", "COST", "1", "QUANTITY", "1")
 		combined, each, err := allReply(theirs)
 		if err != nil {
@@ -178,13 +180,13 @@ func TestMemoryCheckAllAndLeasesAnswerAsTheModuleDoes(t *testing.T) {
 	lease := specOf(t, MustLease(2, time.Hour))
 	lk := p + "lk"
 	for _, token := range []string{"t1", "t2", "t1", "t3"} {
-		theirs := reply5(t, s.do(t, "RL.LEASE", lk, "2", "3600", token))
+		theirs := reply5(t, s.Do(t, "RL.LEASE", lk, "2", "3600", token))
 		ours, err := store.lease(lk, lease, token, 1, false, false)
 		if err != nil || [3]int64(ours[:3]) != [3]int64(theirs[:3]) {
 			t.Fatalf("%s: ours %v (%v), the module's %v", token, ours, err, theirs)
 		}
 	}
-	r, err := ints(s.do(t, "RL.RELEASE", lk, "t1"), 3)
+	r, err := ints(s.Do(t, "RL.RELEASE", lk, "t1"), 3)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 // serverWith is a server without the module whose renamed commands are renamed away.
@@ -27,14 +29,14 @@ func serverWith(t *testing.T, renamed ...string) *server {
 	for _, name := range renamed {
 		extra = append(extra, "--rename-command", name, "")
 	}
-	return startServer(t, false, extra...)
+	return testserver.StartServer(t, false, extra...)
 }
 
 // commandStats is a server's INFO commandstats calls by command name (eval, evalsha,
 // script|load, function|load, fcall_ro, ...).
 func commandStats(t testing.TB, s *server) map[string]uint64 {
 	t.Helper()
-	info, _ := s.do(t, "INFO", "commandstats").(string)
+	info, _ := s.Do(t, "INFO", "commandstats").(string)
 	out := map[string]uint64{}
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, found := strings.Cut(strings.TrimSpace(line), ":")
@@ -93,7 +95,7 @@ func runBurst(t *testing.T, c *Client) {
 
 func TestWithoutFunctionsEvalFirstThenEvalsha(t *testing.T) {
 	s := serverWith(t, "FUNCTION")
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 	g := MustGCRA(3, 1, time.Minute)
 	var got []bool
 	for range 4 {
@@ -107,12 +109,12 @@ func TestWithoutFunctionsEvalFirstThenEvalsha(t *testing.T) {
 	if st["eval"] != 1 || st["evalsha"] != 3 || st["script|load"] != 0 {
 		t.Fatalf("%v", st)
 	}
-	if sha := s.do(t, "SCRIPT", "LOAD", scriptText()); sha != scriptSHA() {
+	if sha := s.Do(t, "SCRIPT", "LOAD", scriptText()); sha != scriptSHA() {
 		t.Fatalf("the server knows the script as %v, the client as %s", sha, scriptSHA())
 	}
 	// NOSCRIPT (the cache flushed, as by a restart): one EVALSHA refused, one EVAL.
-	s.do(t, "SCRIPT", "FLUSH")
-	s.do(t, "CONFIG", "RESETSTAT")
+	s.Do(t, "SCRIPT", "FLUSH")
+	s.Do(t, "CONFIG", "RESETSTAT")
 	if d := ok(c.Check(ctxT(t), "h", g)); !d.Allowed { // "g" is denied locally now
 		t.Fatalf("%+v", d)
 	}
@@ -124,7 +126,7 @@ func TestWithoutFunctionsEvalFirstThenEvalsha(t *testing.T) {
 
 func TestEvalshaRenamedAwayEveryCallSendsTheText(t *testing.T) {
 	s := serverWith(t, "FUNCTION", "EVALSHA")
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 	runBurst(t, c)
 	st := commandStats(t, s)
 	if _, has := st["evalsha"]; st["eval"] < 6 || has {
@@ -144,14 +146,14 @@ func TestEvalshaRenamedAwayEveryCallSendsTheText(t *testing.T) {
 
 func TestEvalRenamedAwayRunsByScriptLoadAndEvalsha(t *testing.T) {
 	s := serverWith(t, "FUNCTION", "EVAL")
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 	runBurst(t, c)
 	st := commandStats(t, s)
 	if st["script|load"] != 1 || st["evalsha"] < 6 {
 		t.Fatalf("%v", st)
 	}
-	s.do(t, "SCRIPT", "FLUSH")
-	s.do(t, "CONFIG", "RESETSTAT")
+	s.Do(t, "SCRIPT", "FLUSH")
+	s.Do(t, "CONFIG", "RESETSTAT")
 	g := MustGCRA(2, 1, time.Minute)
 	if d := ok(c.Check(ctxT(t), "b", g)); !d.Allowed {
 		t.Fatalf("%+v", d)
@@ -172,7 +174,7 @@ func TestAnACLThatDeniesOneScriptCommandUsesTheOther(t *testing.T) {
 	s := serverWith(t)
 	for _, denied := range []string{"-evalsha", "-eval"} {
 		t.Run(denied[1:], func(t *testing.T) {
-			c := ok(New(aclClient(t, s, "u"+denied[1:], "-function", "-fcall", "-fcall_ro", denied), WithPrefix(uniquePrefix(t))))
+			c := ok(New(aclClient(t, s, "u"+denied[1:], "-function", "-fcall", "-fcall_ro", denied), WithPrefix(testserver.UniquePrefix(t))))
 			runBurst(t, c)
 			if n, _ := c.Counters().Get("errors"); n != 0 {
 				t.Errorf("errors %d", n)
@@ -185,7 +187,7 @@ func TestEverythingRenamedAwayIsOneClearError(t *testing.T) {
 	for _, renamed := range [][]string{{"FUNCTION", "EVAL", "EVALSHA"}, {"FCALL", "FCALL_RO", "EVAL", "EVALSHA"}} {
 		t.Run(strings.Join(renamed, ","), func(t *testing.T) {
 			s := serverWith(t, renamed...)
-			c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t)), WithFailurePolicy(FailOpen)))
+			c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t)), WithFailurePolicy(FailOpen)))
 			for range 2 {
 				// Every call: the same error, not an outage, not a second kind.
 				_, err := c.Check(ctxT(t), "none", MustGCRA(2, 1, time.Minute))
@@ -210,9 +212,9 @@ func TestEverythingRenamedAwayIsOneClearError(t *testing.T) {
 // "no scripting here".
 func TestAKeyTheACLForbidsIsNotTakenForNoScripting(t *testing.T) {
 	s := serverWith(t, "FUNCTION")
-	prefix := uniquePrefix(t)
-	s.do(t, "ACL", "SETUSER", "keys", "on", ">pw", "~"+prefix+"ok*", "+@all")
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr(), Username: "keys", Password: "pw", MaxRetries: -1})
+	prefix := testserver.UniquePrefix(t)
+	s.Do(t, "ACL", "SETUSER", "keys", "on", ">pw", "~"+prefix+"ok*", "+@all")
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: "keys", Password: "pw", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	c := ok(New(rdb, WithPrefix(prefix)))
 	g := MustGCRA(2, 1, time.Minute)
@@ -233,10 +235,10 @@ func TestAKeyTheACLForbidsIsNotTakenForNoScripting(t *testing.T) {
 // script command): it is called with FCALL, never replaced, never run as scripts.
 func TestALibraryAnOperatorLoadedServesAClientDeniedFunction(t *testing.T) {
 	s := serverWith(t)
-	s.do(t, "FUNCTION", "LOAD", LuaLibrary)
+	s.Do(t, "FUNCTION", "LOAD", LuaLibrary)
 	rdb := aclClient(t, s, "fcallonly", "-function", "-eval", "-evalsha", "-script")
-	s.do(t, "CONFIG", "RESETSTAT")
-	runBurst(t, ok(New(rdb, WithPrefix(uniquePrefix(t)))))
+	s.Do(t, "CONFIG", "RESETSTAT")
+	runBurst(t, ok(New(rdb, WithPrefix(testserver.UniquePrefix(t)))))
 	st := commandStats(t, s)
 	if st["fcall"] < 6 || st["eval"]+st["evalsha"]+st["script|load"] != 0 {
 		t.Fatalf("%v", st)
@@ -256,15 +258,15 @@ func withVersion(version string) string {
 func TestAnOlderClientWorksBesideANewerLibraryAndLeavesItsText(t *testing.T) {
 	s := serverWith(t)
 	newer := withVersion("99.0.0")
-	s.do(t, "FUNCTION", "LOAD", newer)
+	s.Do(t, "FUNCTION", "LOAD", newer)
 	for range 2 {
-		c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+		c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 		d := ok(c.Check(ctxT(t), "k", MustGCRA(5, 1, time.Second)))
 		if !d.Allowed || d.Source != SourceFallback || d.Degraded {
 			t.Fatalf("%+v", d)
 		}
 	}
-	_, code, loaded := listedLibrary(s.do(t, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE"))
+	_, code, loaded := listedLibrary(s.Do(t, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE"))
 	if !loaded || code != newer {
 		t.Fatalf("the newer library's text changed (loaded %v, version %q)", loaded, libraryVersion(code))
 	}
@@ -302,14 +304,14 @@ func TestALibraryLoadedWhileWeLookedIsNotOverwritten(t *testing.T) {
 	}{{"newer", "99.0.0", "99.0.0"}, {"older", "0.0.1", libraryVersion(LuaLibrary)}} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := serverWith(t)
-			rdb := s.rdb(t)
-			rdb.AddHook(&raceHook{before: func() { s.do(t, "FUNCTION", "LOAD", withVersion(tc.theirs)) }})
-			c := ok(New(rdb, WithPrefix(uniquePrefix(t))))
+			rdb := s.RDB(t)
+			rdb.AddHook(&raceHook{before: func() { s.Do(t, "FUNCTION", "LOAD", withVersion(tc.theirs)) }})
+			c := ok(New(rdb, WithPrefix(testserver.UniquePrefix(t))))
 			if d := ok(c.Check(ctxT(t), "race", MustGCRA(5, 1, time.Second))); !d.Allowed || d.Source != SourceFallback {
 				t.Fatalf("%+v", d)
 			}
 			st := commandStats(t, s)
-			if v := s.do(t, "FCALL_RO", "rl_version", "0"); v != tc.want {
+			if v := s.Do(t, "FCALL_RO", "rl_version", "0"); v != tc.want {
 				t.Fatalf("the server runs %v, want %s", v, tc.want)
 			}
 			// Ours refused (no REPLACE), the other client's, and for an older one REPLACE.
@@ -329,11 +331,11 @@ func TestALibraryLoadedWhileWeLookedIsNotOverwritten(t *testing.T) {
 // built in and cannot be switched off: nothing to test.
 func TestLuaSwitchedOffIsOneClearError(t *testing.T) {
 	s := serverWith(t)
-	if !strings.Contains(fmt.Sprint(s.do(t, "MODULE", "LIST")), "lua") {
+	if !strings.Contains(fmt.Sprint(s.Do(t, "MODULE", "LIST")), "lua") {
 		t.Skip("Lua is built into this server (only Valkey 9+ can switch it off)")
 	}
-	s.do(t, "MODULE", "UNLOAD", "lua")
-	c := ok(New(s.rdb(t), WithPrefix(uniquePrefix(t))))
+	s.Do(t, "MODULE", "UNLOAD", "lua")
+	c := ok(New(s.RDB(t), WithPrefix(testserver.UniquePrefix(t))))
 	for range 2 {
 		_, err := c.Check(ctxT(t), "none", MustGCRA(2, 1, time.Minute))
 		if !errors.Is(err, ErrLibrary) || !strings.Contains(err.Error(), "no redis-rl module") {

@@ -14,68 +14,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
 const sentinelMaster = "mymaster"
-
-// startSentinel starts redis-server --sentinel monitoring the master at masterPort, on a free
-// loopback port, in a temporary directory (Sentinel rewrites its config file there); stopped by
-// PID when the test ends.
-func startSentinel(t *testing.T, masterPort int) *server {
-	t.Helper()
-	s := &server{port: freePort(t), dir: t.TempDir()}
-	conf := filepath.Join(s.dir, "sentinel.conf")
-	text := fmt.Sprintf(`port %d
-bind 127.0.0.1
-dir %s
-logfile %s
-sentinel monitor %s 127.0.0.1 %d 1
-sentinel down-after-milliseconds %s 5000
-sentinel failover-timeout %s 60000
-sentinel parallel-syncs %s 1
-`, s.port, s.dir, filepath.Join(s.dir, "redis.log"), sentinelMaster, masterPort,
-		sentinelMaster, sentinelMaster, sentinelMaster)
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s.cmd = exec.Command(serverBinary(), conf, "--sentinel")
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("starting redis-sentinel: %v", err)
-	}
-	s.exited = make(chan struct{})
-	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(s.cmd, s.exited)
-	t.Cleanup(s.stop)
-	waitFor(t, "redis-sentinel answers", func() bool {
-		select {
-		case <-s.exited:
-			t.Fatalf("redis-sentinel exited at start-up: %s", s.log())
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
-		defer c.Close()
-		info, err := c.Info(ctx, "server").Result()
-		return err == nil && strings.Contains(info, "process_id:"+strconv.Itoa(s.cmd.Process.Pid)+"\r\n")
-	})
-	return s
-}
 
 // sentinelDo runs a command on a Sentinel; the error is returned (SENTINEL FAILOVER may be
 // refused while Sentinel does not yet know a good replica).
 func sentinelDo(s *server, args ...any) (any, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1, DialTimeout: time.Second})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second})
 	defer c.Close()
 	return c.Do(ctx, args...).Result()
 }
@@ -87,7 +43,7 @@ func infoField(t *testing.T, s *server, section, field string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1, DialTimeout: time.Second})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second})
 	defer c.Close()
 	info, err := c.Info(ctx, section).Result()
 	if err != nil {
@@ -105,12 +61,12 @@ func infoField(t *testing.T, s *server, section, field string) string {
 // when module) and a Sentinel that knows both, with a deadline on every wait.
 func sentinelPair(t *testing.T, module bool, extra ...string) (master, replica, sentinel *server) {
 	t.Helper()
-	master = startServer(t, module, extra...)
-	replica = startServer(t, module, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.port)}, extra...)...)
+	master = testserver.StartServer(t, module, extra...)
+	replica = testserver.StartServer(t, module, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port)}, extra...)...)
 	waitFor(t, "the replica is in sync", func() bool {
 		return infoField(t, replica, "replication", "master_link_status") == "up"
 	})
-	sentinel = startSentinel(t, master.port)
+	sentinel = testserver.StartSentinel(t, sentinelMaster, master.Port)
 	waitFor(t, "Sentinel knows the replica", func() bool {
 		v, err := sentinelDo(sentinel, "SENTINEL", "REPLICAS", sentinelMaster)
 		if err != nil {
@@ -129,7 +85,7 @@ func sentinelPair(t *testing.T, module bool, extra ...string) (master, replica, 
 					fields[fmt.Sprint(k)] = fmt.Sprint(v)
 				}
 			}
-			if fields["port"] == strconv.Itoa(replica.port) && fields["master-link-status"] == "ok" &&
+			if fields["port"] == strconv.Itoa(replica.Port) && fields["master-link-status"] == "ok" &&
 				fields["flags"] == "slave" {
 				return true
 			}
@@ -145,7 +101,7 @@ func sentinelPair(t *testing.T, module bool, extra ...string) (master, replica, 
 func failOver(t *testing.T, master, replica, sentinel *server) {
 	t.Helper()
 	// Everything the client wrote is on the replica before the switch.
-	if n, _ := master.do(t, "WAIT", "1", "5000").(int64); n != 1 {
+	if n, _ := master.Do(t, "WAIT", "1", "5000").(int64); n != 1 {
 		t.Fatalf("WAIT: %d replicas acknowledged", n)
 	}
 	waitFor(t, "SENTINEL FAILOVER accepted", func() bool {
@@ -155,7 +111,7 @@ func failOver(t *testing.T, master, replica, sentinel *server) {
 	waitFor(t, "Sentinel reports the replica as the master", func() bool {
 		v, err := sentinelDo(sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", sentinelMaster)
 		addr, _ := v.([]any)
-		return err == nil && len(addr) == 2 && fmt.Sprint(addr[1]) == strconv.Itoa(replica.port)
+		return err == nil && len(addr) == 2 && fmt.Sprint(addr[1]) == strconv.Itoa(replica.Port)
 	})
 	waitFor(t, "the replica is the master", func() bool {
 		return infoField(t, replica, "replication", "role") == "master"
@@ -164,7 +120,7 @@ func failOver(t *testing.T, master, replica, sentinel *server) {
 	// still a master: about 14 s here on an idle machine.
 	waitWithin(t, "the old master follows the new one", 90*time.Second, func() bool {
 		return infoField(t, master, "replication", "role") == "slave" &&
-			infoField(t, master, "replication", "master_port") == strconv.Itoa(replica.port) &&
+			infoField(t, master, "replication", "master_port") == strconv.Itoa(replica.Port) &&
 			infoField(t, master, "replication", "master_link_status") == "up"
 	})
 }
@@ -224,13 +180,13 @@ func TestAFailoverClientAnswersFromTheReplicatedStateAfterTheSwitch(t *testing.T
 			var rdb redis.UniversalClient
 			if i%2 == 0 {
 				rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster,
-					SentinelAddrs: []string{sentinel.addr()}, DialTimeout: time.Second})
+					SentinelAddrs: []string{sentinel.Addr()}, DialTimeout: time.Second})
 			} else {
 				rdb = redis.NewUniversalClient(&redis.UniversalOptions{MasterName: sentinelMaster,
-					Addrs: []string{sentinel.addr()}, DialTimeout: time.Second})
+					Addrs: []string{sentinel.Addr()}, DialTimeout: time.Second})
 			}
 			t.Cleanup(func() { _ = rdb.Close() })
-			c := ok(New(rdb, WithPrefix(uniquePrefix(t)), WithFailurePolicy(FailError),
+			c := ok(New(rdb, WithPrefix(testserver.UniquePrefix(t)), WithFailurePolicy(FailError),
 				WithProbeInterval(50*time.Millisecond), WithDenyCache(false)))
 			if m := ok(c.ResolvedMode(ctxT(t))); m != tc.want {
 				t.Fatalf("mode %v", m)
@@ -250,7 +206,7 @@ func TestAFailoverClientAnswersFromTheReplicatedStateAfterTheSwitch(t *testing.T
 			}
 			held := ok(c.Acquire(ctxT(t), "slot", l))
 			if tc.name == "fallback" {
-				if _, _, loaded := listedLibrary(replica.do(t, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE")); !loaded {
+				if _, _, loaded := listedLibrary(replica.Do(t, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName, "WITHCODE")); !loaded {
 					t.Fatal("the library was not replicated to the replica")
 				}
 			}
@@ -258,7 +214,7 @@ func TestAFailoverClientAnswersFromTheReplicatedStateAfterTheSwitch(t *testing.T
 			failOver(t, master, replica, sentinel)
 			t.Logf("failover took %v", time.Since(t0))
 			// Counted from here: what the new master is asked after the switch.
-			replica.do(t, "CONFIG", "RESETSTAT")
+			replica.Do(t, "CONFIG", "RESETSTAT")
 
 			d := decideAfterSwitch(t, c, "api", g)
 			if !d.Allowed || d.Remaining != 5 || d.Source != tc.source {

@@ -154,7 +154,7 @@ func TestCheckAllDeniedByItsLeaseTakesNothingElse(t *testing.T) {
 // (here another client) released its slot.
 func TestAReleasedSlotIsNotDeniedLocally(t *testing.T) {
 	bothModes(t, func(t *testing.T, k testMode, s *server, a *Client) {
-		b := ok(New(s.rdb(t), WithPrefix(a.Prefix())))
+		b := ok(New(s.RDB(t), WithPrefix(a.Prefix())))
 		rate := MustGCRA(100, 100, time.Second)
 		slots := MustLease(1, 30*time.Second)
 		job := func(token string) []Entry {
@@ -246,7 +246,7 @@ func TestALeaseLapsedWhileItsHolderStalledIsReportedLost(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperLapsedHolder$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "RL_LAPSE_ADDR="+s.addr(), "RL_LAPSE_PREFIX="+b.Prefix())
+		cmd.Env = append(os.Environ(), "RL_LAPSE_ADDR="+s.Addr(), "RL_LAPSE_PREFIX="+b.Prefix())
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {

@@ -22,7 +22,7 @@ import (
 func TestGinGetsTheMiddlewaresAnswers(t *testing.T) {
 	gin.SetMode(gin.TestMode)
 	rs := testserver.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	limiter, err := redisrl.New(rdb, redisrl.WithPrefix("gin:"))
 	if err != nil {

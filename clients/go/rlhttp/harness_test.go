@@ -22,7 +22,7 @@ func (s *server) stop() { s.Stop() }
 // limiter is a fresh client of s (its own go-redis pool, as a separate process would have).
 func (s *server) limiter(t *testing.T, opts ...redisrl.Option) *redisrl.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	c, err := redisrl.New(rdb, append([]redisrl.Option{redisrl.WithPrefix(strings.ReplaceAll(t.Name(), "/", ".") + ":"), redisrl.WithTimeout(300 * time.Millisecond)}, opts...)...)
 	if err != nil {
