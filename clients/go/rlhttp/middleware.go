@@ -178,14 +178,15 @@ type Denial struct {
 
 // Middleware limits requests by rules; build it with New and use Handler.
 type Middleware struct {
-	limiter   *redisrl.Client
-	rules     []Rule
-	clientIP  ClientIP
-	exempt    func(*http.Request) bool
-	denied    func(http.ResponseWriter, *http.Request, Denial)
-	xHeaders  bool
-	preflight bool // limit CORS preflights too
-	mux       *http.ServeMux
+	limiter     *redisrl.Client
+	rules       []Rule
+	clientIP    ClientIP
+	exempt      func(*http.Request) bool
+	exemptPaths []string
+	denied      func(http.ResponseWriter, *http.Request, Denial)
+	xHeaders    bool
+	preflight   bool // limit CORS preflights too
+	mux         *http.ServeMux
 }
 
 // Option configures a Middleware.
@@ -196,6 +197,14 @@ func WithClientIP(c ClientIP) Option { return func(m *Middleware) { m.clientIP =
 
 // WithExempt exempts the requests f returns true for.
 func WithExempt(f func(*http.Request) bool) Option { return func(m *Middleware) { m.exempt = f } }
+
+// WithExemptPaths never limits the requests whose normalised path matches one of the
+// patterns (health checks, metrics): no Redis call, no RateLimit fields. The syntax is
+// MatchPath's: a glob with '*' ("/static/*"), a prefix ending with '/' ("/internal/"), else
+// the exact path ("/health"). Several calls add up.
+func WithExemptPaths(patterns ...string) Option {
+	return func(m *Middleware) { m.exemptPaths = append(m.exemptPaths, patterns...) }
+}
 
 // WithDenied replaces the default denial response (JSON with the fields).
 func WithDenied(f func(http.ResponseWriter, *http.Request, Denial)) Option {
@@ -269,6 +278,15 @@ func isPreflight(r *http.Request) bool {
 	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
 }
 
+func (m *Middleware) exemptPath(path string) bool {
+	for _, p := range m.exemptPaths {
+		if MatchPath(p, path) {
+			return true
+		}
+	}
+	return false
+}
+
 type check struct {
 	key, name string
 	spec      redisrl.Spec
@@ -283,6 +301,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		path := NormalizePath(r.URL.EscapedPath())
+		if m.exemptPath(path) {
+			next.ServeHTTP(w, r)
+			return
+		}
 		var rule *Rule
 		for i := range m.rules {
 			if m.rules[i].matches(r, path) {
