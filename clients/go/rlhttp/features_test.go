@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -422,6 +424,56 @@ func TestHeaderCost(t *testing.T) {
 	} {
 		if n, never := HeaderCost(c.lines); n != c.cost || never != c.never {
 			t.Errorf("%q: %d %v", c.lines, n, never)
+		}
+	}
+}
+
+// docs/clients.md#no-usable-client-address: a real net/http server on a Unix socket has no IP
+// peer: the ip identity is the one shared "unknown" bucket, counted peer_unknown once per
+// request (not once per limit) and warned once; "unix" trusted reads the proxy's header.
+func TestNoUsableClientAddressIsCountedOncePerRequestAndWarnedOnce(t *testing.T) {
+	rs := startServer(t)
+	l := rs.limiter(t)
+	var logs logBuffer
+	rules := []Rule{{Limits: []Limit{
+		{Name: "a", Spec: redisrl.MustWindow(3, time.Minute, redisrl.Fixed), Key: IP()},
+		{Name: "b", Spec: redisrl.MustWindow(3, time.Minute, redisrl.Fixed), Key: Header("X-API-Key")}, // missing: by IP
+	}}}
+	sock := filepath.Join(t.TempDir(), "rl.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mustNew(t, l, rules, WithLogger(logs.logger())).Handler(http.NotFoundHandler()), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	var got []int
+	for range 4 {
+		resp, err := client.Get("http://rl/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got = append(got, resp.StatusCode)
+	}
+	if fmt.Sprint(got) != "[404 404 404 429]" {
+		t.Errorf("one shared bucket: %v", got)
+	}
+	if n := counter(l, "peer_unknown"); n != 4 {
+		t.Errorf("peer_unknown %d, want one per request", n)
+	}
+	if n := logs.count("no usable client address"); n != 1 {
+		t.Errorf("warned %d times:\n%s", n, logs.buf.String())
+	}
+	for _, k := range []string{"a:{ip:unknown}", "b:{ip:unknown}"} {
+		if d := remaining(t, l, k, redisrl.MustWindow(3, time.Minute, redisrl.Fixed)); d.Remaining != 0 {
+			t.Errorf("%s: %+v", k, d)
 		}
 	}
 }

@@ -244,6 +244,7 @@ type Middleware struct {
 
 	warnedLog       atomic.Bool // a reported extra cost left out on a LOG limit
 	warnedSaturated atomic.Bool // a reported cost beyond a limit's arithmetic
+	warnedUnknown   atomic.Bool // a request with no usable client address
 }
 
 // Option configures a Middleware.
@@ -264,8 +265,8 @@ func WithExemptPaths(patterns ...string) Option {
 }
 
 // WithLogger sets where the middleware's warnings and errors go (default slog.Default()):
-// a reported cost left out on a LOG limit or beyond a limit's arithmetic (each warned
-// once), a limit function's error.
+// a reported cost left out on a LOG limit or beyond a limit's arithmetic, a request with no
+// usable client address (each warned once), a limit or cost function's error.
 func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.logger = l } }
 
 // WithDenied replaces the default denial response (JSON with the fields).
@@ -447,6 +448,20 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			e.routed = true
 		}
 		var rates, leases []check
+		var unusable, unknown bool
+		// Once per request, however many of its limits are keyed by the client's address.
+		countAddress := func() {
+			if unusable {
+				counters.Add("forwarded_unusable", 1)
+			}
+			if unknown {
+				counters.Add("peer_unknown", 1)
+				if !m.warnedUnknown.Swap(true) {
+					m.logger.Warn("redis-rl: a request with no usable client address (no IP peer, e.g. a Unix socket, and no trusted forwarding header): its IP limits count in the one bucket shared by all such requests, ip:unknown (counted peer_unknown, warned once). Behind a proxy on a Unix socket, trust it with ClientIP{}.Trusted(\"unix\") so its forwarding header names the client",
+						slog.String("peer", r.RemoteAddr))
+				}
+			}
+		}
 		for _, entry := range rule.Limits {
 			limits, err := entry.resolve(r)
 			if err != nil {
@@ -459,6 +474,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			if !f.ok {
 				switch rule.Missing {
 				case MissingDeny:
+					countAddress()
 					counters.Add("missing_denied", 1)
 					m.deny(w, r, Denial{Status: http.StatusUnauthorized, Policy: entry.Name, Header: http.Header{},
 						Body: fmt.Sprintf(`{"error": "identity_required", "message": "this request must identify itself (e.g. with an API key) to be served", "policy": %s}`, jsonString(entry.Name))})
@@ -469,12 +485,8 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 				}
 				f, kind = IP().fn(r, e), "ip"
 			}
-			if f.unusable {
-				counters.Add("forwarded_unusable", 1)
-			}
-			if f.unknown {
-				counters.Add("peer_unknown", 1)
-			}
+			unusable = unusable || f.unusable
+			unknown = unknown || f.unknown
 			for _, l := range limits {
 				c := check{redisrl.IdentityKey(l.Name, kind, f.value, rule.HashTag), l.Name, l.Spec}
 				if isLease(l.Spec) {
@@ -484,6 +496,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 				}
 			}
 		}
+		countAddress()
 		if len(rates)+len(leases) == 0 {
 			next.ServeHTTP(w, r)
 			return
