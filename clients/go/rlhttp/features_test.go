@@ -1,9 +1,8 @@
 package rlhttp
 
 // Per-request limits, costs from the request, settlement beyond the arithmetic, leases held
-// by a request and exempt paths, through real net/http servers on loopback against a real
-// redis-server, with the module and with the Lua fallback (WithMode(ModeFallback): the same
-// server, the module's commands unused).
+// by a request, through real net/http servers on loopback against a real redis-server, with
+// the module and without it (the Lua fallback).
 
 import (
 	"context"

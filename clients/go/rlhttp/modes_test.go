@@ -11,17 +11,21 @@ import (
 	"time"
 
 	redisrl "github.com/redis-rl/redis-rl/clients/go"
+	"github.com/redis-rl/redis-rl/clients/go/internal/testserver"
 )
 
-// bothModes runs f once with the module and once with the fallback library, each on a server
-// of its own.
+// bothModes runs f with the module (a server that has it) and with the Lua fallback (a
+// server without it, found by the client's own detection), each on a server of its own;
+// mode is the limiter option that pins the mode expected.
 func bothModes(t *testing.T, f func(t *testing.T, rs *server, mode redisrl.Option)) {
-	for _, m := range []struct {
-		name string
-		mode redisrl.Mode
-	}{{"module", redisrl.ModeModule}, {"fallback", redisrl.ModeFallback}} {
-		t.Run(m.name, func(t *testing.T) { f(t, startServer(t), redisrl.WithMode(m.mode)) })
-	}
+	t.Run("module", func(t *testing.T) { f(t, startServer(t), redisrl.WithMode(redisrl.ModeModule)) })
+	t.Run("fallback", func(t *testing.T) {
+		rs := &server{testserver.StartServer(t, false)}
+		if m, err := rs.limiter(t).ResolvedMode(t.Context()); err != nil || m != redisrl.ModeFallback {
+			t.Fatalf("a server without the module: %v %v", m, err)
+		}
+		f(t, rs, redisrl.WithMode(redisrl.ModeFallback))
+	})
 }
 
 func counter(l *redisrl.Client, name string) uint64 {
