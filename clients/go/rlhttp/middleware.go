@@ -216,8 +216,9 @@ func (r Rule) matches(req *http.Request, path string) bool {
 
 // Denial is a refused request, handed to the denial handler.
 type Denial struct {
-	// Status is 429 (rate limited), 413 (can never pass), 503 (the limiter could not
-	// decide) or 401 (identity required).
+	// Status is 429 (rate limited, or no free slot of a Lease limit), 413 (can never pass:
+	// a cost above a limit, or of 2^64 or more), 503 (the limiter could not decide) or 401
+	// (identity required).
 	Status int
 	// Decision is the limiter's decision (zero for a 401).
 	Decision redisrl.Decision
@@ -418,7 +419,12 @@ func (m *Middleware) exemptPath(path string) bool {
 }
 
 // Handler wraps next: func(http.Handler) http.Handler, so it composes with chi, gorilla and
-// the standard mux.
+// the standard mux. Exempt requests (WithExempt, WithExemptPaths, CORS preflights) and those
+// no rule matches go straight to next. A request a rule matches is refused (Denial), or
+// admitted with the RateLimit fields on its response, the decision in its context
+// (DecisionFrom) and its leases held until next returns (LeaseFrom). A limit or cost
+// function that fails, or a limiter error that is not an outage, answers 500
+// {"error": "limiter_error", ...}.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL == nil || (!m.preflight && isPreflight(r)) || (m.exempt != nil && m.exempt(r)) {
