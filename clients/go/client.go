@@ -532,17 +532,29 @@ func binding(d Decision) Spec {
 
 // Refunded is what RL.REFUND (or RL.RELEASE) gave back.
 type Refunded struct {
-	// Units given back (slots freed, for a release).
+	// Units given back (slots freed, for a release), wherever they went.
 	Units uint64
-	// Remaining and ResetAfter are the key's figures after it.
+	// Remaining and ResetAfter are the key's figures after it: Redis's when Redis took part
+	// of it, else the in-memory limiter's (FailLocal).
 	Remaining  uint64
 	ResetAfter time.Duration
-	// Degraded: Redis did not answer (nothing was given back).
+	// Degraded: Redis gave nothing back. Either it did not answer (nothing was given back,
+	// except in FailLocal's memory), or under FailLocal the whole refund went back to the
+	// in-memory limiter that took the charge.
 	Degraded bool
 }
 
 // Refund gives back up to n units to key (RL.REFUND), and forgets this client's local
 // denials of it. n must be at least 1.
+//
+// Under FailLocal a refund goes back where the charge was taken: the units the in-memory
+// limiter charged key during an outage and has not given back yet are given back there
+// first, even once Redis answers again (Redis never had them: refunding them there would
+// give back other requests' units), and only the rest of n goes to Redis. The in-memory
+// limiter remembers those units as long as it holds the key (until the key is idle, as its
+// Redis twin would expire). A key charged both during an outage and after it is refunded in
+// memory first; a refund misplaced that way only under-admits. RefundDecision refunds the
+// charge of one decision exactly where it was taken.
 func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, error) {
 	if n == 0 {
 		return Refunded{}, invalid("quantity must be a positive integer")
@@ -551,12 +563,31 @@ func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, er
 	if err != nil {
 		return Refunded{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return Refunded{}, err
+	}
 	if c.denyCache != nil {
 		c.denyCache.forget(full)
+	}
+	var local Refunded
+	if c.memory != nil {
+		if taken, m := c.memory.refundOwed(full, n, true); taken > 0 {
+			local = Refunded{Units: nonNeg(m[0]), Remaining: nonNeg(m[1]), ResetAfter: msDuration(m[2]), Degraded: true}
+			c.counters.add(cRefunded, local.Units)
+			if n -= taken; n == 0 {
+				return local, nil
+			}
+		}
 	}
 	r, err := c.report(ctx, opRefund, full, u(n))
 	if err == nil && r.Units > 0 {
 		c.counters.add(cRefunded, r.Units)
+	}
+	if local.Units > 0 || local.Degraded {
+		if err != nil {
+			return local, err
+		}
+		r.Units += local.Units
 	}
 	return r, err
 }

@@ -1,0 +1,98 @@
+package redisrl
+
+// FailLocal's refunds after Redis answers again (docs/clients.md#failure-policy-local): a
+// charge the in-memory limiter took during an outage is given back there, not to Redis,
+// which never had it (a refund Redis took for it would give back another request's unit:
+// the fleet would admit past the limit).
+
+import (
+	"testing"
+	"time"
+)
+
+// outageThenBack runs during with Redis stopped, then starts it again and waits (with a
+// deadline) until Redis decides a check of probe again.
+func outageThenBack(t *testing.T, s *server, c *Client, probe string, g Spec, during func()) {
+	t.Helper()
+	decidedByRedis(t, c, probe, g)
+	s.Stop()
+	during()
+	s.Start(t)
+	decidedByRedis(t, c, probe, g)
+}
+
+// inMemory is what FailLocal's memory reports for key under limit (QUANTITY 0, a peek).
+func inMemory(t *testing.T, c *Client, key string, limit Spec) Decision {
+	t.Helper()
+	ls, s, err := c.localSpec(limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.memory.check(c.prefix+key, s, 0, true, false, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return local(r, ls, c.prefix+key, false)
+}
+
+// inRedis is what Redis reports for key under limit (cost 0).
+func inRedis(t *testing.T, c *Client, key string, limit Spec) Decision {
+	t.Helper()
+	d, err := c.Check(ctxT(t), key, limit, Cost(0))
+	if err != nil || d.Degraded {
+		t.Fatalf("Redis did not report %q: %+v %v", key, d, err)
+	}
+	return d
+}
+
+func TestLocalRefundAfterRecoveryGoesBackToMemory(t *testing.T) {
+	eachMode(t, func(t *testing.T, k testMode) {
+		s, c, _ := ownServer(t, k, FailLocal, nil)
+		g := MustGCRA(4, 1, time.Hour) // nothing drains during the test
+		outageThenBack(t, s, c, "probe", g, func() {
+			for _, key := range []string{"k", "split"} {
+				n := uint64(2)
+				if key == "split" {
+					n = 1
+				}
+				if d := ok(c.Check(ctxT(t), key, g, Cost(n))); !d.Allowed || !d.Degraded || d.Source != SourceLocal {
+					t.Fatalf("the outage's charge of %q: %+v", key, d)
+				}
+			}
+		})
+		// Redis charges k once too: it holds 1 unit, memory 2.
+		if d := ok(c.Check(ctxT(t), "k", g)); !d.Allowed || d.Degraded || d.Remaining != 3 {
+			t.Fatalf("%+v", d)
+		}
+		// Refunding the outage's 2 units gives them back in memory; Redis keeps its own.
+		if r := ok(c.Refund(ctxT(t), "k", 2)); r.Units != 2 || !r.Degraded {
+			t.Errorf("the outage's charge: %+v", r)
+		}
+		if d := inRedis(t, c, "k", g); d.Remaining != 3 {
+			t.Errorf("Redis gave back a unit it did not take for this charge: %+v", d)
+		}
+		if d := inMemory(t, c, "k", g); d.Remaining != 4 {
+			t.Errorf("memory kept the charge it took: %+v", d)
+		}
+		// Nothing is owed in memory any more: the next refund is Redis's.
+		if r := ok(c.Refund(ctxT(t), "k", 2)); r.Units != 1 || r.Degraded || r.Remaining != 4 {
+			t.Errorf("Redis's charge: %+v", r)
+		}
+		// More than memory owes: memory's part there, the rest to Redis.
+		if d := ok(c.Check(ctxT(t), "split", g, Cost(2))); !d.Allowed || d.Degraded {
+			t.Fatalf("%+v", d)
+		}
+		if r := ok(c.Refund(ctxT(t), "split", 3)); r.Units != 3 || r.Degraded {
+			t.Errorf("split: %+v", r)
+		}
+		if d := inRedis(t, c, "split", g); d.Remaining != 4 {
+			t.Errorf("split, Redis: %+v", d)
+		}
+		if d := inMemory(t, c, "split", g); d.Remaining != 4 {
+			t.Errorf("split, memory: %+v", d)
+		}
+		if got, _ := c.Counters().Get("refunded"); got != 6 {
+			t.Errorf("refunded %d, not 2 + 1 + 3", got)
+		}
+	})
+}
