@@ -579,7 +579,7 @@ func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, er
 			}
 		}
 	}
-	r, err := c.report(ctx, opRefund, full, u(n))
+	r, err := c.report(ctx, opRefund, full, u(n), true)
 	if err == nil && r.Units > 0 {
 		c.counters.add(cRefunded, r.Units)
 	}
@@ -592,6 +592,55 @@ func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, er
 	return r, err
 }
 
+// RefundDecision gives back up to n units of the charge d took, where d took it: to
+// FailLocal's in-memory limiter when d is its decision (Degraded, not Blind: taken in memory
+// during an outage), even if Redis answers again; nothing when d is Blind (the open or
+// closed policy charged nothing); else to Redis (RL.REFUND), and when Redis does not answer
+// the refund is lost (it only under-admits), never taken from memory. It forgets this
+// client's local denials of d's key. d is one key's decision this client returned (Check,
+// Force, Allow, or one of a CheckAll's PerKey); a combined decision, a lease's and a
+// decision without a key are refused (ErrUsage). n must be at least 1.
+func (c *Client) RefundDecision(ctx context.Context, d Decision, n uint64) (Refunded, error) {
+	if n == 0 {
+		return Refunded{}, invalid("quantity must be a positive integer")
+	}
+	if d.PerKey != nil || d.Key == "" {
+		return Refunded{}, usage("RefundDecision needs one key's decision (of a CheckAll, each of its PerKey)")
+	}
+	if _, lease := d.Spec.(Lease); lease {
+		return Refunded{}, usage("a lease is given back with Release, not RefundDecision")
+	}
+	if err := ctx.Err(); err != nil {
+		return Refunded{}, err
+	}
+	if c.denyCache != nil {
+		c.denyCache.forget(d.Key)
+	}
+	r, err := c.refundTo(ctx, d, d.Key, n)
+	if err == nil {
+		c.counters.add(cRefunded, r.Units)
+	}
+	return r, err
+}
+
+// takenLocally reports whether d's charge was taken by FailLocal's in-memory limiter.
+func (c *Client) takenLocally(d Decision) bool {
+	return c.memory != nil && d.Degraded && !d.Blind
+}
+
+// refundTo gives back n units of full's charge where decision d took it (the counters are
+// the caller's).
+func (c *Client) refundTo(ctx context.Context, d Decision, full string, n uint64) (Refunded, error) {
+	switch {
+	case d.Blind:
+		return Refunded{Degraded: true}, nil
+	case c.takenLocally(d):
+		_, m := c.memory.refundOwed(full, n, false)
+		return Refunded{Units: nonNeg(m[0]), Remaining: nonNeg(m[1]), ResetAfter: msDuration(m[2]), Degraded: true}, nil
+	}
+	return c.report(ctx, opRefund, full, u(n), false)
+}
+
 // Release frees the lease token holds on key (RL.RELEASE); harmless twice.
 func (c *Client) Release(ctx context.Context, key, token string) (Refunded, error) {
 	full, err := c.fullKey(key)
@@ -601,11 +650,13 @@ func (c *Client) Release(ctx context.Context, key, token string) (Refunded, erro
 	if err := checkToken(token); err != nil {
 		return Refunded{}, err
 	}
-	return c.report(ctx, opRelease, full, token)
+	return c.report(ctx, opRelease, full, token, true)
 }
 
-// report runs a one-key call that reports without deciding (refund, release).
-func (c *Client) report(ctx context.Context, o op, full, arg string) (Refunded, error) {
+// report runs a one-key call that reports without deciding (refund, release). When Redis
+// does not answer, FailLocal's memory answers if inMemory, else the policy (a refund or
+// release of what Redis took is then lost: it only under-admits).
+func (c *Client) report(ctx context.Context, o op, full, arg string, inMemory bool) (Refunded, error) {
 	if err := ctx.Err(); err != nil {
 		return Refunded{}, err
 	}
@@ -625,7 +676,7 @@ func (c *Client) report(ctx context.Context, o op, full, arg string) (Refunded, 
 		}
 		cause = errors.Unwrap(err)
 	}
-	if c.memory != nil {
+	if c.memory != nil && inMemory {
 		// FailLocal: given back in memory (to what the local policy charged).
 		var r [3]int64
 		if o == opRefund {

@@ -6,6 +6,8 @@ package redisrl
 // the fleet would admit past the limit).
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -93,6 +95,81 @@ func TestLocalRefundAfterRecoveryGoesBackToMemory(t *testing.T) {
 		}
 		if got, _ := c.Counters().Get("refunded"); got != 6 {
 			t.Errorf("refunded %d, not 2 + 1 + 3", got)
+		}
+	})
+}
+
+// A decision says where its charge was taken: RefundDecision and Wait's give-back of a
+// cancelled reservation go there, whatever else memory owes the key.
+func TestLocalRefundOfADecisionGoesWhereItWasTaken(t *testing.T) {
+	eachMode(t, func(t *testing.T, k testMode) {
+		s, c, _ := ownServer(t, k, FailLocal, nil)
+		g := MustGCRA(4, 1, time.Hour)
+		slow := MustGCRA(2, 1, 10*time.Second) // one unit per 10 s
+		var outage Decision
+		outageThenBack(t, s, c, "probe", g, func() {
+			outage = ok(c.Check(ctxT(t), "d", g, Cost(2)))
+			if w := ok(c.Check(ctxT(t), "w", slow)); !w.Degraded || !w.Allowed {
+				t.Fatalf("%+v", w)
+			}
+		})
+		if !outage.Degraded || outage.Source != SourceLocal || !outage.Allowed {
+			t.Fatalf("%+v", outage)
+		}
+		inRedisNow := ok(c.Check(ctxT(t), "d", g))
+		if inRedisNow.Degraded {
+			t.Fatalf("%+v", inRedisNow)
+		}
+		// Redis's decision: Redis gives back, memory keeps what it owes.
+		if r := ok(c.RefundDecision(ctxT(t), inRedisNow, 1)); r.Units != 1 || r.Degraded {
+			t.Errorf("Redis's decision: %+v", r)
+		}
+		if d := inMemory(t, c, "d", g); d.Remaining != 2 {
+			t.Errorf("memory gave back a charge Redis took: %+v", d)
+		}
+		// The outage's decision: memory gives back, after recovery; Redis is not asked.
+		calls, _ := c.Counters().Get("redis_calls")
+		if r := ok(c.RefundDecision(ctxT(t), outage, 2)); r.Units != 2 || !r.Degraded {
+			t.Errorf("the outage's decision: %+v", r)
+		}
+		if after, _ := c.Counters().Get("redis_calls"); after != calls {
+			t.Errorf("a refund of memory's charge called Redis")
+		}
+		if d := inMemory(t, c, "d", g); d.Remaining != 4 {
+			t.Errorf("%+v", d)
+		}
+		if _, err := c.RefundDecision(ctxT(t), Decision{}, 1); !errors.Is(err, ErrUsage) {
+			t.Errorf("a decision of no key: %v", err)
+		}
+		// Wait reserves in Redis on a key memory owes a unit; cancelled, it gives the
+		// reservation back to Redis.
+		if d := ok(c.Check(ctxT(t), "w", slow, Cost(2))); !d.Allowed || d.Degraded {
+			t.Fatalf("%+v", d)
+		}
+		ctx, cancel := contextWithCancel(t)
+		done := make(chan error, 1)
+		go func() { done <- c.Wait(ctx, "w", slow) }()
+		reserved := time.Now().Add(10 * time.Second)
+		for inRedis(t, c, "w", slow).ResetAfter <= 25*time.Second {
+			if time.Now().After(reserved) {
+				t.Fatal("Wait did not reserve within 10 s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("%v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Wait did not return within 10 s of its cancel")
+		}
+		if d := inRedis(t, c, "w", slow); d.ResetAfter > 20*time.Second {
+			t.Errorf("the reservation stayed in Redis: %+v", d)
+		}
+		if d := inMemory(t, c, "w", slow); d.Remaining != 1 {
+			t.Errorf("memory gave back a reservation Redis took: %+v", d)
 		}
 	})
 }
