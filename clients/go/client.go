@@ -1271,7 +1271,8 @@ func (c *Client) scriptLoad(ctx context.Context, keys []string) error {
 }
 
 // twin asks the library's no-writes twin of o (FCALL_RO rl_<op>_ro, the same keys and
-// arguments, the same node) once, after the server refused FCALL rl_<op> out of memory
+// arguments, the same node: on a Cluster the master of the first key's slot, never a
+// replica, whatever the ClusterClient's ReadOnly routing) once, after the server refused FCALL rl_<op> out of memory
 // (docs/clients.md#out-of-memory): its answer (a denial, a peek, an error, or OOM where the
 // call would write) is the call's. Without a twin (refunds and releases, a library older
 // than 1.3.0, FCALL_RO refused) the first OOM error stands.
@@ -1280,16 +1281,45 @@ func (c *Client) twin(ctx context.Context, o op, keys []string, args []any, oom 
 	if !ok {
 		return nil, oom
 	}
+	var p processor = c.rdb
+	if c.cluster != nil && len(keys) > 0 {
+		// FCALL_RO is a read-only command: a ClusterClient with ReadOnly (RouteByLatency,
+		// RouteRandomly) would send it to a replica, which has not the master's writes of the
+		// last instants and is not the server that refused the call. Ask the master of the
+		// key's slot, as the FCALL was.
+		tctx, cancel := context.WithTimeout(ctx, c.timeout)
+		node, err := c.cluster.MasterForKey(tctx, keys[0])
+		cancel()
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, cerr
+			}
+			return nil, oom
+		}
+		p = node
+	}
 	c.counters.add(cRedisCalls, 1)
 	wire, pos := twinFrame(name, keys, args)
-	v, err := c.raw(ctx, wire, pos)
+	v, err := c.rawOn(ctx, p, wire, pos)
 	if err != nil {
-		if ctx.Err() == nil && (isMissingFunction(err) || isRefused(err)) {
+		if ctx.Err() == nil && (isMissingFunction(err) || isRefused(err) || isRedirect(err)) {
+			// No twin there; or the slot moved since the FCALL (MOVED, ASK): the node that
+			// refused it is not asked again, and its OOM stands.
 			return nil, oom
 		}
 		return nil, err
 	}
 	return v, nil
+}
+
+// isRedirect is a Cluster's MOVED or ASK reply (from one node's client, which does not
+// follow it).
+func isRedirect(err error) bool {
+	switch errorCode(err) {
+	case "MOVED", "ASK":
+		return true
+	}
+	return false
 }
 
 // call runs one command in the resolved mode, detecting again once when the module
