@@ -641,7 +641,9 @@ func (c *Client) refundTo(ctx context.Context, d Decision, full string, n uint64
 	return c.report(ctx, opRefund, full, u(n), false)
 }
 
-// Release frees the lease token holds on key (RL.RELEASE); harmless twice.
+// Release frees the lease token holds on key (RL.RELEASE); harmless twice. Under
+// FailLocal a lease the in-memory limiter granted during an outage is freed there too,
+// also once Redis answers again (Units counts the slots freed in both).
 func (c *Client) Release(ctx context.Context, key, token string) (Refunded, error) {
 	full, err := c.fullKey(key)
 	if err != nil {
@@ -650,7 +652,12 @@ func (c *Client) Release(ctx context.Context, key, token string) (Refunded, erro
 	if err := checkToken(token); err != nil {
 		return Refunded{}, err
 	}
-	return c.report(ctx, opRelease, full, token, true)
+	r, err := c.report(ctx, opRelease, full, token, true)
+	if err == nil && !r.Degraded && c.memory != nil {
+		// Redis answered: a lease memory granted meanwhile is held there, not in Redis.
+		r.Units += nonNeg(c.memory.release(full, token)[0])
+	}
+	return r, err
 }
 
 // report runs a one-key call that reports without deciding (refund, release). When Redis

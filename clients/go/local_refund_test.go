@@ -173,3 +173,29 @@ func TestLocalRefundOfADecisionGoesWhereItWasTaken(t *testing.T) {
 		}
 	})
 }
+
+// A lease FailLocal granted during an outage, released by its token (Client.Release) after
+// Redis answers again, is freed in memory too, where it is held.
+func TestLocalReleaseAfterRecoveryFreesTheLeaseInMemory(t *testing.T) {
+	eachMode(t, func(t *testing.T, k testMode) {
+		s, c, _ := ownServer(t, k, FailLocal, nil)
+		l := MustLease(1, time.Minute)
+		var held *LeaseGuard
+		outageThenBack(t, s, c, "probe", MustGCRA(4, 1, time.Hour), func() {
+			held = ok(c.Acquire(ctxT(t), "job", l))
+		})
+		if d := held.Decision(); !d.Degraded || d.Source != SourceLocal {
+			t.Fatalf("%+v", d)
+		}
+		if r := ok(c.Release(ctxT(t), "job", held.Token())); r.Units != 1 || r.Degraded {
+			t.Errorf("the release after recovery: %+v", r)
+		}
+		_, sp, err := c.localSpec(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := ok(c.memory.lease(c.prefix+"job", sp, "another", 1, true, false)); r[0] != 1 {
+			t.Errorf("memory still holds the released lease: %v", r)
+		}
+	})
+}
