@@ -532,17 +532,29 @@ func binding(d Decision) Spec {
 
 // Refunded is what RL.REFUND (or RL.RELEASE) gave back.
 type Refunded struct {
-	// Units given back (slots freed, for a release).
+	// Units given back (slots freed, for a release), wherever they went.
 	Units uint64
-	// Remaining and ResetAfter are the key's figures after it.
+	// Remaining and ResetAfter are the key's figures after it: Redis's when Redis took part
+	// of it, else the in-memory limiter's (FailLocal).
 	Remaining  uint64
 	ResetAfter time.Duration
-	// Degraded: Redis did not answer (nothing was given back).
+	// Degraded: Redis gave nothing back. Either it did not answer (nothing was given back,
+	// except in FailLocal's memory), or under FailLocal the whole refund went back to the
+	// in-memory limiter that took the charge.
 	Degraded bool
 }
 
 // Refund gives back up to n units to key (RL.REFUND), and forgets this client's local
 // denials of it. n must be at least 1.
+//
+// Under FailLocal a refund goes back where the charge was taken: the units the in-memory
+// limiter charged key during an outage and has not given back yet are given back there
+// first, even once Redis answers again (Redis never had them: refunding them there would
+// give back other requests' units), and only the rest of n goes to Redis. The in-memory
+// limiter remembers those units as long as it holds the key (until the key is idle, as its
+// Redis twin would expire). A key charged both during an outage and after it is refunded in
+// memory first; a refund misplaced that way only under-admits. RefundDecision refunds the
+// charge of one decision exactly where it was taken.
 func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, error) {
 	if n == 0 {
 		return Refunded{}, invalid("quantity must be a positive integer")
@@ -551,17 +563,87 @@ func (c *Client) Refund(ctx context.Context, key string, n uint64) (Refunded, er
 	if err != nil {
 		return Refunded{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return Refunded{}, err
+	}
 	if c.denyCache != nil {
 		c.denyCache.forget(full)
 	}
-	r, err := c.report(ctx, opRefund, full, u(n))
+	var local Refunded
+	if c.memory != nil {
+		if taken, m := c.memory.refundOwed(full, n, true); taken > 0 {
+			local = Refunded{Units: nonNeg(m[0]), Remaining: nonNeg(m[1]), ResetAfter: msDuration(m[2]), Degraded: true}
+			c.counters.add(cRefunded, local.Units)
+			if n -= taken; n == 0 {
+				return local, nil
+			}
+		}
+	}
+	r, err := c.report(ctx, opRefund, full, u(n), true)
 	if err == nil && r.Units > 0 {
+		c.counters.add(cRefunded, r.Units)
+	}
+	if local.Units > 0 || local.Degraded {
+		if err != nil {
+			return local, err
+		}
+		r.Units += local.Units
+	}
+	return r, err
+}
+
+// RefundDecision gives back up to n units of the charge d took, where d took it: to
+// FailLocal's in-memory limiter when d is its decision (Degraded, not Blind: taken in memory
+// during an outage), even if Redis answers again; nothing when d is Blind (the open or
+// closed policy charged nothing); else to Redis (RL.REFUND), and when Redis does not answer
+// the refund is lost (it only under-admits), never taken from memory. It forgets this
+// client's local denials of d's key. d is one key's decision this client returned (Check,
+// Force, Allow, or one of a CheckAll's PerKey); a combined decision, a lease's and a
+// decision without a key are refused (ErrUsage). n must be at least 1.
+func (c *Client) RefundDecision(ctx context.Context, d Decision, n uint64) (Refunded, error) {
+	if n == 0 {
+		return Refunded{}, invalid("quantity must be a positive integer")
+	}
+	if d.PerKey != nil || d.Key == "" {
+		return Refunded{}, usage("RefundDecision needs one key's decision (of a CheckAll, each of its PerKey)")
+	}
+	if _, lease := d.Spec.(Lease); lease {
+		return Refunded{}, usage("a lease is given back with Release, not RefundDecision")
+	}
+	if err := ctx.Err(); err != nil {
+		return Refunded{}, err
+	}
+	if c.denyCache != nil {
+		c.denyCache.forget(d.Key)
+	}
+	r, err := c.refundTo(ctx, d, d.Key, n)
+	if err == nil {
 		c.counters.add(cRefunded, r.Units)
 	}
 	return r, err
 }
 
-// Release frees the lease token holds on key (RL.RELEASE); harmless twice.
+// takenLocally reports whether d's charge was taken by FailLocal's in-memory limiter.
+func (c *Client) takenLocally(d Decision) bool {
+	return c.memory != nil && d.Degraded && !d.Blind
+}
+
+// refundTo gives back n units of full's charge where decision d took it (the counters are
+// the caller's).
+func (c *Client) refundTo(ctx context.Context, d Decision, full string, n uint64) (Refunded, error) {
+	switch {
+	case d.Blind:
+		return Refunded{Degraded: true}, nil
+	case c.takenLocally(d):
+		_, m := c.memory.refundOwed(full, n, false)
+		return Refunded{Units: nonNeg(m[0]), Remaining: nonNeg(m[1]), ResetAfter: msDuration(m[2]), Degraded: true}, nil
+	}
+	return c.report(ctx, opRefund, full, u(n), false)
+}
+
+// Release frees the lease token holds on key (RL.RELEASE); harmless twice. Under
+// FailLocal a lease the in-memory limiter granted during an outage is freed there too,
+// also once Redis answers again (Units counts the slots freed in both).
 func (c *Client) Release(ctx context.Context, key, token string) (Refunded, error) {
 	full, err := c.fullKey(key)
 	if err != nil {
@@ -570,11 +652,18 @@ func (c *Client) Release(ctx context.Context, key, token string) (Refunded, erro
 	if err := checkToken(token); err != nil {
 		return Refunded{}, err
 	}
-	return c.report(ctx, opRelease, full, token)
+	r, err := c.report(ctx, opRelease, full, token, true)
+	if err == nil && !r.Degraded && c.memory != nil {
+		// Redis answered: a lease memory granted meanwhile is held there, not in Redis.
+		r.Units += nonNeg(c.memory.release(full, token)[0])
+	}
+	return r, err
 }
 
-// report runs a one-key call that reports without deciding (refund, release).
-func (c *Client) report(ctx context.Context, o op, full, arg string) (Refunded, error) {
+// report runs a one-key call that reports without deciding (refund, release). When Redis
+// does not answer, FailLocal's memory answers if inMemory, else the policy (a refund or
+// release of what Redis took is then lost: it only under-admits).
+func (c *Client) report(ctx context.Context, o op, full, arg string, inMemory bool) (Refunded, error) {
 	if err := ctx.Err(); err != nil {
 		return Refunded{}, err
 	}
@@ -594,7 +683,7 @@ func (c *Client) report(ctx context.Context, o op, full, arg string) (Refunded, 
 		}
 		cause = errors.Unwrap(err)
 	}
-	if c.memory != nil {
+	if c.memory != nil && inMemory {
 		// FailLocal: given back in memory (to what the local policy charged).
 		var r [3]int64
 		if o == opRefund {
@@ -1189,7 +1278,8 @@ func (c *Client) scriptLoad(ctx context.Context, keys []string) error {
 }
 
 // twin asks the library's no-writes twin of o (FCALL_RO rl_<op>_ro, the same keys and
-// arguments, the same node) once, after the server refused FCALL rl_<op> out of memory
+// arguments, the same node: on a Cluster the master of the first key's slot, never a
+// replica, whatever the ClusterClient's ReadOnly routing) once, after the server refused FCALL rl_<op> out of memory
 // (docs/clients.md#out-of-memory): its answer (a denial, a peek, an error, or OOM where the
 // call would write) is the call's. Without a twin (refunds and releases, a library older
 // than 1.3.0, FCALL_RO refused) the first OOM error stands.
@@ -1198,16 +1288,45 @@ func (c *Client) twin(ctx context.Context, o op, keys []string, args []any, oom 
 	if !ok {
 		return nil, oom
 	}
+	var p processor = c.rdb
+	if c.cluster != nil && len(keys) > 0 {
+		// FCALL_RO is a read-only command: a ClusterClient with ReadOnly (RouteByLatency,
+		// RouteRandomly) would send it to a replica, which has not the master's writes of the
+		// last instants and is not the server that refused the call. Ask the master of the
+		// key's slot, as the FCALL was.
+		tctx, cancel := context.WithTimeout(ctx, c.timeout)
+		node, err := c.cluster.MasterForKey(tctx, keys[0])
+		cancel()
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, cerr
+			}
+			return nil, oom
+		}
+		p = node
+	}
 	c.counters.add(cRedisCalls, 1)
 	wire, pos := twinFrame(name, keys, args)
-	v, err := c.raw(ctx, wire, pos)
+	v, err := c.rawOn(ctx, p, wire, pos)
 	if err != nil {
-		if ctx.Err() == nil && (isMissingFunction(err) || isRefused(err)) {
+		if ctx.Err() == nil && (isMissingFunction(err) || isRefused(err) || isRedirect(err)) {
+			// No twin there; or the slot moved since the FCALL (MOVED, ASK): the node that
+			// refused it is not asked again, and its OOM stands.
 			return nil, oom
 		}
 		return nil, err
 	}
 	return v, nil
+}
+
+// isRedirect is a Cluster's MOVED or ASK reply (from one node's client, which does not
+// follow it).
+func isRedirect(err error) bool {
+	switch errorCode(err) {
+	case "MOVED", "ASK":
+		return true
+	}
+	return false
 }
 
 // call runs one command in the resolved mode, detecting again once when the module

@@ -340,7 +340,7 @@ func (g *LeaseGuard) Release(ctx context.Context) (Refunded, error) {
 		m := g.c.memory.release(g.key, g.token) // FailLocal's lease: held in memory
 		r = Refunded{Units: nonNeg(m[0]), Remaining: nonNeg(m[1]), ResetAfter: msDuration(m[2]), Degraded: true}
 	case first && !g.decision.Degraded:
-		r, err = g.c.report(ctx, opRelease, g.key, g.token)
+		r, err = g.c.report(ctx, opRelease, g.key, g.token, false)
 	}
 	if lost := g.Err(); lost != nil {
 		return r, lost

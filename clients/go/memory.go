@@ -775,6 +775,10 @@ type storeEntry struct {
 	id         storeKey
 	state      any
 	expireAtMs uint64
+	// owed is the units this store charged the key (checks, FORCE) and has not been given
+	// back yet: a Refund after Redis answers again gives them back here, where they were
+	// taken (refund with owedOnly). It lives as long as the key does.
+	owed uint64
 }
 
 // memoryStore holds the in-memory limits of one client (safe for concurrent use). At most
@@ -828,7 +832,9 @@ func (m *memoryStore) load(key string, kind byte, now uint64) any {
 	return e.state
 }
 
-func (m *memoryStore) put(key string, kind byte, state any, now, reset uint64) {
+// put writes key's state (nil: the key is idle, gone); charged units are added to what the
+// key owes (storeEntry.owed).
+func (m *memoryStore) put(key string, kind byte, state any, now, reset, charged uint64) {
 	id := storeKey{key, kind}
 	if state == nil {
 		if el, ok := m.keys[id]; ok {
@@ -842,10 +848,10 @@ func (m *memoryStore) put(key string, kind byte, state any, now, reset uint64) {
 	expire := w128(now).add(w128(reset)).ceilDiv(nsPerMs).sat()
 	if el, ok := m.keys[id]; ok {
 		e := el.Value.(*storeEntry)
-		e.state, e.expireAtMs = state, expire
+		e.state, e.expireAtMs, e.owed = state, expire, satAdd(e.owed, charged)
 		m.order.MoveToBack(el)
 	} else {
-		m.keys[id] = m.order.PushBack(&storeEntry{id, state, expire})
+		m.keys[id] = m.order.PushBack(&storeEntry{id, state, expire, charged})
 	}
 	for len(m.keys) > m.maxKeys {
 		first := m.order.Front()
@@ -926,7 +932,7 @@ func (m *memoryStore) check(key string, s spec, n uint64, peek, force bool, maxW
 		return [5]int64{}, err
 	}
 	if write != nil && !peek && d.allowed() {
-		m.put(key, specKind(s), write, now, d.reset)
+		m.put(key, specKind(s), write, now, d.reset, n)
 	}
 	return d.five(), nil
 }
@@ -980,7 +986,7 @@ func (m *memoryStore) checkAll(items []memoryItem, cost uint64, peek, force bool
 	if !peek && mayWrite && combined.allowed() {
 		for _, x := range all {
 			if x.write != nil {
-				m.put(x.item.key, specKind(x.item.s), x.write, now, x.d.reset)
+				m.put(x.item.key, specKind(x.item.s), x.write, now, x.d.reset, x.charge)
 			}
 		}
 	}
@@ -1007,7 +1013,7 @@ func (m *memoryStore) lease(key string, s spec, token string, slots uint64, peek
 		return [5]int64{}, err
 	}
 	if write != nil && !peek && d.allowed() {
-		m.put(key, 'E', write, now, d.reset)
+		m.put(key, 'E', write, now, d.reset, 0)
 	}
 	return d.five(), nil
 }
@@ -1031,9 +1037,9 @@ func (m *memoryStore) release(key, token string) [3]int64 {
 	after := &leaseState{limit: st.limit, held: live}
 	d := after.report(now)
 	if len(live) > 0 {
-		m.put(key, 'E', after, now, d.reset)
+		m.put(key, 'E', after, now, d.reset, 0)
 	} else {
-		m.put(key, 'E', nil, now, d.reset)
+		m.put(key, 'E', nil, now, d.reset, 0)
 	}
 	return [3]int64{i63(h.slots), i63(d.remaining), i63(ceilNsToMs(d.reset))}
 }
@@ -1041,6 +1047,16 @@ func (m *memoryStore) release(key, token string) [3]int64 {
 // refund is RL.REFUND on whichever rate key key holds: refunded, remaining, reset after
 // (ms); zeros for a key it does not hold.
 func (m *memoryStore) refund(key string, q uint64) [3]int64 {
+	_, r := m.refundOwed(key, q, false)
+	return r
+}
+
+// refundOwed is refund that also settles what key owes (storeEntry.owed). With owedOnly it
+// takes at most the units this store charged the key and has not given back (none: taken
+// 0 and zeros, nothing done), so that a refund of charges taken here comes back here and
+// the rest can go to Redis; taken is the part of q it answered for (all of q without
+// owedOnly, once it holds the key; 0 when it does not hold it).
+func (m *memoryStore) refundOwed(key string, q uint64, owedOnly bool) (taken uint64, r [3]int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.clock()
@@ -1049,20 +1065,28 @@ func (m *memoryStore) refund(key string, q uint64) [3]int64 {
 		if st == nil {
 			continue
 		}
-		limit, after, refunded := refundState(st, now, q)
+		e := m.keys[storeKey{key, kind}].Value.(*storeEntry)
+		take := q
+		if owedOnly {
+			if take = min(q, e.owed); take == 0 {
+				continue
+			}
+		}
+		e.owed -= min(take, e.owed)
+		limit, after, refunded := refundState(st, now, take)
 		if refunded == 0 {
 			d := reportState(st, now)
-			return [3]int64{0, i63(d.remaining), i63(ceilNsToMs(d.reset))}
+			return take, [3]int64{0, i63(d.remaining), i63(ceilNsToMs(d.reset))}
 		}
 		if after == nil {
-			m.put(key, kind, nil, now, 0)
-			return [3]int64{i63(refunded), i63(limit), 0}
+			m.put(key, kind, nil, now, 0, 0)
+			return take, [3]int64{i63(refunded), i63(limit), 0}
 		}
 		d := reportState(after, now)
-		m.put(key, kind, after, now, d.reset)
-		return [3]int64{i63(refunded), i63(d.remaining), i63(ceilNsToMs(d.reset))}
+		m.put(key, kind, after, now, d.reset, 0)
+		return take, [3]int64{i63(refunded), i63(d.remaining), i63(ceilNsToMs(d.reset))}
 	}
-	return [3]int64{}
+	return 0, [3]int64{}
 }
 
 // refundState gives back up to q units of a rate state: the limit, the state after (nil:

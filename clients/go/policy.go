@@ -28,8 +28,10 @@ const (
 	// unreachable, with the module's algorithms and arithmetic (each limit divided by
 	// WithFleetSize, 1 by default): decisions are Degraded, not Blind, Source SourceLocal,
 	// with the local limiter's real figures (the middleware answers 429 with the RateLimit
-	// fields); refunds and leases taken meanwhile are given back in memory. The first call
-	// after Redis answers again is decided by Redis (docs/clients.md#failure-policy-local).
+	// fields); what it charged and the leases it granted are given back in memory, during
+	// the outage and after it (Refund, RefundDecision, LeaseGuard.Release, Wait's give-back).
+	// The first call after Redis answers again is decided by Redis
+	// (docs/clients.md#failure-policy-local).
 	// At most 100,000 keys are kept in memory (the least recently written are forgotten).
 	FailLocal
 )

@@ -81,7 +81,8 @@ func (c *Client) AllowAtMost(ctx context.Context, key string, limit Spec, n int)
 // Wait blocks until one request of limit on key may go ahead, or ctx ends (x/time/rate's
 // Wait). On a GCRA limit it reserves the slot (RL.GCRA ... MAXWAIT, up to the time left
 // before ctx's deadline, any wait without one), sleeps until the slot's time, and, when ctx
-// ends first, gives the reservation back (RL.REFUND) and returns ctx's error. A reservation
+// ends first, gives the reservation back where it was taken (RefundDecision: RL.REFUND, or
+// FailLocal's memory) and returns ctx's error. A reservation
 // that cannot fit before the deadline is an error matching ErrRateLimited at once, as
 // x/time/rate's "would exceed context deadline" is. On a Window limit it checks and sleeps
 // each denial's RetryAfter until admitted (no reservation: windows have no MAXWAIT).
@@ -120,17 +121,10 @@ func (c *Client) Wait(ctx context.Context, key string, limit Spec) error {
 			return nil
 		case d.Allowed: // a reservation: act at its time
 			if err := sleep(ctx, d.RetryAfter); err != nil {
-				switch {
-				case !d.Degraded:
-					// Give the slot back; a failed refund only under-admits.
-					rctx := context.WithoutCancel(ctx) // the client's timeout bounds each call
-					_, _ = c.Refund(rctx, key, 1)
-				case !d.Blind && c.memory != nil:
-					// FailLocal's reservation: given back where it was taken.
-					if full, err := c.fullKey(key); err == nil {
-						c.memory.refund(full, 1)
-					}
-				}
+				// Give the slot back where it was taken (Redis, or FailLocal's memory); a
+				// failed refund only under-admits.
+				rctx := context.WithoutCancel(ctx) // the client's timeout bounds each call
+				_, _ = c.RefundDecision(rctx, d, 1)
 				return err
 			}
 			return nil

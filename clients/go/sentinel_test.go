@@ -67,32 +67,35 @@ func sentinelPair(t *testing.T, module bool, extra ...string) (master, replica, 
 		return infoField(t, replica, "replication", "master_link_status") == "up"
 	})
 	sentinel = testserver.StartSentinel(t, sentinelMaster, master.Port)
-	waitFor(t, "Sentinel knows the replica", func() bool {
-		v, err := sentinelDo(sentinel, "SENTINEL", "REPLICAS", sentinelMaster)
-		if err != nil {
-			return false
-		}
-		list, _ := v.([]any)
-		for _, r := range list {
-			fields := map[string]string{}
-			switch r := r.(type) {
-			case []any: // RESP2: name, value, name, value, ...
-				for i := 0; i+1 < len(r); i += 2 {
-					fields[fmt.Sprint(r[i])] = fmt.Sprint(r[i+1])
-				}
-			case map[any]any: // RESP3
-				for k, v := range r {
-					fields[fmt.Sprint(k)] = fmt.Sprint(v)
-				}
-			}
-			if fields["port"] == strconv.Itoa(replica.Port) && fields["master-link-status"] == "ok" &&
-				fields["flags"] == "slave" {
-				return true
-			}
-		}
-		return false
-	})
+	waitFor(t, "Sentinel knows the replica", func() bool { return knowsReplica(sentinel, replica) })
 	return master, replica, sentinel
+}
+
+// knowsReplica reports whether sentinel lists replica as a replica of the master, linked.
+func knowsReplica(sentinel, replica *server) bool {
+	v, err := sentinelDo(sentinel, "SENTINEL", "REPLICAS", sentinelMaster)
+	if err != nil {
+		return false
+	}
+	list, _ := v.([]any)
+	for _, r := range list {
+		fields := map[string]string{}
+		switch r := r.(type) {
+		case []any: // RESP2: name, value, name, value, ...
+			for i := 0; i+1 < len(r); i += 2 {
+				fields[fmt.Sprint(r[i])] = fmt.Sprint(r[i+1])
+			}
+		case map[any]any: // RESP3
+			for k, v := range r {
+				fields[fmt.Sprint(k)] = fmt.Sprint(v)
+			}
+		}
+		if fields["port"] == strconv.Itoa(replica.Port) && fields["master-link-status"] == "ok" &&
+			fields["flags"] == "slave" {
+			return true
+		}
+	}
+	return false
 }
 
 // failOver asks Sentinel to fail the master over to the replica and waits until Sentinel

@@ -69,7 +69,7 @@ func (c *Client) checkAcrossSlots(ctx context.Context, entries []Entry, keys []s
 		d, err := c.checkAll(ctx, e, k, s, o, false)
 		if err != nil {
 			if gi > 0 && !o.peek {
-				c.giveBack(ctx, entries, keys, groups[:gi], charge)
+				c.giveBack(ctx, entries, keys, per, groups[:gi], charge)
 			}
 			return Decision{}, err
 		}
@@ -83,7 +83,7 @@ func (c *Client) checkAcrossSlots(ctx context.Context, entries []Entry, keys []s
 	}
 	if deniedAt >= 0 {
 		if deniedAt > 0 && !o.peek {
-			c.giveBack(ctx, entries, keys, groups[:deniedAt], charge)
+			c.giveBack(ctx, entries, keys, per, groups[:deniedAt], charge)
 		}
 		peek := o
 		peek.peek = true
@@ -110,8 +110,9 @@ func (c *Client) checkAcrossSlots(ctx context.Context, entries []Entry, keys []s
 	return d, nil
 }
 
-// giveBack refunds (or, for a lease, releases) what the groups' calls took.
-func (c *Client) giveBack(ctx context.Context, entries []Entry, keys []string, groups [][]int, charge func(int) uint64) {
+// giveBack refunds (or, for a lease, releases) what the groups' calls took, where each
+// took it (per[i]: Redis, or FailLocal's memory).
+func (c *Client) giveBack(ctx context.Context, entries []Entry, keys []string, per []Decision, groups [][]int, charge func(int) uint64) {
 	rctx := context.WithoutCancel(ctx) // the client's timeout bounds each call
 	for _, g := range groups {
 		for _, i := range g {
@@ -121,11 +122,14 @@ func (c *Client) giveBack(ctx context.Context, entries []Entry, keys []string, g
 			}
 			s, _ := entries[i].limit.spec()
 			var err error
-			if s.kind == kindLease {
-				_, err = c.report(rctx, opRelease, keys[i], entries[i].token)
-			} else {
+			switch {
+			case s.kind == kindLease && c.takenLocally(per[i]):
+				c.memory.release(keys[i], entries[i].token)
+			case s.kind == kindLease:
+				_, err = c.report(rctx, opRelease, keys[i], entries[i].token, false)
+			default:
 				var r Refunded
-				r, err = c.report(rctx, opRefund, keys[i], u(n))
+				r, err = c.refundTo(rctx, per[i], keys[i], n)
 				if err == nil {
 					c.counters.add(cRefunded, r.Units)
 				}
