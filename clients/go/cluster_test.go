@@ -138,7 +138,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func addMaster(t *testing.T, nodes []*server, module bool, extra ...string) []*server {
 	t.Helper()
 	n := testserver.ClusterNode(t, module, extra...)
-	// The bus port too: it is not port+10000 here.
+	// The bus port too: it is not port+10000 where --cluster-port chose it (7.0 and later).
 	nodes[0].Do(t, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.Port), n.BusPort())
 	id := nodeID(t, n)
 	nodes = append(nodes, n)
@@ -225,9 +225,12 @@ func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
 	for _, scripts := range []bool{false, true} {
 		name, load, extra := "functions", "function|load", []string(nil)
 		if scripts {
-			name, load, extra = "scripts", "eval", []string{"--rename-command", "FUNCTION", ""}
+			name, load, extra = "scripts", "eval", testserver.RenamedAway(t, "FUNCTION")
 		}
 		t.Run(name, func(t *testing.T) {
+			if !scripts {
+				testserver.NeedFunctions(t)
+			}
 			nodes := testserver.StartCluster(t, false, extra...)
 			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr()}, MaxRetries: 3})
 			t.Cleanup(func() { _ = rdb.Close() })
@@ -296,6 +299,7 @@ func TestAMasterAddedAfterStartGetsTheFallbackOnce(t *testing.T) {
 // A rolling deploy reached one master first: the older client keeps the newer library there
 // and still loads its own where none is (each master has its own plan).
 func TestANewerLibraryOnOneMasterLeavesTheOthersLoaded(t *testing.T) {
+	testserver.NeedFunctions(t)
 	nodes := testserver.StartCluster(t, false)
 	nodes[0].Do(t, "FUNCTION", "LOAD", withVersion("99.0.0"))
 	var addrs []string

@@ -3,7 +3,10 @@ package redisrl
 // The real-server harness is internal/testserver's, the one the rlhttp and rlgin tests use
 // too (redis-server on a free loopback port, in a temporary directory, with the module or
 // without it, stopped by PID; every wait has a deadline); here is what only this package's
-// tests add: the two modes every behaviour test runs in, and small helpers.
+// tests add: the two modes every behaviour test runs in, and small helpers. The server may be
+// Redis 6.2 (scripts/test-compat.sh runs the scripts-mode tests there): the harness leaves out
+// what 6.x lacks, and tests that need Functions skip there with the reason
+// (testserver.Major, testserver.NeedFunctions).
 
 import (
 	"context"

@@ -142,9 +142,10 @@ func (c *Client) giveBack(ctx context.Context, entries []Entry, keys []string, p
 }
 
 // combine is RL.ALL's rule for per-key decisions, each with the charge it was asked
-// (SPEC.md, src/decision.rs combine): the binding limit admits the fewest further calls of
-// this shape (remaining / charge; ties: the smaller remaining, then the first); allowed only
-// if every charged limit allows; Never if any can never pass; else the longest wait.
+// (docs/reference.md#r-cost-3, src/decision.rs combine): the binding limit admits the
+// fewest further calls of this shape (remaining / charge; ties: the smaller remaining, then
+// the first); allowed only if every charged limit allows; Never if any can never pass; else
+// the longest wait.
 func combine(per []Decision, charges []uint64) Decision {
 	anyCharged := false
 	for _, ch := range charges {

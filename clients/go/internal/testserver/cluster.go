@@ -12,19 +12,26 @@ import (
 // ClusterNode starts one cluster-enabled server (extra: more server arguments).
 func ClusterNode(t testing.TB, module bool, extra ...string) *Server {
 	t.Helper()
-	// The bus port is chosen too: by default it is port+10000, which may be taken.
-	args := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(FreePort(t))}, extra...)
-	return StartServer(t, module, args...)
+	// The bus port is chosen too: by default it is port+10000, which may be taken (Redis 6.x
+	// has no --cluster-port: the node then gets a port whose +10000 is free).
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}
+	if Major(t) >= 7 {
+		args = append(args, "--cluster-port", strconv.Itoa(FreePort(t)))
+	}
+	return StartServer(t, module, append(args, extra...)...)
 }
 
-// BusPort is a cluster node's bus port ("" for a server started without --cluster-port).
+// BusPort is a cluster node's bus port: its --cluster-port, else port+10000 for a
+// cluster-enabled server (Redis 6.x), else "".
 func (s *Server) BusPort() string {
 	bus := ""
 	for i, a := range s.Args {
 		if a == "--cluster-port" && i+1 < len(s.Args) {
 			bus = s.Args[i+1]
 		}
+	}
+	if bus == "" && s.clusterBus {
+		bus = strconv.Itoa(s.Port + 10000)
 	}
 	return bus
 }

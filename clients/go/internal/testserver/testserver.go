@@ -7,7 +7,10 @@
 //
 // REDIS_SERVER names the server binary (default: redis-server on PATH, else
 // /usr/bin/redis-server); RL_MODULE the module (default: the repository's
-// target/release/libredis_rl.so, built by `cargo build --release`).
+// target/release/libredis_rl.so, built by `cargo build --release`). The server may be Redis 6.2
+// (scripts/test-compat.sh runs the scripts-mode tests there): it has no Functions, no
+// --enable-*-command switches and no --cluster-port; the harness leaves those out there
+// (Major), and tests that need Functions skip with the reason (NeedFunctions).
 package testserver
 
 import (
@@ -59,6 +62,8 @@ type Server struct {
 	started bool
 	cmd     *exec.Cmd
 	exited  chan struct{}
+	// clusterBus: a cluster node without --cluster-port (Redis 6.x), whose bus is port+10000.
+	clusterBus bool
 }
 
 // Binary is the redis-server binary.
@@ -72,6 +77,70 @@ func Binary() string {
 	return "/usr/bin/redis-server"
 }
 
+var (
+	majorOnce sync.Once
+	major     int
+	majorErr  error
+)
+
+// Major is the major version of the server binary (Redis 6, 7; Valkey 8, 9), read once from
+// its --version line ("... v=6.2.14 ...").
+func Major(t Fataler) int {
+	t.Helper()
+	majorOnce.Do(func() {
+		out, err := exec.Command(Binary(), "--version").Output()
+		if err != nil {
+			majorErr = fmt.Errorf("%s --version: %v", Binary(), err)
+			return
+		}
+		for _, word := range strings.Fields(string(out)) {
+			if v, found := strings.CutPrefix(word, "v="); found {
+				major, majorErr = strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+				return
+			}
+		}
+		majorErr = fmt.Errorf("no version in %q", out)
+	})
+	if majorErr != nil {
+		t.Fatalf("the server's version: %v", majorErr)
+	}
+	return major
+}
+
+// NeedFunctions skips a test that needs the Functions library (FUNCTION, FCALL), which Redis
+// 6.x does not have.
+func NeedFunctions(t testing.TB) {
+	t.Helper()
+	if Major(t) < 7 {
+		t.Skipf("Redis %d.x has no Functions (FUNCTION, FCALL): the fallback runs as scripts there", Major(t))
+	}
+}
+
+// notOn6 are the commands a Redis 6.x server does not have: it refuses to rename them or name
+// them in ACL rules, and lacks them anyway.
+var notOn6 = map[string]bool{"FUNCTION": true, "FCALL": true, "FCALL_RO": true}
+
+// Lacks tells whether the server binary lacks command (FUNCTION, FCALL and FCALL_RO before
+// 7.0): a rename or an ACL rule of it is then left out (RenamedAway, and the ACL helpers of
+// the tests), as the Python package's renamed_away.
+func Lacks(t Fataler, command string) bool {
+	t.Helper()
+	return Major(t) < 7 && notOn6[strings.ToUpper(command)]
+}
+
+// RenamedAway is the `--rename-command NAME ""` arguments for names, leaving out the commands
+// the server lacks (Lacks).
+func RenamedAway(t Fataler, names ...string) []string {
+	t.Helper()
+	var extra []string
+	for _, name := range names {
+		if !Lacks(t, name) {
+			extra = append(extra, "--rename-command", name, "")
+		}
+	}
+	return extra
+}
+
 // ModulePath is the module's file.
 func ModulePath(t Fataler) string {
 	if m := os.Getenv("RL_MODULE"); m != "" {
@@ -83,6 +152,27 @@ func ModulePath(t Fataler) string {
 		t.Fatalf("the module is not built (%v): run `cargo build --release` at the repository's root, or set RL_MODULE", err)
 	}
 	return p
+}
+
+// freePort is a free port for the server; for a cluster node without --cluster-port (Redis
+// 6.x), one whose bus port (+10000) is free too.
+func (s *Server) freePort(t Fataler) int {
+	t.Helper()
+	if !s.clusterBus {
+		return FreePort(t)
+	}
+	for range 200 {
+		p := FreePort(t)
+		if p > 65535-10000 {
+			continue
+		}
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000)); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port pair (port, port+10000) for a cluster node")
+	return 0
 }
 
 // FreePort is a loopback port free when asked (Start retries a first start that lost it).
@@ -119,9 +209,19 @@ func StartServerEnv(t testing.TB, env []string, module bool, extra ...string) *S
 }
 
 func newServer(t Fataler, dir string, module bool, extra ...string) *Server {
-	s := &Server{Port: FreePort(t), Dir: dir, Module: module}
-	s.Args = []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.Dir, "--enable-debug-command", "yes", "--enable-module-command", "yes"}
+	t.Helper()
+	s := &Server{Dir: dir, Module: module}
+	ownBus := false
+	for _, a := range extra {
+		s.clusterBus = s.clusterBus || a == "--cluster-enabled"
+		ownBus = ownBus || a == "--cluster-port"
+	}
+	s.clusterBus = s.clusterBus && !ownBus
+	s.Port = s.freePort(t)
+	s.Args = []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.Dir}
+	if Major(t) >= 7 { // the --enable-*-command switches are 7.0's
+		s.Args = append(s.Args, "--enable-debug-command", "yes", "--enable-module-command", "yes")
+	}
 	if module {
 		s.Args = append(s.Args, "--loadmodule", ModulePath(t))
 	}
@@ -146,7 +246,7 @@ func (s *Server) Start(t Fataler) {
 			return
 		}
 		if !s.started && attempt < 2 && strings.Contains(s.Log(), "Address already in use") {
-			s.Port = FreePort(t)
+			s.Port = s.freePort(t)
 			_ = os.Remove(filepath.Join(s.Dir, "redis.log"))
 			continue
 		}
