@@ -405,6 +405,39 @@ func TestALeaseAloneAndTheClosedPolicy(t *testing.T) {
 	}
 }
 
+// LeaseFrom on a request that holds no lease of that name (an exempt path, a rule without a
+// Lease, a context the middleware never saw) is nil, false, never a panic: a handler may ask
+// on every request. (It panicked on a context without the middleware's leases.)
+func TestLeaseFromWithoutALeaseIsNothing(t *testing.T) {
+	if g, ok := LeaseFrom(context.Background(), "jobs"); ok || g != nil {
+		t.Errorf("no middleware: %v %v", g, ok)
+	}
+	rs := startServer(t)
+	rules := []Rule{
+		{Path: "/rate", Limits: []Limit{{Name: "rate", Spec: redisrl.MustWindow(10, time.Minute, redisrl.Fixed), Key: IP()}}},
+		{Path: "/jobs", Limits: []Limit{{Name: "jobs", Spec: redisrl.MustLease(1, time.Minute), Key: IP()}}},
+	}
+	mw := mustNew(t, rs.limiter(t), rules, WithExemptPaths("/health"))
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		_, held := LeaseFrom(r.Context(), "jobs")
+		fmt.Fprintf(w, "%v", held)
+	})
+	s := httptest.NewServer(mw.Handler(mux))
+	t.Cleanup(s.Close)
+	for path, want := range map[string]string{"/health": "false", "/rate": "false", "/other": "false", "/jobs": "true"} {
+		resp, err := s.Client().Get(s.URL + path)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != want {
+			t.Errorf("%s: %d %q, want 200 %q", path, resp.StatusCode, body, want)
+		}
+	}
+}
+
 func TestHeaderCost(t *testing.T) {
 	for _, c := range []struct {
 		lines []string

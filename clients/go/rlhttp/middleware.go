@@ -676,9 +676,11 @@ type leaseKey struct{}
 
 // LeaseFrom returns the lease the request holds under the limit called name (a Lease limit
 // of its rule), to watch Lost() in a long handler. The middleware releases it when the
-// request ends; the handler need not.
+// request ends; the handler need not. A request that holds none under that name (an exempt
+// path, a rule without that Lease, no middleware at all) gives nil, false.
 func LeaseFrom(ctx context.Context, name string) (*redisrl.LeaseGuard, bool) {
-	g, ok := ctx.Value(leaseKey{}).(map[string]*redisrl.LeaseGuard)[name]
+	held, _ := ctx.Value(leaseKey{}).(map[string]*redisrl.LeaseGuard)
+	g, ok := held[name]
 	return g, ok
 }
 
