@@ -1255,18 +1255,24 @@ func noScripting(err error) error {
 		"Load the module, or allow FCALL and FUNCTION, or EVAL and EVALSHA, for this client", err)}
 }
 
+// masterFor is where a call on keys goes when it must reach the master that holds them: on a
+// Cluster the master of the first key's slot (asked within the client's timeout), else the
+// one client.
+func (c *Client) masterFor(ctx context.Context, keys []string) (processor, error) {
+	if c.cluster == nil || len(keys) == 0 {
+		return c.rdb, nil
+	}
+	tctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return c.cluster.MasterForKey(tctx, keys[0])
+}
+
 // scriptLoad sends the script's text with SCRIPT LOAD to the master of the first key's
 // slot (the one server), where EVAL is refused.
 func (c *Client) scriptLoad(ctx context.Context, keys []string) error {
-	var p processor = c.rdb
-	if c.cluster != nil && len(keys) > 0 {
-		tctx, cancel := context.WithTimeout(ctx, c.timeout)
-		node, err := c.cluster.MasterForKey(tctx, keys[0])
-		cancel()
-		if err != nil {
-			return err
-		}
-		p = node
+	p, err := c.masterFor(ctx, keys)
+	if err != nil {
+		return err
 	}
 	if _, err := c.rawOn(ctx, p, []any{"SCRIPT", "LOAD", scriptText()}, 0); err != nil {
 		if isRefused(err) {
@@ -1288,22 +1294,16 @@ func (c *Client) twin(ctx context.Context, o op, keys []string, args []any, oom 
 	if !ok {
 		return nil, oom
 	}
-	var p processor = c.rdb
-	if c.cluster != nil && len(keys) > 0 {
-		// FCALL_RO is a read-only command: a ClusterClient with ReadOnly (RouteByLatency,
-		// RouteRandomly) would send it to a replica, which has not the master's writes of the
-		// last instants and is not the server that refused the call. Ask the master of the
-		// key's slot, as the FCALL was.
-		tctx, cancel := context.WithTimeout(ctx, c.timeout)
-		node, err := c.cluster.MasterForKey(tctx, keys[0])
-		cancel()
-		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return nil, cerr
-			}
-			return nil, oom
+	// FCALL_RO is a read-only command: a ClusterClient with ReadOnly (RouteByLatency,
+	// RouteRandomly) would send it to a replica, which has not the master's writes of the
+	// last instants and is not the server that refused the call. Ask the master of the
+	// key's slot, as the FCALL was.
+	p, err := c.masterFor(ctx, keys)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
 		}
-		p = node
+		return nil, oom
 	}
 	c.counters.add(cRedisCalls, 1)
 	wire, pos := twinFrame(name, keys, args)
