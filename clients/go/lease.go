@@ -99,6 +99,10 @@ func newToken() string {
 // Redis down: the failure policy answers (FailOpen: a degraded guard that holds nothing;
 // FailClosed: ErrRateLimited; FailError: ErrUnavailable).
 //
+// When ctx ends while RL.LEASE is in flight, Acquire returns ctx's error at once; a slot
+// that call still granted under the generated token is released in the background as soon
+// as its reply arrives. With WithToken the token is the caller's to release (Client.Release).
+//
 //	guard, err := limiter.Acquire(ctx, "exports:acme", exports)
 //	if err != nil { ... }
 //	defer guard.Release(context.Background())
@@ -117,7 +121,8 @@ func (c *Client) Acquire(ctx context.Context, key string, lease Lease, opts ...A
 			f(&o)
 		}
 	}
-	if o.token == "" {
+	generated := o.token == ""
+	if generated {
 		o.token = newToken()
 	}
 	if err := checkToken(o.token); err != nil {
@@ -143,7 +148,7 @@ func (c *Client) Acquire(ctx context.Context, key string, lease Lease, opts ...A
 	} else {
 		var v any
 		var mode Mode
-		v, mode, err = c.guarded(ctx, opLease, []string{full}, args)
+		v, mode, err = c.leaseCall(ctx, full, args, o.token, generated)
 		switch {
 		case errors.Is(err, errDown):
 			d, err = c.degradedLease(lease, full, errors.Unwrap(err), o.token, o.slots)
@@ -169,6 +174,46 @@ func (c *Client) Acquire(ctx context.Context, key string, lease Lease, opts ...A
 		go g.renewLoop()
 	}
 	return g, nil
+}
+
+// leaseReply is RL.LEASE's reply as guarded returns it.
+type leaseReply struct {
+	v    any
+	mode Mode
+	err  error
+}
+
+// leaseCall sends Acquire's RL.LEASE. The call itself is not cut short by ctx (the client's
+// timeout bounds it): when ctx ends first, Acquire returns ctx's error at once and the reply
+// is awaited in the background, and a slot it granted under a token this client generated is
+// released there (nobody else has that token, so the slot would otherwise stay held until
+// the lease time ran out). A token the caller chose (WithToken) is the caller's: it may
+// already hold a lease that this call only renewed, so it is left alone, and the caller
+// releases it (Client.Release) if it gives up.
+func (c *Client) leaseCall(ctx context.Context, full string, args []any, token string, generated bool) (any, Mode, error) {
+	replied := make(chan leaseReply, 1)
+	go func() {
+		v, mode, err := c.guarded(context.WithoutCancel(ctx), opLease, []string{full}, args)
+		replied <- leaseReply{v, mode, err}
+	}()
+	select {
+	case r := <-replied:
+		return r.v, r.mode, r.err
+	case <-ctx.Done():
+		if generated {
+			go func() {
+				r := <-replied
+				if r.err != nil {
+					return
+				}
+				if got, err := five(r.v); err == nil && got[0] == 1 {
+					// A failed release only under-admits: the slot lapses with its lease.
+					_, _ = c.report(context.Background(), opRelease, full, token, false)
+				}
+			}()
+		}
+		return nil, 0, ctx.Err()
+	}
 }
 
 // LeaseGuard is a lease held by Acquire: renewed in the background while held, released by
