@@ -290,8 +290,10 @@ func hexValue(b byte) (byte, bool) {
 	return 0, false
 }
 
-// NormalizePath percent-decodes path, collapses runs of '/', and drops a trailing '/'
-// (except for the root): "/api//Things/" and "/api/%54hings" both give "/api/Things".
+// NormalizePath percent-decodes path, collapses runs of '/', resolves "." and ".."
+// segments (RFC 3986's remove_dot_segments, after decoding, so "%2e%2e" is ".." too), and
+// drops a trailing '/' (except for the root): "/api//Things/", "/api/%54hings" and
+// "/static/../api/Things" all give "/api/Things".
 // It takes the path as sent (http.Request.URL.EscapedPath(), not the decoded URL.Path, so a
 // path is decoded once, as the Rust crate does). Bytes that are not UTF-8 after decoding
 // become U+FFFD, one per maximal invalid subsequence (Rust's String::from_utf8_lossy).
@@ -325,11 +327,41 @@ func NormalizePath(path string) string {
 		b.WriteByte(text[i])
 		last = text[i]
 	}
-	out := b.String()
+	out := removeDotSegments(b.String())
 	if len(out) > 1 && strings.HasSuffix(out, "/") {
 		out = out[:len(out)-1]
 	}
 	return out
+}
+
+// removeDotSegments resolves the "." and ".." segments of an absolute path with single '/'
+// separators, as RFC 3986 section 5.2.4 does (".." above the root stays at the root):
+// "/static/../api" is "/api", the path a router that resolves them serves.
+func removeDotSegments(path string) string {
+	if !strings.Contains(path, ".") {
+		return path
+	}
+	segments := strings.Split(path[1:], "/")
+	kept := make([]string, 0, len(segments))
+	for i, seg := range segments {
+		last := i == len(segments)-1
+		switch seg {
+		case ".":
+			if last {
+				kept = append(kept, "")
+			}
+		case "..":
+			if len(kept) > 0 {
+				kept = kept[:len(kept)-1]
+			}
+			if last {
+				kept = append(kept, "")
+			}
+		default:
+			kept = append(kept, seg)
+		}
+	}
+	return "/" + strings.Join(kept, "/")
 }
 
 // lossyUTF8 is b as UTF-8 with each maximal invalid subsequence replaced by one U+FFFD (the

@@ -194,6 +194,18 @@ func TestNormalizeListAndPath(t *testing.T) {
 		"/%F4%90%80%80": "/\uFFFD\uFFFD\uFFFD\uFFFD", // past U+10FFFF
 		"/%E0%80%AF":    "/\uFFFD\uFFFD\uFFFD",       // overlong
 		"/%C0%AF":       "/\uFFFD\uFFFD",
+		// Dot segments resolved (RFC 3986 5.2.4), after decoding, never above the root.
+		"/static/../api":       "/api",
+		"/static/./../api/x/":  "/api/x",
+		"/a/./b/.":             "/a/b",
+		"/a/b/..":              "/a",
+		"/..":                  "/",
+		"/../../etc":           "/etc",
+		"/static/%2e%2e/api":   "/api",
+		"/static/%2E%2E%2Fapi": "/api",
+		"/static//..//api":     "/api",
+		"/a/.../b/..c/.d":      "/a/.../b/..c/.d",
+		"..":                   "/",
 	} {
 		if got := NormalizePath(in); got != want {
 			t.Errorf("%q: %q, want %q", in, got, want)
@@ -224,7 +236,7 @@ func FuzzClientIP(f *testing.F) {
 }
 
 func FuzzNormalizePath(f *testing.F) {
-	for _, s := range []string{"/a//b/", "%2F%2f", "%", "\xff/%ff"} {
+	for _, s := range []string{"/a//b/", "%2F%2f", "%", "\xff/%ff", "/a/../b/./", "%2e%2E/.."} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, p string) {
@@ -234,6 +246,14 @@ func FuzzNormalizePath(f *testing.F) {
 		}
 		if !strings.HasPrefix(out, "/") || strings.Contains(out, "//") || (len(out) > 1 && strings.HasSuffix(out, "/")) {
 			t.Fatalf("%q -> %q", p, out)
+		}
+		for _, seg := range strings.Split(out, "/") {
+			if seg == "." || seg == ".." {
+				t.Fatalf("%q -> %q: a dot segment left", p, out)
+			}
+		}
+		if again := NormalizePath(out); again != out && !strings.Contains(out, "%") {
+			t.Fatalf("%q -> %q -> %q: not idempotent", p, out, again)
 		}
 	})
 }

@@ -410,3 +410,23 @@ func TestDeductWhenAndReportedCostsSettleOnTheStatus(t *testing.T) {
 		t.Error("ReportCost outside a limited request")
 	}
 }
+
+// Exemptions and rules match the path with its dot segments resolved (NormalizePath): a
+// request for "/static/../api/x" is the "/api/x" a resolving router serves, so it cannot
+// pass an "/api/" limit through the "/static/" exemption.
+func TestDotSegmentsDoNotEscapeALimitThroughAnExemption(t *testing.T) {
+	rs := startServer(t)
+	rules := []Rule{{Path: "/api/", Limits: []Limit{{Name: "api", Spec: redisrl.MustWindow(1, time.Minute, redisrl.Fixed), Key: IP()}}}}
+	s := serve(t, mustNew(t, rs.limiter(t), rules, WithExemptPaths("/static/")))
+	if r := get(t, s.URL+"/static/app.js"); r.status != 200 || r.header.Get("RateLimit") != "" {
+		t.Fatalf("the exemption itself: %d %v", r.status, r.header)
+	}
+	if r := get(t, s.URL+"/api/x"); r.status != 200 {
+		t.Fatalf("first: %d", r.status)
+	}
+	for _, p := range []string{"/static/../api/x", "/static/%2e%2e/api/x", "/static/./../api/x/", "/static/%2E%2E%2Fapi/x"} {
+		if r := get(t, s.URL+p); r.status != 429 || !strings.HasPrefix(r.header.Get("RateLimit"), `"api";r=0;`) {
+			t.Errorf("%s: %d %v, want the api limit's 429", p, r.status, r.header)
+		}
+	}
+}

@@ -189,3 +189,42 @@ def test_a_lease_is_refused_when_the_rule_is_built() -> None:
             "rate": (GCRA(5, 1, 1), header("X-User")),
             "jobs": (Lease(2, 30), header("X-User")),
         })
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        ("/api//things/", "/api/things"),
+        ("/static/../api", "/api"),
+        ("/static/./../api/x/", "/api/x"),
+        ("/a/./b/.", "/a/b"),
+        ("/a/b/..", "/a"),
+        ("/..", "/"),
+        ("/../../etc", "/etc"),
+        ("/static//..//api", "/api"),
+        ("/a/.../b/..c/.d", "/a/.../b/..c/.d"),
+        ("..", "/"),
+        ("", "/"),
+    ],
+)
+def test_normalise_path_resolves_dot_segments(raw: str, want: str) -> None:
+    from redis_rl.http import normalise_path
+
+    assert normalise_path(raw) == want
+
+
+def test_dot_segments_do_not_escape_a_limit_through_an_exemption() -> None:
+    # "/static/../api/x" is the "/api/x" a resolving router serves: the "/static/" exemption
+    # does not apply, the "/api/" rule does (ASGI and WSGI alike; their paths come decoded).
+    from redis_rl.asgi import request_info as asgi_info
+    from redis_rl.wsgi import request_info as wsgi_info
+
+    api = Rule("/api/", GCRA(10, 1, 1), key=client_ip(), name="api")
+    for raw in ("/static/../api/x", "/static/./../api/x/", "/static//../api/x"):
+        for info in (
+            asgi_info({"type": "http", "method": "GET", "path": raw, "headers": [], "client": ("203.0.113.9", 1)}),
+            wsgi_info({"REQUEST_METHOD": "GET", "PATH_INFO": raw, "REMOTE_ADDR": "203.0.113.9"}),
+        ):
+            assert info.path == "/api/x"
+            p = plan([api], info, exempt=["/static/"])
+            assert p is not None and p.rule is api, raw

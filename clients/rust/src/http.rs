@@ -124,8 +124,10 @@ fn hex_value(b: u8) -> Option<u8> {
     }
 }
 
-/// Percent-decodes `path`, collapses runs of `/`, and drops a trailing `/` (except for the
-/// root): `/api//Things/` and `/api/%54hings` both give `/api/Things`.
+/// Percent-decodes `path`, collapses runs of `/`, resolves `.` and `..` segments (RFC 3986's
+/// remove_dot_segments, after decoding, so `%2e%2e` is `..` too), and drops a trailing `/`
+/// (except for the root): `/api//Things/`, `/api/%54hings` and `/static/../api/Things` all
+/// give `/api/Things`.
 pub fn normalize_path(path: &str) -> String {
     let raw = path.as_bytes();
     let mut decoded = Vec::with_capacity(raw.len());
@@ -152,9 +154,40 @@ pub fn normalize_path(path: &str) -> String {
         }
         out.push(c);
     }
+    if out.contains('.') {
+        out = remove_dot_segments(&out);
+    }
     if out.len() > 1 && out.ends_with('/') {
         out.pop();
     }
+    out
+}
+
+/// Resolves the `.` and `..` segments of an absolute path with single `/` separators, as RFC
+/// 3986 section 5.2.4 does (`..` above the root stays at the root): `/static/../api` is
+/// `/api`, the path a router that resolves them serves.
+fn remove_dot_segments(path: &str) -> String {
+    let segments: Vec<&str> = path[1..].split('/').collect();
+    let mut kept: Vec<&str> = Vec::with_capacity(segments.len());
+    for (i, seg) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        match *seg {
+            "." => {}
+            ".." => {
+                kept.pop();
+            }
+            other => {
+                kept.push(other);
+                continue;
+            }
+        }
+        if last {
+            kept.push("");
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    out.push('/');
+    out.push_str(&kept.join("/"));
     out
 }
 
@@ -1832,6 +1865,18 @@ mod tests {
             ("/%6Cogin", "/login"),
             ("/bad%zz", "/bad%zz"),
             ("/end%4", "/end%4"),
+            // Dot segments resolved (RFC 3986 5.2.4), after decoding, never above the root.
+            ("/static/../api", "/api"),
+            ("/static/./../api/x/", "/api/x"),
+            ("/a/./b/.", "/a/b"),
+            ("/a/b/..", "/a"),
+            ("/..", "/"),
+            ("/../../etc", "/etc"),
+            ("/static/%2e%2e/api", "/api"),
+            ("/static/%2E%2E%2Fapi", "/api"),
+            ("/static//..//api", "/api"),
+            ("/a/.../b/..c/.d", "/a/.../b/..c/.d"),
+            ("..", "/"),
         ] {
             assert_eq!(normalize_path(raw), want, "{raw}");
         }

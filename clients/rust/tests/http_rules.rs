@@ -496,6 +496,16 @@ fn rules_match_by_path_and_method_first_match_wins() {
     );
     assert!(limited(&rules, &get("/health"), &[]).is_none());
     assert!(limited(&rules, &get("/api/x"), &["/api/x".into()]).is_none());
+    // Dot segments are resolved first: "/static/../api/x" is the "/api/x" a resolving
+    // router serves, so the "/static/" exemption is no way around the "/api/" rule.
+    for raw in [
+        "/static/../api/x",
+        "/static/%2e%2e/api/x",
+        "/static/./../api/x/",
+    ] {
+        let p = limited(&rules, &get(raw), &["/static/".into()]);
+        assert_eq!(p.map(|p| p.keys[0].0.clone()).as_deref(), Some(k), "{raw}");
+    }
     // The default rule takes what no rule matches (a 404 included).
     let fallback = Rule::any(Gcra::new(9, 1, 1).unwrap(), Key::ip()).unwrap();
     match plan(&rules, Some(&fallback), &get("/nowhere").info(), &[]) {

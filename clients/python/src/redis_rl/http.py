@@ -109,11 +109,34 @@ class RequestInfo:
 
 
 def normalise_path(path: str) -> str:
-    """normalise_path collapses runs of `/` and drops a trailing `/` (the root stays `/`)."""
+    """normalise_path collapses runs of `/`, resolves `.` and `..` segments (RFC 3986's
+    remove_dot_segments; never above the root) and drops a trailing `/` (the root stays `/`):
+    `/api//things/` and `/static/../api/things` are both `/api/things`. It takes the decoded
+    path (ASGI's `path`, WSGI's `PATH_INFO`), so `%2e%2e` was `..` already."""
     out = re.sub(r"/{2,}", "/", path or "/")
+    if not out.startswith("/"):
+        out = "/" + out
+    if "." in out:
+        out = _remove_dot_segments(out)
     if len(out) > 1 and out.endswith("/"):
         out = out.rstrip("/") or "/"
-    return out if out.startswith("/") else "/" + out
+    return out
+
+
+def _remove_dot_segments(path: str) -> str:
+    segments = path[1:].split("/")
+    kept: list[str] = []
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if seg == "..":
+            if kept:
+                kept.pop()
+        elif seg != ".":
+            kept.append(seg)
+            continue
+        if last:
+            kept.append("")
+    return "/" + "/".join(kept)
 
 
 # -- identities -----------------------------------------------------------------------------
