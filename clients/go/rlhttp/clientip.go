@@ -229,15 +229,40 @@ func parseAddr(text string) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	if rest, ok := strings.CutPrefix(t, "["); ok {
-		t, _, _ = strings.Cut(rest, "]")
+		var after string
+		if t, after, ok = strings.Cut(rest, "]"); !ok || !portOrNothing(after) {
+			return netip.Addr{}, false
+		}
 	} else if strings.Count(t, ":") == 1 {
-		t, _, _ = strings.Cut(t, ":")
+		var after string
+		if t, after, _ = strings.Cut(t, ":"); !portOrNothing(":" + after) {
+			return netip.Addr{}, false
+		}
 	}
 	a, err := netip.ParseAddr(t)
 	if err != nil || a.Zone() != "" {
 		return netip.Addr{}, false
 	}
 	return a.Unmap(), true
+}
+
+// portOrNothing reports whether s, what follows an address in a forwarding entry, is empty
+// or a port: ':' and a number, or RFC 7239's obfuscated port ("_" and letters, digits, '.',
+// '_', '-'). Anything else ("[2001:db8::1]junk") makes the entry unusable.
+func portOrNothing(s string) bool {
+	if s == "" {
+		return true
+	}
+	port, ok := strings.CutPrefix(s, ":")
+	if !ok || port == "" {
+		return false
+	}
+	for _, c := range []byte(port) {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return port[0] == '_' || strings.Trim(port, "0123456789") == ""
 }
 
 // forwardedFor is the for= values of an RFC 7239 Forwarded field, in order; an element

@@ -93,6 +93,15 @@ func TestClientIPReadsForwardedOnlyWhenConfigured(t *testing.T) {
 		{`proto=https`, "10.0.0.1", true},
 		{`for=unknown`, "10.0.0.1", true},
 		{`for=_hidden`, "10.0.0.1", true},
+		// A port after the address (a number, or RFC 7239's obfuscated "_…"), nothing else.
+		{`for="1.1.1.1:80"`, "1.1.1.1", false},
+		{`for="1.1.1.1:_obf-1"`, "1.1.1.1", false},
+		{`for="1.1.1.1:junk"`, "10.0.0.1", true},
+		{`for="1.1.1.1:"`, "10.0.0.1", true},
+		{`for="1.1.1.1:80x"`, "10.0.0.1", true},
+		{`for="[2001:db8::1]junk"`, "10.0.0.1", true},
+		{`for="[2001:db8::1]:"`, "10.0.0.1", true},
+		{`for="[2001:db8::1"`, "10.0.0.1", true},
 	} {
 		got, found, unusable := c.Resolve(netip.MustParseAddr("10.0.0.1"), headers("Forwarded", tc.value))
 		if !found || got != tc.want || unusable != tc.unusable {

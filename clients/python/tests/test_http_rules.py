@@ -70,6 +70,26 @@ def test_client_ip_normalises_ports_and_ipv6() -> None:
     assert Value(client_ip(ipv6_prefix=128))(req("2001:db8:0:0::1")) == "2001:db8::1"
 
 
+@pytest.mark.parametrize(
+    ("hop", "want"),
+    [
+        ("198.51.100.7:80", "198.51.100.7"),
+        ("198.51.100.7:_obf-1", "198.51.100.7"),  # RFC 7239's obfuscated port
+        ("[2001:db8::1]:_x", "2001:db8::/64"),
+        ("[2001:db8::1]", "2001:db8::/64"),
+        # Anything else after the address makes the hop unusable: the trusted peer is used.
+        ("[2001:db8::1]junk", "::1"),
+        ("[2001:db8::1]:", "::1"),
+        ("[2001:db8::1", "::1"),
+        ("198.51.100.7:junk", "::1"),
+        ("198.51.100.7:", "::1"),
+        ("198.51.100.7:80x", "::1"),
+    ],
+)
+def test_client_ip_takes_a_port_after_the_address_and_nothing_else(hop: str, want: str) -> None:
+    assert Value(client_ip(["::1"], ipv6_prefix=128 if want == "::1" else 64))(req("::1", x_forwarded_for=hop)) == want
+
+
 def test_client_ip_keys_an_ipv4_client_on_a_dual_stack_socket_by_its_ipv4_address() -> None:
     assert Value(client_ip())(req("::ffff:192.0.2.7")) == "192.0.2.7"
     assert Value(client_ip())(req("::FFFF:c000:0207")) == "192.0.2.7"

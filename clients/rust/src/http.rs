@@ -217,11 +217,37 @@ fn unquoted(text: &str) -> Option<&str> {
 fn parse_addr(text: &str) -> Option<IpAddr> {
     let mut t = unquoted(text)?;
     if let Some(rest) = t.strip_prefix('[') {
-        t = rest.split(']').next().unwrap_or(rest);
+        let (addr, after) = rest.split_once(']')?;
+        if !port_or_nothing(after) {
+            return None;
+        }
+        t = addr;
     } else if t.matches(':').count() == 1 {
-        t = t.split(':').next().unwrap_or(t);
+        let colon = t.find(':')?;
+        if !port_or_nothing(&t[colon..]) {
+            return None;
+        }
+        t = &t[..colon];
     }
     t.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+/// Whether `s`, what follows an address in a forwarding entry, is empty or a port: `:` and a
+/// number, or RFC 7239's obfuscated port (`_` and letters, digits, `.`, `_`, `-`). Anything
+/// else (`[2001:db8::1]junk`) makes the entry unusable.
+fn port_or_nothing(s: &str) -> bool {
+    if s.is_empty() {
+        return true;
+    }
+    let Some(port) = s.strip_prefix(':') else {
+        return false;
+    };
+    if port.starts_with('_') {
+        port.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+    } else {
+        !port.is_empty() && port.bytes().all(|c| c.is_ascii_digit())
+    }
 }
 
 /// The `for=` values of an RFC 7239 Forwarded field, in order.

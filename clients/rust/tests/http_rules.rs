@@ -194,6 +194,27 @@ fn client_ip_normalises_ports_and_ipv6() {
         "no peer: the one shared `unknown` bucket, never no limit"
     );
     assert!(Key::client_ip(["not-a-network"]).is_err());
+    // A port after the address (a number, or RFC 7239's obfuscated `_…`), and nothing else:
+    // any other tail makes the hop unusable, and the trusted peer is the client.
+    for (hop, want) in [
+        ("198.51.100.7:80", "198.51.100.7"),
+        ("198.51.100.7:_obf-1", "198.51.100.7"),
+        ("[2001:db8::1]:_x", "2001:db8::/64"),
+        ("[2001:db8::1]", "2001:db8::/64"),
+        ("[2001:db8::1]junk", "::1/64"),
+        ("[2001:db8::1]:", "::1/64"),
+        ("[2001:db8::1", "::1/64"),
+        ("198.51.100.7:junk", "::1/64"),
+        ("198.51.100.7:", "::1/64"),
+        ("198.51.100.7:80x", "::1/64"),
+    ] {
+        let r = req(Some("::1"), "/", &[("x-forwarded-for", hop)]);
+        assert_eq!(
+            key_of(&key, &r).unwrap(),
+            want.replace("::1/64", "::/64"),
+            "{hop}"
+        );
+    }
 }
 
 #[test]

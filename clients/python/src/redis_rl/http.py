@@ -162,6 +162,9 @@ class Identity:
 #: A key function: the request's identity for a limit, or None when it has none.
 KeyFunc = Callable[[RequestInfo], Union[Identity, str, None]]
 
+# What may follow an address in a forwarding entry: nothing, or a port (a number, or RFC 7239's
+# obfuscated port: "_" and letters, digits, ".", "_", "-"); "[2001:db8::1]junk" is unusable.
+_PORT_OR_NOTHING = re.compile(r"(?::(?:[0-9]+|_[A-Za-z0-9._-]*))?")
 _KIND = re.compile(r"\A[a-z0-9][a-z0-9._-]{0,63}\Z")
 
 
@@ -222,11 +225,13 @@ def _parse_addr(text: str) -> Address | None:
     t = u
     if t.startswith("["):  # [v6] or [v6]:port
         end = t.find("]")
-        if end < 0:
+        if end < 0 or not _PORT_OR_NOTHING.fullmatch(t[end + 1 :]):
             return None
         t = t[1:end]
     elif t.count(":") == 1:  # v4:port (or ":port" alone: unusable)
-        t = t.split(":", 1)[0]
+        t, port = t.split(":", 1)
+        if not _PORT_OR_NOTHING.fullmatch(":" + port):
+            return None
     try:
         ip = ipaddress.ip_address(t)
     except ValueError:
