@@ -203,3 +203,75 @@ async def test_a_lease_renewed_in_time_is_not_lost(limiter: Any) -> None:
         await asyncio.sleep(2.0)
         assert not held.lost
     assert limiter.counters["leases_lost"] == 0
+
+
+# -- an acquire cancelled while RL.LEASE is in flight -----------------------------------------
+
+
+def hold_back_lease_replies(lim: AsyncLimiter) -> tuple[asyncio.Event, asyncio.Event]:
+    """hold_back_lease_replies lets lim's next lease call reach Redis and be answered, then
+    holds its reply back until the returned gate is set: the caller can be cancelled while
+    the slot is already taken. Returns (granted, gate)."""
+    orig = lim._guarded
+    granted, gate = asyncio.Event(), asyncio.Event()
+
+    async def held_back(op: str, keys: Any, args: Any) -> Any:
+        got = await orig(op, keys, args)
+        if op == "lease" and not granted.is_set():
+            granted.set()
+            await gate.wait()
+        return got
+
+    lim._guarded = held_back  # type: ignore[method-assign]
+    return granted, gate
+
+
+async def cancel_in_flight(lim: AsyncLimiter, key: str, lease: Lease, token: str | None = None) -> None:
+    granted, gate = hold_back_lease_replies(lim)
+
+    async def take() -> Any:
+        return await lim.acquire(key, lease, token)
+
+    task = asyncio.ensure_future(take())
+    await asyncio.wait_for(granted.wait(), DEADLINE)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gate.set()
+
+
+async def test_an_acquire_cancelled_in_flight_releases_the_slot_it_took(server: RedisServer, prefix: str) -> None:
+    lim = AsyncLimiter(aredis.Redis(port=server.port), prefix=prefix)
+    other = AsyncLimiter(aredis.Redis(port=server.port), prefix=prefix)
+    lease = Lease(1, 3600)  # held for the whole test unless released
+    try:
+        await cancel_in_flight(lim, "jobs", lease)
+        # The slot comes free as soon as the held-back reply arrives (in the background).
+        end = time.monotonic() + 10
+        while True:
+            try:
+                held = await other.acquire("jobs", lease)
+                break
+            except RateLimitExceeded:
+                assert time.monotonic() < end, "the cancelled acquire's slot is still held after 10 s"
+                await asyncio.sleep(0.01)
+        await held.release()
+    finally:
+        await lim.redis.aclose()
+        await other.redis.aclose()
+
+
+async def test_an_acquire_cancelled_in_flight_leaves_a_callers_token_to_the_caller(
+    server: RedisServer, prefix: str
+) -> None:
+    lim = AsyncLimiter(aredis.Redis(port=server.port), prefix=prefix)
+    lease = Lease(1, 3600)
+    try:
+        held = await lim.acquire("jobs", lease, "job-7")
+        # A cancelled re-acquire under the same token (a renewal) must not free the lease.
+        await cancel_in_flight(lim, "jobs", lease, "job-7")
+        await asyncio.sleep(0.05)  # time for a background release, were there one
+        assert (await held.renew()) is not None and not held.lost
+        assert (await lim.release("jobs", "job-7")).released == 1
+    finally:
+        await lim.redis.aclose()

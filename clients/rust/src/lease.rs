@@ -146,13 +146,19 @@ impl<'a> IntoFuture for Acquire<'a> {
             if self.slots == 0 {
                 return Err(InvalidLimit::new("QUANTITY must be a positive integer").into());
             }
+            let generated = self.token.is_none();
             let token = self.token.unwrap_or_else(new_token);
             check_token(&token)?;
             let full = self.limiter.full_key(&self.key)?;
-            let d = self
-                .limiter
-                .lease_call(&full, &self.lease, &token, self.slots)
-                .await?;
+            let d = if generated {
+                detached_lease_call(self.limiter, &full, &self.lease, &token, self.slots).await?
+            } else {
+                // A token the caller chose is the caller's to release if this future is
+                // dropped: it may already hold a lease that this call only renews.
+                self.limiter
+                    .lease_call(&full, &self.lease, &token, self.slots)
+                    .await?
+            };
             if !d.allowed {
                 return Err(Error::RateLimited(Box::new(d)));
             }
@@ -251,6 +257,48 @@ impl Limiter {
             }
         }
     }
+}
+
+/// [`Limiter::lease_call`] under a token this crate generated, run as its own task: when the
+/// [`Acquire`] future is dropped while `RL.LEASE` is in flight (a timeout around it, a
+/// cancelled request), the call goes on, and a slot it still grants is released as soon as
+/// its reply arrives (nobody else has the token, so the slot would otherwise stay held until
+/// the lease ran out). Outside a tokio runtime the call runs inline.
+async fn detached_lease_call(
+    limiter: &Limiter,
+    full: &str,
+    lease: &Lease,
+    token: &[u8],
+    slots: u64,
+) -> Result<Decision, Error> {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return limiter.lease_call(full, lease, token, slots).await;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (limiter, full, lease, token) = (
+        limiter.clone(),
+        full.to_owned(),
+        lease.clone(),
+        token.to_vec(),
+    );
+    rt.spawn(async move {
+        let got = limiter.lease_call(&full, &lease, &token, slots).await;
+        if let Err(Ok(d)) = tx.send(got) {
+            // Nobody awaits the acquire any more: give back what it took (a failed release
+            // only under-admits: the slot lapses with its lease).
+            if d.allowed && !d.degraded {
+                let _ = limiter.release_full(&full, &token).await;
+            } else if d.allowed && !d.blind {
+                limiter.release_in_memory(&full, &token);
+            }
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "the lease call's task ended without a reply",
+        ))))
+    })
 }
 
 /// A renewal's outcome.

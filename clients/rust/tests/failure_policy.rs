@@ -7,7 +7,6 @@ mod common;
 mod support;
 
 use std::future::Future;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::Server;
@@ -15,7 +14,7 @@ use redis_rl_client::{
     Algorithm, Decision, Entry, Error, FailurePolicy, Gcra, Limit, Limiter, LimiterBuilder, Source,
     Window,
 };
-use support::{Capture, Kind};
+use support::{signal, Capture, Kind};
 use tower::{Layer, ServiceExt};
 
 /// Runs `f` on a current-thread runtime with a `tracing` capture installed on this thread
@@ -209,17 +208,6 @@ async fn error_policy_returns_unavailable_then_recovers(kind: Kind, _capture: Ca
         }
     };
     assert!(d.allowed && !d.degraded);
-}
-
-fn signal(server: &Server, sig: &str) {
-    let pid = server.pid().expect("server running").to_string();
-    let ok = Command::new("kill")
-        .arg(sig)
-        .arg(&pid)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
 }
 
 async fn a_stalled_server_times_out_into_the_policy(kind: Kind, _capture: Capture) {

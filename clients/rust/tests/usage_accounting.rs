@@ -6,10 +6,11 @@
 mod common;
 mod support;
 
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use redis_rl_client::{Algorithm, Entry, Error, Gcra, Lease, RetryAfter, Window};
-use support::{limiter, Kind};
+use support::{limiter, limiter_with, signal, Kind};
 
 both_modes!(
     acquire_holds_a_slot_and_releases_it,
@@ -24,6 +25,8 @@ both_modes!(
     a_released_slot_is_not_denied_locally,
     check_all_force,
     a_lapsed_lease_is_reported_lost,
+    an_acquire_dropped_in_flight_releases_the_slot_it_took,
+    an_acquire_dropped_in_flight_leaves_a_callers_token_to_the_caller,
 );
 
 fn rate_limited(r: Result<redis_rl_client::LeaseGuard, Error>) -> Box<redis_rl_client::Decision> {
@@ -350,4 +353,67 @@ async fn a_lapsed_lease_is_reported_lost(kind: Kind) {
     guard.release().await.unwrap();
     go_tx.send(()).unwrap();
     a.join().expect("holder A's checks failed");
+}
+
+/// Drops `lim.acquire(key)` (a timeout around it) while the server is paused with the call
+/// sent, then lets the server go on: the call is answered after its future is gone.
+async fn drop_in_flight(
+    server: &common::Server,
+    lim: &redis_rl_client::Limiter,
+    key: &str,
+    token: Option<&str>,
+) {
+    let lease = Lease::new(1, 3600).unwrap();
+    signal(server, "-STOP");
+    let acquire = match token {
+        Some(t) => lim.acquire(key, &lease).token(t),
+        None => lim.acquire(key, &lease),
+    };
+    let abandoned = tokio::time::timeout(Duration::from_millis(300), acquire.into_future()).await;
+    signal(server, "-CONT");
+    assert!(
+        abandoned.is_err(),
+        "the acquire finished while the server was paused: {abandoned:?}"
+    );
+}
+
+async fn an_acquire_dropped_in_flight_releases_the_slot_it_took(kind: Kind) {
+    let server = kind.server();
+    // The client's own timeout far beyond the pause: the call is answered, not timed out.
+    let lim = limiter_with(&server, |b| b.timeout(Duration::from_secs(10))).await;
+    let lease = Lease::new(1, 3600).unwrap(); // held for the whole test unless released
+    lim.acquire("warm", &lease)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap(); // mode detected
+    drop_in_flight(&server, &lim, "job", None).await;
+    // The slot comes free as soon as the reply arrives (in the background).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match lim.acquire("job", &lease).await {
+            Ok(g) => {
+                g.release().await.unwrap();
+                break;
+            }
+            Err(Error::RateLimited(_)) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the dropped acquire's slot is still held: {e}"),
+        }
+    }
+}
+
+async fn an_acquire_dropped_in_flight_leaves_a_callers_token_to_the_caller(kind: Kind) {
+    let server = kind.server();
+    let lim = limiter_with(&server, |b| b.timeout(Duration::from_secs(10))).await;
+    let lease = Lease::new(1, 3600).unwrap();
+    let held = lim.acquire("job", &lease).token("job-7").await.unwrap();
+    // A dropped re-acquire under the same token (a renewal) must not free the lease.
+    drop_in_flight(&server, &lim, "job", Some("job-7")).await;
+    tokio::time::sleep(Duration::from_millis(50)).await; // time for a release, were there one
+    rate_limited(lim.acquire("job", &lease).await);
+    assert_eq!(lim.release("job", "job-7").await.unwrap().released, 1);
+    drop(held);
 }

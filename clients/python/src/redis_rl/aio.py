@@ -460,7 +460,7 @@ class AsyncLimiter(LimiterBase):
             raise TypeError("acquire() takes a Lease")
         positive(slots, "QUANTITY")
         tok = check_token(token if token is not None else uuid.uuid4().hex)
-        return _Acquire(self, self.full_key(key), lease, tok, slots, on_lost)
+        return _Acquire(self, self.full_key(key), lease, tok, slots, on_lost, generated=token is None)
 
     async def _lease_call(self, full: str, lease: Lease, tok: bytes, slots: int, *, peek: bool = False) -> Decision:
         args = self.lease_args(lease, tok, slots, peek)
@@ -558,23 +558,55 @@ class AsyncLimiter(LimiterBase):
 class _Acquire:
     """_Acquire is what AsyncLimiter.acquire returns: awaitable, or an async context manager."""
 
+    #: Releases of slots taken by acquires cancelled in flight, kept until they end.
+    _abandoned: set[asyncio.Task[Any]] = set()
+
     def __init__(
         self, limiter: AsyncLimiter, key: str, lease: Lease, token: bytes, slots: int,
-        on_lost: Callable[[AsyncHeld], Any] | None = None,
+        on_lost: Callable[[AsyncHeld], Any] | None = None, *, generated: bool = False,
     ) -> None:
         self._args = (limiter, key, lease, token, slots)
         self._on_lost = on_lost
+        self._generated = generated
         self._held: AsyncHeld | None = None
 
     async def _take(self) -> AsyncHeld:
         limiter, key, lease, token, slots = self._args
         sent = time.monotonic()
-        d = await limiter._lease_call(key, lease, token, slots)
+        # The call runs as its own task, shielded: when the caller is cancelled while RL.LEASE
+        # is in flight, the cancellation reaches the caller at once, the call goes on, and a
+        # slot it still grants under a token this package generated is released when its
+        # reply arrives (nobody else has that token: the slot would stay held until the lease
+        # ran out). A token the caller chose is the caller's to release (`release`): it may
+        # already hold a lease that this call only renewed.
+        call = asyncio.ensure_future(limiter._lease_call(key, lease, token, slots))
+        try:
+            d = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(self._release_abandoned)
+            raise
         if not d.allowed:
             raise RateLimitExceeded(d)
         held = AsyncHeld(limiter, key, lease, token, slots, d, sent, on_lost=self._on_lost)
         held._start()
         return held
+
+    def _release_abandoned(self, call: asyncio.Future[Decision]) -> None:
+        # call.exception() also marks an error nobody awaited as seen.
+        if call.cancelled() or call.exception() is not None or not self._generated or not call.result().allowed:
+            return
+        limiter, key, lease, token, slots = self._args
+        held = AsyncHeld(limiter, key, lease, token, slots, call.result())
+
+        async def release() -> None:
+            try:
+                await held.release()
+            except Exception:  # a failed release only under-admits: the slot lapses with its lease
+                pass
+
+        task = asyncio.ensure_future(release())
+        _Acquire._abandoned.add(task)
+        task.add_done_callback(_Acquire._abandoned.discard)
 
     def __await__(self) -> Generator[Any, None, AsyncHeld]:
         return self._take().__await__()

@@ -102,6 +102,18 @@ pub async fn limiter_with(
         .expect("build the limiter")
 }
 
+/// Sends `sig` (`"-STOP"`: accepts connections, answers nothing; `"-CONT"`) to the server.
+pub fn signal(server: &Server, sig: &str) {
+    let pid = server.pid().expect("server running").to_string();
+    let ok = std::process::Command::new("kill")
+        .arg(sig)
+        .arg(&pid)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
 pub async fn limiter(server: &Server) -> Limiter {
     limiter_with(server, |b| b).await
 }
