@@ -284,3 +284,74 @@ async def test_wsgi_deduct_when_after_recovery_refunds_in_memory(own_server: Red
         await _check_settled(lim, seen[0])
     finally:
         await close(lim)
+
+
+async def test_asgi_deduct_when_of_a_redis_decision_refunds_redis_on_a_key_memory_owes(
+    own_server: RedisServer,
+) -> None:
+    # The key was charged in memory during an outage (a 200: the charge stays); after Redis
+    # answers again, a request Redis admitted answers 500: its unit goes back to Redis, where
+    # its decision took it, not to memory (which `refund(key)` would pick first).
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from redis_rl.asgi import RateLimitMiddleware
+
+    lim = make("async", own_server)
+    seen: list[Decision] = []
+
+    async def home(request: Request) -> PlainTextResponse:
+        seen.append(request.state.rate_limit)
+        return PlainTextResponse("ok", status_code=int(request.headers.get("x-status", "200")))
+
+    app = RateLimitMiddleware(Starlette(routes=[Route("/", home)]), lim, [_rule()])
+    try:
+        await until_redis_answers(lim, "probe", PROBE)
+        own_server.stop()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            assert (await c.get("/", headers={"X-API-Key": "k1"})).status_code == 200
+            own_server.start()
+            await until_redis_answers(lim, "probe", PROBE)
+            r = await c.get("/", headers={"X-API-Key": "k1", "x-status": "500"})
+            assert r.status_code == 500
+        assert seen[0].degraded and not seen[1].degraded, seen
+        short = _short(lim, seen[1])
+        assert (await in_redis(lim, short, LIMIT)).remaining == 3, "Redis kept the 500's unit"
+        assert in_memory(lim, short, LIMIT) == 2, "memory gave back a unit Redis took"
+    finally:
+        await close(lim)
+
+
+async def test_settle_gives_each_limit_back_where_its_own_decision_took_it(
+    own_server: RedisServer, flavor: str
+) -> None:
+    # A combined decision with one limit decided by Redis and one in memory (what a Cluster
+    # gives when one slot's master is down): each limit's charge goes back where it was taken.
+    from redis_rl.http import Check, Plan, asettle, combine, settle
+
+    lim = make(flavor, own_server)
+    g = GCRA(4, 1, 3600)
+    try:
+        await until_redis_answers(lim, "probe", PROBE)
+        own_server.stop()
+        by_memory = await call(lim, "check", "b", g)
+        own_server.start()  # empty: it kept nothing across its restart
+        await until_redis_answers(lim, "probe", PROBE)
+        by_redis = await call(lim, "check", "a", g)
+        assert not by_redis.degraded and by_memory.degraded and not by_memory.blind
+        assert (await call(lim, "check", "b", g)).remaining == 3  # Redis charges b once too
+        d = combine([(by_redis, 1), (by_memory, 1)])
+        assert d.allowed and d.degraded
+        rule = Rule("/", g, key=header("X-API-Key"), deduct_when=lambda status: status < 500)
+        plan = Plan(rule, (Check("a", g, "a", 1, "a"), Check("b", g, "b", 1, "b")), 1)
+        if flavor == "sync":
+            settle(lim, plan, d, 500, None)
+        else:
+            await asettle(lim, plan, d, 500, None)
+        assert (await in_redis(lim, "a", g)).remaining == 4, "a's unit stayed in Redis"
+        assert (await in_redis(lim, "b", g)).remaining == 3, "Redis gave back b's unit it did not take"
+        assert in_memory(lim, "b", g) == 4, "memory kept b's unit"
+    finally:
+        await close(lim)
