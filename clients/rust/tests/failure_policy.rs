@@ -70,6 +70,7 @@ both_modes_traced!(
     local_refund_decision_goes_where_it_was_taken,
     local_release_after_recovery_frees_the_lease_in_memory,
     local_deduct_when_after_recovery_refunds_in_memory,
+    local_deduct_when_of_a_redis_decision_refunds_redis,
 );
 
 async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
@@ -904,5 +905,76 @@ async fn local_deduct_when_after_recovery_refunds_in_memory(kind: Kind, _capture
         in_memory(&lim, short, &limit).await,
         3,
         "memory kept the 500's charge"
+    );
+}
+
+/// The layer's deduct_when on a key memory still owes units (a 200 admitted during an
+/// outage): after Redis answers again, a request Redis admitted answers 500, and its unit goes
+/// back to Redis, where its decision took it, not to memory (which `refund(key)` would pick
+/// first).
+async fn local_deduct_when_of_a_redis_decision_refunds_redis(kind: Kind, _capture: Capture) {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response, StatusCode};
+    use redis_rl_client::http::{Key, Rule};
+    use redis_rl_client::RateLimitLayer;
+
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let limit: Limit = Gcra::new(3, 1, 3600).unwrap().into();
+    let seen: Arc<Mutex<Vec<Decision>>> = Arc::default();
+    let svc = {
+        let seen = seen.clone();
+        RateLimitLayer::new(lim.clone())
+            .rule(
+                Rule::any(limit.clone(), Key::header("x-k"))
+                    .unwrap()
+                    .name("api")
+                    .unwrap()
+                    .deduct_when(|s| s.as_u16() < 500),
+            )
+            .unwrap()
+            .layer(tower::service_fn(move |req: Request<String>| {
+                let seen = seen.clone();
+                async move {
+                    let d = req.extensions().get::<Decision>().cloned().unwrap();
+                    seen.lock().unwrap().push(d);
+                    let mut resp = Response::new(String::from("ok"));
+                    if req.headers().contains_key("x-fail") {
+                        *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            }))
+    };
+    let call = |fail: bool| {
+        let svc = svc.clone();
+        let mut req = Request::builder().header("x-k", "k1");
+        if fail {
+            req = req.header("x-fail", "1");
+        }
+        let req = req.body(String::new()).unwrap();
+        async move { svc.oneshot(req).await.unwrap().status() }
+    };
+    until_redis(&lim).await;
+    server.stop();
+    assert_eq!(call(false).await, StatusCode::OK); // charged in memory, kept
+    server.restart();
+    until_redis(&lim).await;
+    assert_eq!(call(true).await, StatusCode::INTERNAL_SERVER_ERROR);
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen[0].degraded && !seen[1].degraded, "{seen:?}");
+    let key = seen[1].key.clone().unwrap();
+    let short = key.strip_prefix(lim.prefix()).unwrap();
+    assert_eq!(
+        in_redis(&lim, short, &limit).await.remaining,
+        3,
+        "Redis kept the 500's unit"
+    );
+    server.stop();
+    assert_eq!(
+        in_memory(&lim, short, &limit).await,
+        2,
+        "memory gave back a unit Redis took"
     );
 }
