@@ -30,26 +30,29 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// `RL.REFUND`'s reply: units given back, the key's remaining and reset time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refund {
-    /// Units actually given back (0 for a missing key).
+    /// Units actually given back (0 for a missing key), wherever they went.
     pub refunded: u64,
-    /// Requests of cost 1 allowed now.
+    /// Requests of cost 1 allowed now (Redis's figure; 0 when Redis took no part).
     pub remaining: u64,
-    /// Until the key is idle again.
+    /// Until the key is idle again (Redis's figure; zero when Redis took no part).
     pub reset_after: Duration,
-    /// Redis did not answer; nothing was refunded.
+    /// Redis gave nothing back: it did not answer (nothing was refunded, except in the
+    /// `Local` policy's memory), or under [`FailurePolicy::Local`] the whole refund went back
+    /// to the in-memory limiter that took the charge.
     pub degraded: bool,
 }
 
 /// `RL.RELEASE`'s reply: slots freed, the key's remaining and reset time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Release {
-    /// Slots freed (0 when the token held no live lease: releasing twice is harmless).
+    /// Slots freed (0 when the token held no live lease: releasing twice is harmless), in
+    /// Redis and, under [`FailurePolicy::Local`], in memory.
     pub released: u64,
     /// Slots free now.
     pub remaining: u64,
     /// Until the last live lease ends.
     pub reset_after: Duration,
-    /// Redis did not answer; nothing was released (the lease ends by itself).
+    /// Redis did not answer; nothing was released in Redis (the lease ends by itself).
     pub degraded: bool,
 }
 

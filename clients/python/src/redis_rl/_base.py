@@ -48,7 +48,12 @@ LimitEntry = Union[Limit, tuple[Limit, int]]
 
 @dataclass(frozen=True)
 class Refund:
-    """Refund is RL.REFUND's reply: units given back, the key's remaining and reset time."""
+    """Refund is RL.REFUND's reply: units given back, the key's remaining and reset time.
+
+    `refunded` counts the units given back wherever they went. `degraded`: Redis gave
+    nothing back, either because it did not answer, or because under the failure policy
+    "local" the whole refund went back to the in-memory limiter that took the charge (the
+    figures are then memory's)."""
 
     refunded: int
     remaining: int
