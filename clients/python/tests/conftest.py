@@ -565,6 +565,9 @@ class SyncAsAsync:
     async def refund(self, *a: Any, **kw: Any) -> Any:
         return self.inner.refund(*a, **kw)
 
+    async def refund_decision(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.refund_decision(*a, **kw)
+
     async def release(self, *a: Any, **kw: Any) -> Any:
         return self.inner.release(*a, **kw)
 

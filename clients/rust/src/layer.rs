@@ -542,10 +542,10 @@ async fn settle(
             continue; // the open policy charged nothing
         }
         if target < charged {
+            // Given back where this limit's own decision took it (Redis, or the local
+            // policy's memory, also once Redis answers again).
             let n = charged - target;
-            if sub.degraded {
-                limiter.refund_in_memory(key, n);
-            } else if let Err(e) = limiter.refund(key, n).await {
+            if let Err(e) = limiter.refund_decision(sub, n).await {
                 tracing::warn!(target: "redis_rl_client", "redis-rl: refund of '{key}' after the response failed: {e}");
             }
             continue;

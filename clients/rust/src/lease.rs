@@ -605,7 +605,7 @@ impl LeaseGuard {
         }
         self.state
             .limiter
-            .release_full(&self.state.key, &self.state.token)
+            .release_full(&self.state.key, &self.state.token, false)
             .await
             .map(Some)
     }
@@ -630,7 +630,10 @@ impl Drop for LeaseGuard {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let state = Arc::clone(&self.state);
             rt.spawn(async move {
-                let _ = state.limiter.release_full(&state.key, &state.token).await;
+                let _ = state
+                    .limiter
+                    .release_full(&state.key, &state.token, false)
+                    .await;
             });
         }
     }

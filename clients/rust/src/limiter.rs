@@ -30,26 +30,29 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// `RL.REFUND`'s reply: units given back, the key's remaining and reset time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refund {
-    /// Units actually given back (0 for a missing key).
+    /// Units actually given back (0 for a missing key), wherever they went.
     pub refunded: u64,
-    /// Requests of cost 1 allowed now.
+    /// Requests of cost 1 allowed now (Redis's figure; 0 when Redis took no part).
     pub remaining: u64,
-    /// Until the key is idle again.
+    /// Until the key is idle again (Redis's figure; zero when Redis took no part).
     pub reset_after: Duration,
-    /// Redis did not answer; nothing was refunded.
+    /// Redis gave nothing back: it did not answer (nothing was refunded, except in the
+    /// `Local` policy's memory), or under [`FailurePolicy::Local`] the whole refund went back
+    /// to the in-memory limiter that took the charge.
     pub degraded: bool,
 }
 
 /// `RL.RELEASE`'s reply: slots freed, the key's remaining and reset time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Release {
-    /// Slots freed (0 when the token held no live lease: releasing twice is harmless).
+    /// Slots freed (0 when the token held no live lease: releasing twice is harmless), in
+    /// Redis and, under [`FailurePolicy::Local`], in memory.
     pub released: u64,
     /// Slots free now.
     pub remaining: u64,
     /// Until the last live lease ends.
     pub reset_after: Duration,
-    /// Redis did not answer; nothing was released (the lease ends by itself).
+    /// Redis did not answer; nothing was released in Redis (the lease ends by itself).
     pub degraded: bool,
 }
 
@@ -815,30 +818,124 @@ impl Limiter {
 
     /// Gives back up to `n` units to `key` (`RL.REFUND`), and forgets this limiter's local
     /// denials of it.
+    ///
+    /// Under [`FailurePolicy::Local`] a refund goes back where the charge was taken: the
+    /// units the in-memory limiter charged `key` during an outage and has not given back are
+    /// given back there first, also once Redis answers again (Redis never had them: refunding
+    /// them there would give back other requests' units), and only the rest of `n` goes to
+    /// Redis. The in-memory limiter remembers those units as long as it holds the key (until
+    /// the key is idle, as its Redis twin would expire). A key charged both during an outage
+    /// and after it is refunded in memory first; a refund misplaced that way only
+    /// under-admits. [`Limiter::refund_decision`] gives back the charge of one decision
+    /// exactly where it was taken.
     pub async fn refund(&self, key: &str, n: u64) -> Result<Refund, Error> {
         let full = self.full_key(key)?;
         self.refund_full(&full, n).await
     }
 
     pub(crate) async fn refund_full(&self, full: &str, n: u64) -> Result<Refund, Error> {
-        let full = full.to_owned();
         if n == 0 {
             return Err(InvalidLimit::new("quantity must be a positive integer").into());
         }
         if let Some(cache) = &self.inner.deny_cache {
-            cache.forget(&full);
+            cache.forget(full);
         }
+        let mut rest = n;
+        let mut local = None;
+        if let Some(memory) = &self.inner.memory {
+            let (taken, refunded) = memory.refund_owed(full, n, true);
+            if taken > 0 {
+                self.inner.counters.add(Counter::Refunded, refunded);
+                local = Some(refunded);
+                rest -= taken;
+            }
+        }
+        if rest == 0 {
+            return Ok(Refund {
+                refunded: local.unwrap_or(0),
+                remaining: 0,
+                reset_after: Duration::ZERO,
+                degraded: true,
+            });
+        }
+        let mut r = self.refund_redis(full, rest, true).await?;
+        r.refunded += local.unwrap_or(0);
+        Ok(r)
+    }
+
+    /// Gives back up to `n` units of the charge `decision` took, where it took it: to the
+    /// in-memory limiter of [`FailurePolicy::Local`] when it is its decision (degraded, not
+    /// [`blind`](Decision::blind): taken in memory during an outage), also once Redis
+    /// answers again; nothing when it is blind (the open or closed policy charged nothing);
+    /// else to Redis (`RL.REFUND`), and when Redis does not answer the refund is lost (it
+    /// only under-admits), never taken from memory ([`Error::Unavailable`] under
+    /// [`FailurePolicy::Error`]). Forgets this limiter's local denials of its key.
+    ///
+    /// `decision` is one key's decision this limiter returned (a check, a force, or one of a
+    /// `check_all`'s [`per_key`](Decision::per_key)); a combined decision, a lease's and a
+    /// decision without a key are refused ([`Error::Usage`]). `n` must be at least 1.
+    pub async fn refund_decision(&self, decision: &Decision, n: u64) -> Result<Refund, Error> {
+        if n == 0 {
+            return Err(InvalidLimit::new("quantity must be a positive integer").into());
+        }
+        let full = match &decision.key {
+            Some(k) if !k.is_empty() && decision.per_key.is_empty() => k.as_str(),
+            _ => return Err(Error::Usage(
+                "refund_decision needs one key's decision (of a check_all, each of its per_key)"
+                    .into(),
+            )),
+        };
+        if matches!(decision.policy, Some(Limit::Lease(_))) {
+            return Err(Error::Usage(
+                "a lease is given back with release, not refund_decision".into(),
+            ));
+        }
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(full);
+        }
+        if decision.blind {
+            return Ok(Refund {
+                refunded: 0,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+                degraded: true,
+            });
+        }
+        if let Some(memory) = self.memory_of(decision) {
+            let refunded = memory.refund(full, n);
+            self.inner.counters.add(Counter::Refunded, refunded);
+            return Ok(Refund {
+                refunded,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+                degraded: true,
+            });
+        }
+        self.refund_redis(full, n, false).await
+    }
+
+    /// The in-memory limiter, when it took `decision`'s charge (the local policy's degraded,
+    /// not blind, decision).
+    fn memory_of(&self, decision: &Decision) -> Option<&crate::memory::Memory> {
+        self.inner
+            .memory
+            .as_ref()
+            .filter(|_| decision.degraded && !decision.blind)
+    }
+
+    /// `RL.REFUND` of `n` units of `full` in Redis. When Redis does not answer, the
+    /// failure policy answers; with `in_memory`, the local policy's memory gives the units
+    /// back (to what it charged), else the refund is lost (it only under-admits).
+    async fn refund_redis(&self, full: &str, n: u64, in_memory: bool) -> Result<Refund, Error> {
         match self
-            .guarded_unless_down(Op::Refund, &full, bytes(n.to_string()))
+            .guarded_unless_down(Op::Refund, full, bytes(n.to_string()))
             .await?
         {
             Err(cause) => {
-                self.inner
-                    .health
-                    .answer(None, Some(&full), cause.as_ref())?;
-                if let Some(memory) = &self.inner.memory {
+                self.inner.health.answer(None, Some(full), cause.as_ref())?;
+                if let Some(memory) = self.inner.memory.as_ref().filter(|_| in_memory) {
                     // Under the local policy, what the in-memory limiter took comes back.
-                    let refunded = memory.refund(&full, n);
+                    let refunded = memory.refund(full, n);
                     self.inner.counters.add(Counter::Refunded, refunded);
                     return Ok(Refund {
                         refunded,
@@ -870,26 +967,31 @@ impl Limiter {
         }
     }
 
-    /// Gives back `n` units that this process's in-memory limiter took for `key` (a
-    /// degraded decision that is not [`Decision::blind`]); returns the units given back.
-    pub(crate) fn refund_in_memory(&self, key: &str, n: u64) -> u64 {
-        let Some(memory) = &self.inner.memory else {
-            return 0;
-        };
-        let full = format!("{}{key}", self.inner.prefix);
-        let refunded = memory.refund(&full, n);
-        self.inner.counters.add(Counter::Refunded, refunded);
-        refunded
-    }
-
-    /// Frees the lease `token` holds on `key` (`RL.RELEASE`); harmless twice.
+    /// Frees the lease `token` holds on `key` (`RL.RELEASE`); harmless twice. Under
+    /// [`FailurePolicy::Local`] a lease the in-memory limiter granted during an outage is
+    /// freed there too, also once Redis answers again (`released` counts the slots freed in
+    /// both).
     pub async fn release(&self, key: &str, token: impl AsRef<[u8]>) -> Result<Release, Error> {
         let full = self.full_key(key)?;
         crate::limits::check_token(token.as_ref())?;
-        self.release_full(&full, token.as_ref()).await
+        let mut r = self.release_full(&full, token.as_ref(), true).await?;
+        if !r.degraded {
+            if let Some(memory) = &self.inner.memory {
+                // Redis answered: a lease memory granted meanwhile is held there, not in Redis.
+                r.released += memory.release(&full, token.as_ref());
+            }
+        }
+        Ok(r)
     }
 
-    pub(crate) async fn release_full(&self, full: &str, token: &[u8]) -> Result<Release, Error> {
+    /// `RL.RELEASE` of `token`'s lease on `full`. When Redis does not answer, the failure
+    /// policy answers; with `in_memory`, the local policy's memory frees a lease it holds.
+    pub(crate) async fn release_full(
+        &self,
+        full: &str,
+        token: &[u8],
+        in_memory: bool,
+    ) -> Result<Release, Error> {
         match self
             .guarded_unless_down(Op::Release, full, token.to_vec())
             .await?
@@ -900,6 +1002,7 @@ impl Limiter {
                     .inner
                     .memory
                     .as_ref()
+                    .filter(|_| in_memory)
                     .map_or(0, |m| m.release(full, token));
                 Ok(Release {
                     released,
@@ -2048,25 +2151,28 @@ impl Limiter {
     /// Undoes what a group that admitted took for `item` (a denied request elsewhere):
     /// refunds its charge, or releases its lease. Its decision stays what it was, which is
     /// what `RL.ALL` reports for a limit of a denied request (its answer without consuming).
+    /// Each give-back goes where the group's decision took it (Redis, or the local policy's
+    /// memory), as [`Limiter::refund_decision`] gives back.
     async fn give_back(&self, item: &Item, cost: u64, decision: Option<&Decision>) {
         if let (Limit::Lease(_), Some(token)) = (&item.limit, &item.token) {
-            if let Err(e) = self.release_full(&item.key, token).await {
+            if decision.is_some_and(|d| d.blind) {
+                return; // the open policy's lease holds nothing
+            }
+            if let Some(memory) = decision.and_then(|d| self.memory_of(d)) {
+                memory.release(&item.key, token);
+            } else if let Err(e) = self.release_full(&item.key, token, false).await {
                 tracing::warn!(target: "redis_rl_client", "redis-rl: releasing '{}' after a denial failed: {e}", item.key);
             }
             return;
         }
         let n = item.cost.unwrap_or(cost);
-        if n == 0 || decision.is_some_and(|d| d.blind) {
+        let Some(decision) = decision else {
+            return;
+        };
+        if n == 0 {
             return; // nothing was charged
         }
-        if decision.is_some_and(|d| d.degraded) {
-            if let Some(memory) = &self.inner.memory {
-                let refunded = memory.refund(&item.key, n);
-                self.inner.counters.add(Counter::Refunded, refunded);
-            }
-            return;
-        }
-        if let Err(e) = self.refund_full(&item.key, n).await {
+        if let Err(e) = self.refund_decision(decision, n).await {
             tracing::warn!(target: "redis_rl_client", "redis-rl: refunding '{}' after a denial failed: {e}", item.key);
         }
     }

@@ -46,7 +46,23 @@ pub(crate) struct LocalOptions {
 
 pub(crate) struct Memory {
     fleet: u64,
-    states: Mutex<HashMap<String, State>>,
+    states: Mutex<Store>,
+}
+
+/// The keys' states, and what each rate key owes: the units this limiter charged it (checks,
+/// `FORCE`, reservations) and has not been given back yet. A refund after Redis answers
+/// again gives them back here, where they were taken ([`Memory::refund_owed`]). An owed count
+/// lives as long as its key's state: it is forgotten once the key is idle (as its Redis twin
+/// would expire) or dropped.
+#[derive(Default)]
+struct Store {
+    states: HashMap<String, State>,
+    owed: HashMap<String, u64>,
+}
+
+/// The state is not idle at `at` (an idle one is gone, as an expired Redis key).
+fn live(state: &State, at: CoreInstant) -> bool {
+    state.as_ref().idle_at().is_some_and(|t| t > at)
 }
 
 fn now() -> CoreInstant {
@@ -78,11 +94,11 @@ impl Memory {
     pub(crate) fn new(fleet: u64) -> Memory {
         Memory {
             fleet: fleet.max(1),
-            states: Mutex::new(HashMap::new()),
+            states: Mutex::new(Store::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, State>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
         self.states.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -181,10 +197,10 @@ impl Memory {
             .iter()
             .map(|i| self.local_limit(i.limit, i.token))
             .collect::<Result<_, _>>()?;
-        let mut states = self.lock();
+        let mut store = self.lock();
         let mut outcomes = Vec::with_capacity(items.len());
         for (item, limit) in items.iter().zip(&limits) {
-            let stored = states.get(item.key);
+            let stored = store.states.get(item.key);
             let request = Request {
                 quantity: item.cost,
                 max_wait: options
@@ -200,19 +216,31 @@ impl Memory {
         }
         let allowed = outcomes.iter().all(|o| o.decision.verdict.is_allowed());
         if allowed && !options.peek {
+            let Store { states, owed } = &mut *store;
             if states.len() + items.len() > MAX_KEYS {
-                states.retain(|_, s| s.as_ref().idle_at().is_some_and(|t| t > at));
+                states.retain(|_, s| live(s, at));
                 if states.len() + items.len() > MAX_KEYS {
                     states.clear();
                 }
+                owed.retain(|k, _| states.contains_key(k));
             }
             for (item, o) in items.iter().zip(&outcomes) {
                 if let Some(w) = &o.write {
-                    apply(&mut states, item.key, w);
+                    let was_live = states.get(item.key).is_some_and(|s| live(s, at));
+                    apply(states, item.key, w);
+                    if !states.contains_key(item.key) || matches!(item.limit, Limit::Lease(_)) {
+                        owed.remove(item.key);
+                        continue;
+                    }
+                    let n = owed.entry(item.key.to_owned()).or_insert(0);
+                    if !was_live {
+                        *n = 0; // what an idle key owed is forgotten with its state
+                    }
+                    *n = n.saturating_add(item.cost);
                 }
             }
         }
-        drop(states);
+        drop(store);
         let reservation = options.max_wait.is_some();
         let per: Vec<Decision> = items
             .iter()
@@ -248,22 +276,47 @@ impl Memory {
 
     /// Gives back up to `n` units of `key` (as `RL.REFUND`); returns what was given back.
     pub(crate) fn refund(&self, key: &str, n: u64) -> u64 {
+        self.refund_owed(key, n, false).1
+    }
+
+    /// [`Memory::refund`] that also settles what `key` owes: `(taken, refunded)`. With
+    /// `owed_only` it takes at most the units this limiter charged the key and has not given
+    /// back (none owed: `(0, 0)`, nothing done), so that a refund of charges taken here comes
+    /// back here and the rest can go to Redis; `taken` is the part of `n` it answered for
+    /// (all of `n` without `owed_only`, once it holds the key; 0 when it does not).
+    pub(crate) fn refund_owed(&self, key: &str, n: u64, owed_only: bool) -> (u64, u64) {
         let at = now();
-        let mut states = self.lock();
+        let mut store = self.lock();
+        let Store { states, owed } = &mut *store;
         let Some(state) = states.get(key) else {
-            return 0;
+            return (0, 0);
         };
-        let Some(refund) = state.as_ref().refund(at, n) else {
-            return 0;
+        let owes = if live(state, at) {
+            owed.get(key).copied().unwrap_or(0)
+        } else {
+            0
         };
+        let take = if owed_only { n.min(owes) } else { n };
+        if take == 0 {
+            return (0, 0);
+        }
+        let Some(refund) = state.as_ref().refund(at, take) else {
+            return (0, 0); // a lease: released, not refunded
+        };
+        let left = owes - take.min(owes);
         match refund.action {
             RefundAction::Nothing => {}
             RefundAction::Delete => {
                 states.remove(key);
             }
-            RefundAction::Store(w) => apply(&mut states, key, &w),
+            RefundAction::Store(w) => apply(states, key, &w),
         }
-        refund.refunded
+        if left > 0 && states.contains_key(key) {
+            owed.insert(key.to_owned(), left);
+        } else {
+            owed.remove(key);
+        }
+        (take, refund.refunded)
     }
 
     /// Frees the lease `token` holds on `key`; returns the slots freed.
@@ -272,13 +325,13 @@ impl Memory {
         let Some(token) = redis_rl::algo::lease::Token::new(token) else {
             return 0;
         };
-        let mut states = self.lock();
-        let Some(State::Lease(s)) = states.get(key) else {
+        let mut store = self.lock();
+        let Some(State::Lease(s)) = store.states.get(key) else {
             return 0;
         };
         let (freed, write) = redis_rl::algo::lease::release(s, at, &token);
         if let Some(w) = write {
-            apply(&mut states, key, &Write::Lease(Box::new(w)));
+            apply(&mut store.states, key, &Write::Lease(Box::new(w)));
         }
         freed
     }
@@ -286,7 +339,7 @@ impl Memory {
     /// Keys held in memory (for tests and metrics).
     #[allow(dead_code)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().states.len()
     }
 }
 

@@ -64,6 +64,12 @@ both_modes_traced!(
     local_through_the_layer_answers_429_with_real_fields,
     a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost,
     a_restart_while_idle_is_not_an_outage,
+    local_refund_after_recovery_goes_back_to_memory,
+    local_owed_units_are_forgotten_when_the_key_is_idle,
+    local_refund_decision_goes_where_it_was_taken,
+    local_release_after_recovery_frees_the_lease_in_memory,
+    local_deduct_when_after_recovery_refunds_in_memory,
+    local_deduct_when_of_a_redis_decision_refunds_redis,
 );
 
 async fn make(server: &Server, f: impl FnOnce(LimiterBuilder) -> LimiterBuilder) -> Limiter {
@@ -597,4 +603,366 @@ async fn a_restart_while_idle_is_not_an_outage(kind: Kind, capture: Capture) {
         assert_eq!((c.errors, c.degraded), (0, 0), "{policy:?}: {c:?}");
     }
     assert_eq!(outage_events(&capture), (0, 0), "no outage was seen");
+}
+
+// -- the local policy's give-backs after Redis answers again ---------------------------------
+//
+// docs/clients.md#failure-policy-local: a charge the in-memory limiter took during an outage
+// is given back there, not to Redis, which never had it (a refund Redis took for it would
+// give back another request's unit: the fleet would admit past the limit). As the Go
+// package's local_refund_test.go. The in-memory limiter's figures are read in a later outage
+// (a check of cost 0, answered in memory).
+
+fn probe() -> Limit {
+    Gcra::new(4, 1, 3600).unwrap().into()
+}
+
+/// Waits (bounded) until Redis decides a check of a probe key again.
+async fn until_redis(lim: &Limiter) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lim.check("probe", probe()).cost(0).await.unwrap().degraded {
+        assert!(Instant::now() < deadline, "Redis never answered again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What Redis reports for `key` (cost 0).
+async fn in_redis(lim: &Limiter, key: &str, limit: &Limit) -> Decision {
+    let d = lim.check(key, limit).cost(0).await.unwrap();
+    assert!(!d.degraded, "Redis did not report {key}: {d:?}");
+    d
+}
+
+/// What the in-memory limiter reports for `key` (cost 0), Redis being down.
+async fn in_memory(lim: &Limiter, key: &str, limit: &Limit) -> u64 {
+    let d = lim.check(key, limit).cost(0).await.unwrap();
+    assert!(d.degraded && !d.blind, "memory did not report {key}: {d:?}");
+    d.remaining
+}
+
+async fn local_refund_after_recovery_goes_back_to_memory(kind: Kind, _capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let g: Limit = Gcra::new(4, 1, 3600).unwrap().into(); // nothing drains during the test
+    until_redis(&lim).await;
+    server.stop();
+    for (key, n) in [("k", 2), ("split", 1)] {
+        let d = lim.check(key, &g).cost(n).await.unwrap();
+        assert!(d.allowed && d.degraded && !d.blind, "{key}: {d:?}");
+    }
+    server.restart();
+    until_redis(&lim).await;
+    // Redis charges k once too: it holds 1 unit, memory 2.
+    let d = lim.check("k", &g).await.unwrap();
+    assert!(d.allowed && !d.degraded && d.remaining == 3, "{d:?}");
+    // Refunding the outage's 2 units gives them back in memory; Redis keeps its own.
+    let r = lim.refund("k", 2).await.unwrap();
+    assert_eq!((r.refunded, r.degraded), (2, true), "{r:?}");
+    assert_eq!(
+        in_redis(&lim, "k", &g).await.remaining,
+        3,
+        "Redis gave back a unit it did not take for this charge"
+    );
+    // Nothing is owed in memory any more: the next refund is Redis's.
+    let r = lim.refund("k", 2).await.unwrap();
+    assert_eq!(
+        (r.refunded, r.degraded, r.remaining),
+        (1, false, 4),
+        "{r:?}"
+    );
+    // More than memory owes: memory's part there, the rest to Redis.
+    let d = lim.check("split", &g).cost(2).await.unwrap();
+    assert!(d.allowed && !d.degraded, "{d:?}");
+    let r = lim.refund("split", 3).await.unwrap();
+    assert_eq!((r.refunded, r.degraded), (3, false), "{r:?}");
+    assert_eq!(in_redis(&lim, "split", &g).await.remaining, 4);
+    assert_eq!(lim.counters().snapshot().refunded, 6, "2 + 1 + 3");
+    // Memory gave back what it took: in the next outage both keys are whole there.
+    server.stop();
+    assert_eq!(in_memory(&lim, "k", &g).await, 4, "memory kept k's charge");
+    assert_eq!(
+        in_memory(&lim, "split", &g).await,
+        4,
+        "memory kept split's charge"
+    );
+}
+
+async fn local_owed_units_are_forgotten_when_the_key_is_idle(kind: Kind, _capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let quick: Limit = Gcra::new(2, 1, 1).unwrap().into(); // idle again 1 s after a charge of 1
+    until_redis(&lim).await;
+    server.stop();
+    assert!(lim.check("q", &quick).await.unwrap().degraded);
+    server.restart();
+    until_redis(&lim).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // memory's state is idle: gone
+    assert_eq!(lim.check("q", &quick).await.unwrap().remaining, 1); // Redis charges 1
+    let r = lim.refund("q", 1).await.unwrap();
+    assert_eq!((r.refunded, r.degraded), (1, false), "{r:?}");
+    assert_eq!(in_redis(&lim, "q", &quick).await.remaining, 2);
+}
+
+async fn local_refund_decision_goes_where_it_was_taken(kind: Kind, _capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let g: Limit = Gcra::new(4, 1, 3600).unwrap().into();
+    until_redis(&lim).await;
+    server.stop();
+    let outage = lim.check("d", &g).cost(2).await.unwrap();
+    assert!(
+        outage.allowed && outage.degraded && !outage.blind,
+        "{outage:?}"
+    );
+    server.restart();
+    until_redis(&lim).await;
+    let now = lim.check("d", &g).await.unwrap();
+    assert!(!now.degraded, "{now:?}");
+    // Redis's decision: Redis gives back.
+    let r = lim.refund_decision(&now, 1).await.unwrap();
+    assert_eq!(
+        (r.refunded, r.degraded, r.remaining),
+        (1, false, 4),
+        "{r:?}"
+    );
+    // The outage's decision: memory gives back, after recovery; Redis is not asked.
+    let calls = lim.counters().snapshot().redis_calls;
+    let r = lim.refund_decision(&outage, 2).await.unwrap();
+    assert_eq!((r.refunded, r.degraded), (2, true), "{r:?}");
+    assert_eq!(
+        lim.counters().snapshot().redis_calls,
+        calls,
+        "a refund of memory's charge called Redis"
+    );
+    // The per-key decisions of a check_all go back each where it was taken.
+    let both = lim
+        .check_all([Entry::new("{u}:a", &g), Entry::new("{u}:b", &g)])
+        .await
+        .unwrap();
+    let r = lim.refund_decision(&both.per_key[0], 1).await.unwrap();
+    assert_eq!((r.refunded, r.degraded), (1, false), "{r:?}");
+    assert_eq!(in_redis(&lim, "{u}:a", &g).await.remaining, 4);
+    assert_eq!(in_redis(&lim, "{u}:b", &g).await.remaining, 3);
+    // Usage errors, as the Go package's RefundDecision returns them.
+    assert!(
+        matches!(lim.refund_decision(&both, 1).await, Err(Error::Usage(_))),
+        "a combined decision"
+    );
+    let keyless = Decision {
+        key: None,
+        ..now.clone()
+    };
+    assert!(matches!(
+        lim.refund_decision(&keyless, 1).await,
+        Err(Error::Usage(_))
+    ));
+    assert!(matches!(
+        lim.refund_decision(&now, 0).await,
+        Err(Error::InvalidLimit(_))
+    ));
+    let held = lim
+        .acquire("lease", &redis_rl_client::Lease::new(2, 30).unwrap())
+        .await
+        .unwrap();
+    match lim.refund_decision(held.decision(), 1).await {
+        Err(Error::Usage(m)) => assert!(m.contains("release"), "{m}"),
+        other => panic!("a lease's decision: {other:?}"),
+    }
+    held.release().await.unwrap();
+    // A refund of Redis's charge while Redis is down is lost, not taken from memory.
+    let redis_x = lim.check("x", &g).await.unwrap();
+    assert!(!redis_x.degraded);
+    server.stop();
+    assert!(lim.check("x", &g).await.unwrap().degraded); // memory charges 1 of its own
+    let r = lim.refund_decision(&redis_x, 1).await.unwrap();
+    assert_eq!((r.refunded, r.degraded), (0, true), "{r:?}");
+    assert_eq!(
+        in_memory(&lim, "x", &g).await,
+        3,
+        "memory gave back a unit Redis took"
+    );
+    assert_eq!(
+        in_memory(&lim, "d", &g).await,
+        4,
+        "memory kept the outage's charge"
+    );
+    // The open policy charged nothing: nothing to give back; the error policy says so.
+    let open = make(&server, |b| b.on_error(FailurePolicy::Open)).await;
+    let blind = open.check("x", &g).await.unwrap();
+    assert!(blind.blind, "{blind:?}");
+    let r = open.refund_decision(&blind, 1).await.unwrap();
+    assert_eq!((r.refunded, r.degraded), (0, true), "{r:?}");
+    let error = make(&server, |b| b.on_error(FailurePolicy::Error)).await;
+    assert!(matches!(
+        error.refund_decision(&redis_x, 1).await,
+        Err(Error::Unavailable(_))
+    ));
+}
+
+async fn local_release_after_recovery_frees_the_lease_in_memory(kind: Kind, _capture: Capture) {
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let lease = redis_rl_client::Lease::new(1, 60).unwrap();
+    until_redis(&lim).await;
+    server.stop();
+    let held = lim.acquire("job", &lease).await.unwrap();
+    assert!(
+        held.decision().degraded && !held.decision().blind,
+        "{:?}",
+        held.decision()
+    );
+    server.restart();
+    until_redis(&lim).await;
+    let r = lim.release("job", held.token()).await.unwrap();
+    assert_eq!((r.released, r.degraded), (1, false), "{r:?}");
+    // Memory no longer holds the slot: in the next outage another holder takes it.
+    server.stop();
+    let other = lim.acquire("job", &lease).token("another").await;
+    assert!(
+        other.as_ref().is_ok_and(|g| g.decision().degraded),
+        "memory still holds the released lease: {:?}",
+        other.as_ref().map(|g| g.decision().clone())
+    );
+    drop(other);
+    drop(held);
+}
+
+/// The layer's deduct_when: a request admitted in memory during an outage whose handler,
+/// once Redis answered again, charged the same key in Redis (another request's unit) and
+/// answered 500: Redis keeps that unit, and memory gives the 500's unit back.
+async fn local_deduct_when_after_recovery_refunds_in_memory(kind: Kind, _capture: Capture) {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response, StatusCode};
+    use redis_rl_client::http::{Key, Rule};
+    use redis_rl_client::RateLimitLayer;
+
+    let server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let server = Arc::new(Mutex::new(server));
+    let limit: Limit = Gcra::new(3, 1, 3600).unwrap().into(); // nothing drains during the test
+    let seen: Arc<Mutex<Option<Decision>>> = Arc::default();
+    let svc = {
+        let (server, lim, limit, seen) = (server.clone(), lim.clone(), limit.clone(), seen.clone());
+        RateLimitLayer::new(lim.clone())
+            .rule(
+                Rule::any(limit.clone(), Key::header("x-k"))
+                    .unwrap()
+                    .name("api")
+                    .unwrap()
+                    .deduct_when(|s| s.as_u16() < 500),
+            )
+            .unwrap()
+            .layer(tower::service_fn(move |req: Request<String>| {
+                let (server, lim, limit, seen) =
+                    (server.clone(), lim.clone(), limit.clone(), seen.clone());
+                async move {
+                    let d = req.extensions().get::<Decision>().cloned().unwrap();
+                    assert!(d.allowed && d.degraded && !d.blind, "{d:?}");
+                    server.lock().unwrap().restart(); // Redis answers again before the handler fails
+                    until_redis(&lim).await;
+                    let key = d.key.clone().unwrap();
+                    let short = key.strip_prefix(lim.prefix()).unwrap();
+                    // Another request's unit, charged in Redis (a restarted Redis kept nothing).
+                    assert!(!lim.check(short, &limit).await.unwrap().degraded);
+                    *seen.lock().unwrap() = Some(d);
+                    let mut resp = Response::new(String::from("boom"));
+                    *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            }))
+    };
+    until_redis(&lim).await;
+    server.lock().unwrap().stop();
+    let req = Request::builder()
+        .header("x-k", "k1")
+        .body(String::new())
+        .unwrap();
+    let resp = svc.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let d = seen.lock().unwrap().clone().unwrap();
+    let key = d.key.clone().unwrap();
+    let short = key.strip_prefix(lim.prefix()).unwrap();
+    assert_eq!(
+        in_redis(&lim, short, &limit).await.remaining,
+        2,
+        "Redis gave back a unit it never took for the 500"
+    );
+    server.lock().unwrap().stop();
+    assert_eq!(
+        in_memory(&lim, short, &limit).await,
+        3,
+        "memory kept the 500's charge"
+    );
+}
+
+/// The layer's deduct_when on a key memory still owes units (a 200 admitted during an
+/// outage): after Redis answers again, a request Redis admitted answers 500, and its unit goes
+/// back to Redis, where its decision took it, not to memory (which `refund(key)` would pick
+/// first).
+async fn local_deduct_when_of_a_redis_decision_refunds_redis(kind: Kind, _capture: Capture) {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response, StatusCode};
+    use redis_rl_client::http::{Key, Rule};
+    use redis_rl_client::RateLimitLayer;
+
+    let mut server = kind.server();
+    let lim = make(&server, |b| b.on_error(FailurePolicy::Local)).await;
+    let limit: Limit = Gcra::new(3, 1, 3600).unwrap().into();
+    let seen: Arc<Mutex<Vec<Decision>>> = Arc::default();
+    let svc = {
+        let seen = seen.clone();
+        RateLimitLayer::new(lim.clone())
+            .rule(
+                Rule::any(limit.clone(), Key::header("x-k"))
+                    .unwrap()
+                    .name("api")
+                    .unwrap()
+                    .deduct_when(|s| s.as_u16() < 500),
+            )
+            .unwrap()
+            .layer(tower::service_fn(move |req: Request<String>| {
+                let seen = seen.clone();
+                async move {
+                    let d = req.extensions().get::<Decision>().cloned().unwrap();
+                    seen.lock().unwrap().push(d);
+                    let mut resp = Response::new(String::from("ok"));
+                    if req.headers().contains_key("x-fail") {
+                        *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            }))
+    };
+    let call = |fail: bool| {
+        let svc = svc.clone();
+        let mut req = Request::builder().header("x-k", "k1");
+        if fail {
+            req = req.header("x-fail", "1");
+        }
+        let req = req.body(String::new()).unwrap();
+        async move { svc.oneshot(req).await.unwrap().status() }
+    };
+    until_redis(&lim).await;
+    server.stop();
+    assert_eq!(call(false).await, StatusCode::OK); // charged in memory, kept
+    server.restart();
+    until_redis(&lim).await;
+    assert_eq!(call(true).await, StatusCode::INTERNAL_SERVER_ERROR);
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen[0].degraded && !seen[1].degraded, "{seen:?}");
+    let key = seen[1].key.clone().unwrap();
+    let short = key.strip_prefix(lim.prefix()).unwrap();
+    assert_eq!(
+        in_redis(&lim, short, &limit).await.remaining,
+        3,
+        "Redis kept the 500's unit"
+    );
+    server.stop();
+    assert_eq!(
+        in_memory(&lim, short, &limit).await,
+        2,
+        "memory gave back a unit Redis took"
+    );
 }

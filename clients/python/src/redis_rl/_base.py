@@ -48,7 +48,12 @@ LimitEntry = Union[Limit, tuple[Limit, int]]
 
 @dataclass(frozen=True)
 class Refund:
-    """Refund is RL.REFUND's reply: units given back, the key's remaining and reset time."""
+    """Refund is RL.REFUND's reply: units given back, the key's remaining and reset time.
+
+    `refunded` counts the units given back wherever they went. `degraded`: Redis gave
+    nothing back, either because it did not answer, or because under the failure policy
+    "local" the whole refund went back to the in-memory limiter that took the charge (the
+    figures are then memory's)."""
 
     refunded: int
     remaining: int
@@ -407,6 +412,71 @@ class LimiterBase:
             return Refund(r[0], r[1], ms_to_timedelta(r[2]), degraded=True)
         self.health.answer(None, key, cause)  # raises for RAISE
         return Refund(0, 0, timedelta(0), degraded=True)
+
+    def refund_owed(self, key: str, n: int) -> tuple[Refund | None, int]:
+        """refund_owed gives back in memory, under "local", the part of a refund of `n` units
+        of `key` that the in-memory limiter charged the key during an outage and has not
+        given back (also once Redis answers again: Redis never had that charge, and a refund
+        it took would give back another request's unit). Returns memory's Refund (None: it
+        owed nothing) and the units left for Redis."""
+        if self.memory is None:
+            return None, n
+        taken, r = self.memory.refund_owed(key, n, owed_only=True)
+        if not taken:
+            return None, n
+        if r[0]:
+            self.counters.add("refunded", r[0])
+        return Refund(r[0], r[1], ms_to_timedelta(r[2]), degraded=True), n - taken
+
+    @staticmethod
+    def with_owed(local: Refund | None, rest: Refund) -> Refund:
+        """with_owed adds memory's part of a refund (refund_owed) to the rest's answer (whose
+        figures it keeps: Redis's, or memory's when Redis did not answer)."""
+        if local is None:
+            return rest
+        return replace(rest, refunded=rest.refunded + local.refunded)
+
+    def decision_refund(self, d: Decision, n: int) -> Refund | None:
+        """decision_refund checks a refund_decision call and answers the refunds that need no
+        Redis call: None means "give back to Redis" (RL.REFUND on `d.key`)."""
+        positive(n, "quantity")
+        if not isinstance(d, Decision):
+            raise TypeError("refund_decision() takes a Decision")
+        if d.per_key or not d.key:
+            raise ValueError(
+                "refund_decision needs one key's decision (of a check_all, each of its per_key)"
+            )
+        if isinstance(d.policy, Lease):
+            raise TypeError("a lease is given back with release(), not refund_decision()")
+        if self.deny_cache is not None:
+            self.deny_cache.forget(d.key)
+        if d.blind:  # the failure policy "open" or "closed" charged nothing
+            return Refund(0, 0, timedelta(0), degraded=True)
+        if self.taken_locally(d):
+            assert self.memory is not None
+            r = self.memory.refund(d.key, n)
+            if r[0]:
+                self.counters.add("refunded", r[0])
+            return Refund(r[0], r[1], ms_to_timedelta(r[2]), degraded=True)
+        return None
+
+    def taken_locally(self, d: Decision) -> bool:
+        """taken_locally: `d`'s charge was taken by the failure policy "local"'s memory."""
+        return self.memory is not None and d.degraded and not d.blind
+
+    def lost_refund(self, key: str, cause: BaseException | None) -> Refund:
+        """lost_refund answers a refund of Redis's charge that Redis did not take: lost (it
+        only under-admits), never taken from memory; LimiterUnavailable for "raise"."""
+        self.health.answer(None, key, cause)
+        return Refund(0, 0, timedelta(0), degraded=True)
+
+    def release_in_memory(self, key: str, token: bytes, r: Release) -> Release:
+        """release_in_memory also frees, under "local", a lease the in-memory limiter granted
+        during an outage, once Redis has answered a release (Redis never held it)."""
+        if self.memory is None or r.degraded:
+            return r
+        freed = self.memory.release(key, token)[0]
+        return replace(r, released=r.released + freed) if freed else r
 
     def degraded_release(self, key: str, token: bytes, cause: BaseException | None) -> Release:
         """degraded_release answers a release Redis did not take (in memory under "local")."""

@@ -540,7 +540,12 @@ class MemoryStore:
     ) -> None:
         self.max_keys = max_keys
         self._clock = clock or (lambda: time.time_ns() // 1000 * 1000)
-        self._keys: OrderedDict[tuple[str, str], tuple[_State, int]] = OrderedDict()
+        # (key, kind) -> (state, expiry in ms, owed): owed is the units this store charged the
+        # key (checks, FORCE, reservations) and has not been given back yet; a refund after
+        # Redis answers again gives them back here, where they were taken (`refund_owed`).
+        # It lives as long as the key does (an idle key's state is gone, and its owed count
+        # with it).
+        self._keys: OrderedDict[tuple[str, str], tuple[_State, int, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -556,20 +561,26 @@ class MemoryStore:
         entry = self._keys.get((key, kind))
         if entry is None:
             return None
-        state, expire_at_ms = entry
+        state, expire_at_ms, _ = entry
         if now // _NS_PER_MS > expire_at_ms:  # Redis: expired once its ms clock passes the expiry
             del self._keys[(key, kind)]
             return None
         return state
 
-    def _store(self, key: str, kind: str, state: _State | None, now: int, reset: int) -> None:
+    def _store(
+        self, key: str, kind: str, state: _State | None, now: int, reset: int, charged: int = 0
+    ) -> None:
+        """_store writes key's state (None: the key is idle, gone); `charged` units are added
+        to what the key owes."""
         if state is None:
             self._keys.pop((key, kind), None)
             return
         # The module's expiry: the instant the key is idle, rounded up to the millisecond
         # (docs/reference.md#r-time-4), kept by Redis while its clock's milliseconds do not
         # pass it.
-        self._keys[(key, kind)] = (state, _ceil_ms(now + reset))
+        old = self._keys.get((key, kind))
+        owed = min((old[2] if old is not None else 0) + charged, U64_MAX)
+        self._keys[(key, kind)] = (state, _ceil_ms(now + reset), owed)
         self._keys.move_to_end((key, kind))
         while len(self._keys) > self.max_keys:
             self._keys.popitem(last=False)
@@ -614,7 +625,7 @@ class MemoryStore:
             now = self._clock()
             d, write = self._decide(key, limit, now, n, force=force, max_wait=max_wait, token=None)
             if write is not None and not peek and d.allowed:
-                self._store(key, _kind(limit), write, now, d.reset)
+                self._store(key, _kind(limit), write, now, d.reset, n)
             return _five(d)
 
     def check_all(
@@ -639,9 +650,9 @@ class MemoryStore:
                 combined = _combine([(d, c) for _, _, c, d, _ in decided])
             may_write = not peek and any(c > 0 for _, _, c, _, _ in decided)
             if may_write and combined.allowed:
-                for key, limit, _, d, write in decided:
+                for key, limit, charge, d, write in decided:
                     if write is not None:
-                        self._store(key, _kind(limit), write, now, d.reset)
+                        self._store(key, _kind(limit), write, now, d.reset, charge)
             return [_five(combined), [_five(d) for _, _, _, d, _ in decided]]
 
     def lease(
@@ -682,23 +693,40 @@ class MemoryStore:
     def refund(self, key: str, quantity: int) -> list[int]:
         """refund is RL.REFUND on whichever rate key `key` holds: [refunded, remaining,
         reset_after_ms] ([0, 0, 0] for a key it does not hold)."""
+        return self.refund_owed(key, quantity, owed_only=False)[1]
+
+    def refund_owed(self, key: str, quantity: int, *, owed_only: bool) -> tuple[int, list[int]]:
+        """refund_owed is `refund` that also settles what the key owes: (taken, reply).
+
+        With `owed_only` it gives back at most the units this store charged the key and has
+        not given back (none owed: taken 0 and [0, 0, 0], nothing done), so that a refund of
+        charges taken here comes back here and the rest can go to Redis. `taken` is the part
+        of `quantity` it answered for (all of it without `owed_only`, once it holds the key;
+        0 when it does not hold it)."""
         with self._lock:
             now = self._clock()
             for kind in ("G", "F", "S", "L"):
                 s = self._load(key, kind, now)
                 if s is None:
                     continue
-                limit, after, refunded = self._refund(s, now, quantity)
+                _, _, owed = self._keys[(key, kind)]
+                take = quantity
+                if owed_only:
+                    take = min(quantity, owed)
+                    if take == 0:
+                        continue
+                self._keys[(key, kind)] = (s, self._keys[(key, kind)][1], owed - min(take, owed))
+                limit, after, refunded = self._refund(s, now, take)
                 if refunded == 0:
                     d = self._report(s, now)
-                    return [0, _i(d.remaining), _i(_ceil_ms(d.reset))]
+                    return take, [0, _i(d.remaining), _i(_ceil_ms(d.reset))]
                 if after is None:
                     self._store(key, kind, None, now, 0)
-                    return [_i(refunded), _i(limit), 0]
+                    return take, [_i(refunded), _i(limit), 0]
                 d = self._report(after, now)
                 self._store(key, kind, after, now, d.reset)
-                return [_i(refunded), _i(d.remaining), _i(_ceil_ms(d.reset))]
-            return [0, 0, 0]
+                return take, [_i(refunded), _i(d.remaining), _i(_ceil_ms(d.reset))]
+            return 0, [0, 0, 0]
 
     @staticmethod
     def _refund(s: _State, now: int, q: int) -> tuple[int, _State | None, int]:

@@ -427,19 +427,38 @@ class AsyncLimiter(LimiterBase):
         return self.decided(d)
 
     async def refund(self, key: str, n: int = 1) -> Refund:
-        """refund: see `Limiter.refund`."""
+        """refund: see `Limiter.refund` (under "local", memory's charges go back there)."""
         full = self.full_key(key)
         positive(n, "quantity")
         if self.deny_cache is not None:
             self.deny_cache.forget(full)
+        local, n = self.refund_owed(full, n)
+        if n == 0:
+            assert local is not None
+            return local
         # Inside an outage's probe interval it answers at once, like a check.
         got = None if self.health.skip() else await self._guarded("refund", [full], [n])
         if got is None or isinstance(got, BaseException):
-            return self.degraded_refund(full, n, got)
+            return self.with_owed(local, self.degraded_refund(full, n, got))
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
-        return Refund(r[0], r[1], ms_to_timedelta(r[2]))
+        return self.with_owed(local, Refund(r[0], r[1], ms_to_timedelta(r[2])))
+
+    async def refund_decision(self, decision: Decision, n: int = 1) -> Refund:
+        """refund_decision: see `Limiter.refund_decision` (the charge goes back where
+        `decision` took it)."""
+        r = self.decision_refund(decision, n)
+        if r is not None:
+            return r
+        assert decision.key is not None
+        got = None if self.health.skip() else await self._guarded("refund", [decision.key], [n])
+        if got is None or isinstance(got, BaseException):
+            return self.lost_refund(decision.key, got)
+        self.health.success()
+        v = ints(got[0])
+        self.counters.add("refunded", v[0])
+        return Refund(v[0], v[1], ms_to_timedelta(v[2]))
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -493,8 +512,9 @@ class AsyncLimiter(LimiterBase):
         return None  # pragma: no cover
 
     async def release(self, key: str, token: str | bytes) -> Release:
-        """release: see `Limiter.release`."""
-        return await self._release(self.full_key(key), check_token(token))
+        """release: see `Limiter.release` (also frees a lease memory granted in an outage)."""
+        full, tok = self.full_key(key), check_token(token)
+        return self.release_in_memory(full, tok, await self._release(full, tok))
 
     async def _release(self, full: str, tok: bytes) -> Release:
         # Inside an outage's probe interval it answers at once, like a check.

@@ -452,19 +452,54 @@ class Limiter(LimiterBase):
         return self.decided(d)
 
     def refund(self, key: str, n: int = 1) -> Refund:
-        """refund gives back up to `n` units to `key` (RL.REFUND); see Refund."""
+        """refund gives back up to `n` units to `key` (RL.REFUND); see Refund.
+
+        Under the failure policy "local" a refund goes back where the charge was taken: the
+        units the in-memory limiter charged `key` during an outage and has not given back are
+        given back there first, also once Redis answers again (Redis never had them), and
+        only the rest of `n` goes to Redis. Memory remembers them while it holds the key
+        (until the key is idle). `refund_decision` gives back one decision's charge exactly
+        where it was taken."""
         full = self.full_key(key)
         positive(n, "quantity")
         if self.deny_cache is not None:
             self.deny_cache.forget(full)
+        local, n = self.refund_owed(full, n)
+        if n == 0:
+            assert local is not None
+            return local
         # Inside an outage's probe interval it answers at once, like a check.
         got = None if self.health.skip() else self._guarded("refund", [full], [n])
         if got is None or isinstance(got, BaseException):
-            return self.degraded_refund(full, n, got)  # raises for RAISE
+            return self.with_owed(local, self.degraded_refund(full, n, got))  # raises for RAISE
         self.health.success()
         r = ints(got[0])
         self.counters.add("refunded", r[0])
-        return Refund(r[0], r[1], ms_to_timedelta(r[2]))
+        return self.with_owed(local, Refund(r[0], r[1], ms_to_timedelta(r[2])))
+
+    def refund_decision(self, decision: Decision, n: int = 1) -> Refund:
+        """refund_decision gives back up to `n` units of the charge `decision` took, where it
+        took it: to the in-memory limiter when it is the failure policy "local"'s decision
+        (degraded, not blind), also once Redis answers again; nothing when it is blind (the
+        policy "open" or "closed" charged nothing); else to Redis (RL.REFUND), and when Redis
+        does not answer the refund is lost (it only under-admits), never taken from memory
+        (LimiterUnavailable under "raise"). Forgets the local denials of its key.
+
+        `decision` is one key's decision this limiter returned (`check`, `force`, or one of a
+        `check_all`'s `per_key`): a combined decision or one without a key is a ValueError, a
+        lease's a TypeError (release it). `n` must be at least 1.
+        """
+        r = self.decision_refund(decision, n)
+        if r is not None:
+            return r
+        assert decision.key is not None
+        got = None if self.health.skip() else self._guarded("refund", [decision.key], [n])
+        if got is None or isinstance(got, BaseException):
+            return self.lost_refund(decision.key, got)
+        self.health.success()
+        v = ints(got[0])
+        self.counters.add("refunded", v[0])
+        return Refund(v[0], v[1], ms_to_timedelta(v[2]))
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -534,8 +569,11 @@ class Limiter(LimiterBase):
         return None  # pragma: no cover
 
     def release(self, key: str, token: str | bytes) -> Release:
-        """release frees the lease `token` holds on `key` (RL.RELEASE); harmless twice."""
-        return self._release(self.full_key(key), check_token(token))
+        """release frees the lease `token` holds on `key` (RL.RELEASE); harmless twice. Under
+        the failure policy "local" a lease the in-memory limiter granted during an outage is
+        freed there too, also once Redis answers again (`released` counts both)."""
+        full, tok = self.full_key(key), check_token(token)
+        return self.release_in_memory(full, tok, self._release(full, tok))
 
     def _release(self, full: str, tok: bytes) -> Release:
         # Inside an outage's probe interval it answers at once, like a check.

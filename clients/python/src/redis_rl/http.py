@@ -906,20 +906,32 @@ def _known_denied(limiter: Limiter | AsyncLimiter, groups: list[list[Check]], co
     return None
 
 
-def _refunds_of(checks: list[Check], d: Decision, amount: Callable[[Check], int]) -> list[tuple[str, int]]:
+def _refunds_of(
+    limiter: Limiter | AsyncLimiter, checks: list[Check], d: Decision
+) -> list[tuple[Decision, int]]:
+    """_refunds_of is a slot group's give-backs: each check's own decision (where its charge
+    was taken: Redis, or the failure policy "local"'s memory) and its charge."""
     if d.blind or not d.allowed:
         return []  # nothing was charged (failure policy "open", or denied)
-    return [(c.key, amount(c)) for c in checks if amount(c) > 0]
+    per = _flatten(d, checks, limiter.full_key)
+    return [(pd, c.charge) for c, pd in zip(checks, per) if c.charge > 0]
 
 
 def _refund_group(limiter: Limiter, checks: list[Check], d: Decision) -> None:
-    for key, n in _refunds_of(checks, d, lambda c: c.charge):
-        _guard(lambda: limiter.refund(key, n))
+    for pd, n in _refunds_of(limiter, checks, d):
+        _guard(lambda: limiter.refund_decision(pd, n))
 
 
 async def _arefund_group(limiter: AsyncLimiter, checks: list[Check], d: Decision) -> None:
-    for key, n in _refunds_of(checks, d, lambda c: c.charge):
-        await _aguard(lambda: limiter.refund(key, n))
+    for pd, n in _refunds_of(limiter, checks, d):
+        await _aguard(lambda: limiter.refund_decision(pd, n))
+
+
+def decision_of(limiter: Limiter | AsyncLimiter, d: Decision, key: str) -> Decision:
+    """decision_of is the decision that took the charge of one of a plan's checks (`key` as
+    the rule made it, without the limiter's prefix): the per-key decision of a combined one,
+    else `d` itself (a plan of one check)."""
+    return d.per_key.get(limiter.full_key(key), d) if d.per_key else d
 
 
 def _guard(call: Callable[[], Any]) -> None:
@@ -1116,12 +1128,11 @@ def settle(
     """settle carries out `settlement` with a sync Limiter (errors are logged: the response
     has gone)."""
     refunds, forces = settlement(p, d, status, reported, deduct_when)
-    local = d.degraded and limiter.memory is not None
     for key, n in refunds:
-        if local:
-            limiter.degraded_refund(limiter.full_key(key), n, None)
-        else:
-            _guard(lambda: limiter.refund(key, n))
+        # Each limit's charge goes back where its own decision took it (Redis, or the
+        # failure policy "local"'s memory, also once Redis answers again).
+        kd = decision_of(limiter, d, key)
+        _guard(lambda: limiter.refund_decision(kd, n))
     for key, lim, n in forces:
         _force(limiter, key, lim, n)
 
@@ -1132,12 +1143,9 @@ async def asettle(
 ) -> None:
     """asettle is `settle` with an AsyncLimiter."""
     refunds, forces = settlement(p, d, status, reported, deduct_when)
-    local = d.degraded and limiter.memory is not None
     for key, n in refunds:
-        if local:
-            limiter.degraded_refund(limiter.full_key(key), n, None)
-        else:
-            await _aguard(lambda: limiter.refund(key, n))
+        kd = decision_of(limiter, d, key)
+        await _aguard(lambda: limiter.refund_decision(kd, n))
     for key, lim, n in forces:
         await _aforce(limiter, key, lim, n)
 
