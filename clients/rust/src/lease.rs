@@ -287,7 +287,7 @@ async fn detached_lease_call(
             // Nobody awaits the acquire any more: give back what it took (a failed release
             // only under-admits: the slot lapses with its lease).
             if d.allowed && !d.degraded {
-                let _ = limiter.release_full(&full, &token).await;
+                let _ = limiter.release_full(&full, &token, false).await;
             } else if d.allowed && !d.blind {
                 limiter.release_in_memory(&full, &token);
             }
