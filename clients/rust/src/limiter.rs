@@ -843,23 +843,18 @@ impl Limiter {
         let mut rest = n;
         let mut local = None;
         if let Some(memory) = &self.inner.memory {
-            let (taken, refunded) = memory.refund_owed(full, n, true);
-            if taken > 0 {
-                self.inner.counters.add(Counter::Refunded, refunded);
-                local = Some(refunded);
-                rest -= taken;
+            let m = memory.refund_owed(full, n, true);
+            if m.taken > 0 {
+                self.inner.counters.add(Counter::Refunded, m.refunded);
+                local = Some(m);
+                rest -= m.taken;
             }
         }
-        if rest == 0 {
-            return Ok(Refund {
-                refunded: local.unwrap_or(0),
-                remaining: 0,
-                reset_after: Duration::ZERO,
-                degraded: true,
-            });
+        if let Some(m) = local.filter(|_| rest == 0) {
+            return Ok(memory_refund(m));
         }
         let mut r = self.refund_redis(full, rest, true).await?;
-        r.refunded += local.unwrap_or(0);
+        r.refunded += local.map_or(0, |m| m.refunded);
         Ok(r)
     }
 
@@ -902,14 +897,9 @@ impl Limiter {
             });
         }
         if let Some(memory) = self.memory_of(decision) {
-            let refunded = memory.refund(full, n);
-            self.inner.counters.add(Counter::Refunded, refunded);
-            return Ok(Refund {
-                refunded,
-                remaining: 0,
-                reset_after: Duration::ZERO,
-                degraded: true,
-            });
+            let m = memory.refund(full, n);
+            self.inner.counters.add(Counter::Refunded, m.refunded);
+            return Ok(memory_refund(m));
         }
         self.refund_redis(full, n, false).await
     }
@@ -935,14 +925,9 @@ impl Limiter {
                 self.inner.health.answer(None, Some(full), cause.as_ref())?;
                 if let Some(memory) = self.inner.memory.as_ref().filter(|_| in_memory) {
                     // Under the local policy, what the in-memory limiter took comes back.
-                    let refunded = memory.refund(full, n);
-                    self.inner.counters.add(Counter::Refunded, refunded);
-                    return Ok(Refund {
-                        refunded,
-                        remaining: 0,
-                        reset_after: Duration::ZERO,
-                        degraded: true,
-                    });
+                    let m = memory.refund(full, n);
+                    self.inner.counters.add(Counter::Refunded, m.refunded);
+                    return Ok(memory_refund(m));
                 }
                 Ok(Refund {
                     refunded: 0,
@@ -2223,5 +2208,15 @@ impl Limiter {
         };
         self.inner.counters.count_decision(&d);
         Ok(d)
+    }
+}
+
+/// A refund the local policy's memory answered, with its figures (as `RL.REFUND` replies).
+fn memory_refund(m: crate::memory::MemoryRefund) -> Refund {
+    Refund {
+        refunded: m.refunded,
+        remaining: m.remaining,
+        reset_after: m.reset_after,
+        degraded: true,
     }
 }

@@ -90,6 +90,19 @@ fn ceil_ms(span: Span) -> Duration {
     Duration::from_millis(span.as_ns().div_ceil(1_000_000))
 }
 
+/// What a refund did in memory ([`Memory::refund_owed`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct MemoryRefund {
+    /// The part of the refund's `n` memory answered for (see `refund_owed`).
+    pub(crate) taken: u64,
+    /// Units given back.
+    pub(crate) refunded: u64,
+    /// Requests of cost 1 the key admits after the refund.
+    pub(crate) remaining: u64,
+    /// Time until the key is idle again, rounded up to whole milliseconds.
+    pub(crate) reset_after: Duration,
+}
+
 impl Memory {
     pub(crate) fn new(fleet: u64) -> Memory {
         Memory {
@@ -274,9 +287,9 @@ impl Memory {
         Ok(d)
     }
 
-    /// Gives back up to `n` units of `key` (as `RL.REFUND`); returns what was given back.
-    pub(crate) fn refund(&self, key: &str, n: u64) -> u64 {
-        self.refund_owed(key, n, false).1
+    /// Gives back up to `n` units of `key` (as `RL.REFUND`).
+    pub(crate) fn refund(&self, key: &str, n: u64) -> MemoryRefund {
+        self.refund_owed(key, n, false)
     }
 
     /// [`Memory::refund`] that also settles what `key` owes: `(taken, refunded)`. With
@@ -284,12 +297,12 @@ impl Memory {
     /// back (none owed: `(0, 0)`, nothing done), so that a refund of charges taken here comes
     /// back here and the rest can go to Redis; `taken` is the part of `n` it answered for
     /// (all of `n` without `owed_only`, once it holds the key; 0 when it does not).
-    pub(crate) fn refund_owed(&self, key: &str, n: u64, owed_only: bool) -> (u64, u64) {
+    pub(crate) fn refund_owed(&self, key: &str, n: u64, owed_only: bool) -> MemoryRefund {
         let at = now();
         let mut store = self.lock();
         let Store { states, owed } = &mut *store;
         let Some(state) = states.get(key) else {
-            return (0, 0);
+            return MemoryRefund::default();
         };
         let owes = if live(state, at) {
             owed.get(key).copied().unwrap_or(0)
@@ -298,11 +311,14 @@ impl Memory {
         };
         let take = if owed_only { n.min(owes) } else { n };
         if take == 0 {
-            return (0, 0);
+            return MemoryRefund::default();
         }
         let Some(refund) = state.as_ref().refund(at, take) else {
-            return (0, 0); // a lease: released, not refunded
+            return MemoryRefund::default(); // a lease: released, not refunded
         };
+        // The key's figures after the refund, as RL.REFUND replies them: an idle key has
+        // its whole limit and nothing to reset.
+        let limit = state.as_ref().report(at).map_or(0, |d| d.limit);
         let left = owes - take.min(owes);
         match refund.action {
             RefundAction::Nothing => {}
@@ -316,7 +332,17 @@ impl Memory {
         } else {
             owed.remove(key);
         }
-        (take, refund.refunded)
+        let (remaining, reset_after) = match states.get(key).map(|s| s.as_ref().report(at)) {
+            Some(Ok(d)) => (d.remaining, ceil_ms(d.reset_after)),
+            Some(Err(_)) => (0, Duration::ZERO),
+            None => (limit, Duration::ZERO),
+        };
+        MemoryRefund {
+            taken: take,
+            refunded: refund.refunded,
+            remaining,
+            reset_after,
+        }
     }
 
     /// Frees the lease `token` holds on `key`; returns the slots freed.

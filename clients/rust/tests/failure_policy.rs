@@ -650,6 +650,15 @@ async fn local_refund_after_recovery_goes_back_to_memory(kind: Kind, _capture: C
         let d = lim.check(key, &g).cost(n).await.unwrap();
         assert!(d.allowed && d.degraded && !d.blind, "{key}: {d:?}");
     }
+    // A refund memory answers carries memory's figures, as RL.REFUND's reply would.
+    assert!(lim.check("p", &g).cost(3).await.unwrap().degraded);
+    let r = lim.refund("p", 1).await.unwrap();
+    assert_eq!((r.refunded, r.degraded, r.remaining), (1, true, 2), "{r:?}");
+    // Two units of an hour each left to drain.
+    assert!(
+        r.reset_after > Duration::from_secs(7190) && r.reset_after <= Duration::from_secs(7200),
+        "{r:?}"
+    );
     server.restart();
     until_redis(&lim).await;
     // Redis charges k once too: it holds 1 unit, memory 2.
@@ -657,7 +666,11 @@ async fn local_refund_after_recovery_goes_back_to_memory(kind: Kind, _capture: C
     assert!(d.allowed && !d.degraded && d.remaining == 3, "{d:?}");
     // Refunding the outage's 2 units gives them back in memory; Redis keeps its own.
     let r = lim.refund("k", 2).await.unwrap();
-    assert_eq!((r.refunded, r.degraded), (2, true), "{r:?}");
+    assert_eq!(
+        (r.refunded, r.degraded, r.remaining, r.reset_after),
+        (2, true, 4, Duration::ZERO),
+        "{r:?}: memory's figures, the key idle again"
+    );
     assert_eq!(
         in_redis(&lim, "k", &g).await.remaining,
         3,
@@ -676,7 +689,7 @@ async fn local_refund_after_recovery_goes_back_to_memory(kind: Kind, _capture: C
     let r = lim.refund("split", 3).await.unwrap();
     assert_eq!((r.refunded, r.degraded), (3, false), "{r:?}");
     assert_eq!(in_redis(&lim, "split", &g).await.remaining, 4);
-    assert_eq!(lim.counters().snapshot().refunded, 6, "2 + 1 + 3");
+    assert_eq!(lim.counters().snapshot().refunded, 7, "1 (p) + 2 + 1 + 3");
     // Memory gave back what it took: in the next outage both keys are whole there.
     server.stop();
     assert_eq!(in_memory(&lim, "k", &g).await, 4, "memory kept k's charge");
