@@ -55,6 +55,27 @@ test("npm pack installs into an empty project and loads by import and require", 
       },
     );
     assert.equal(lua, readFileSync(repoLua, "utf8") + "\n");
+    // The types, for an ESM and a CommonJS TypeScript consumer (NodeNext resolution).
+    const ts = `const limit: m.Limit = new m.GCRA({ burst: 1, rate: 1, periodMs: 1000 });
+      export async function f(limiter: m.RateLimiter): Promise<number> {
+        const d: m.Decision = await limiter.check("k", limit, { cost: 1 });
+        return d.never ? Infinity : d.retryAfterMs;
+      }\n`;
+    writeFileSync(join(app, "esm.mts"), `import * as m from "redis-rl";\n${ts}`);
+    writeFileSync(join(app, "cjs.cts"), `import m = require("redis-rl");\n${ts}`);
+    const tsc = join(pkgDir, "node_modules", "typescript", "bin", "tsc");
+    const flags = [
+      "--noEmit",
+      "--strict",
+      "--module",
+      "nodenext",
+      "--moduleResolution",
+      "nodenext",
+      "--target",
+      "es2022",
+    ];
+    flags.push("--typeRoots", join(pkgDir, "node_modules", "@types"), "--types", "node");
+    execFileSync("node", [tsc, ...flags, "esm.mts", "cjs.cts"], { cwd: app, stdio: "pipe" });
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
