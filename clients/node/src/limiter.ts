@@ -119,6 +119,17 @@ export interface CheckAllOptions {
   cost?: number | bigint;
   peek?: boolean;
   force?: boolean;
+  /**
+   * On a Redis Cluster, let the keys be in several slots: the limits are checked one slot
+   * group at a time, in entry order (one RL.ALL each), and when a later group denies, what the
+   * earlier groups took is given back (RL.REFUND of exactly the charge; a lease is released),
+   * so a denied request leaves no charge; the later groups are then peeked, and the decision
+   * is combined as RL.ALL combines. Not atomic: meanwhile another request may see the earlier
+   * limits charged (it can only be denied for it, never admitted past a limit). Without it,
+   * keys in several slots are the server's CROSSSLOT error. Keys in one slot, and every call
+   * on one server, are one RL.ALL whatever this says (docs/clients.md#identities-stay-apart).
+   */
+  acrossSlots?: boolean;
   signal?: AbortSignal;
 }
 
@@ -319,18 +330,17 @@ export class RateLimiter {
   /**
    * Decides one request against several limits atomically (RL.ALL): every limit admits it and
    * all are charged, or none is. The combined decision has each key's in `perKey`, in entry
-   * order. On a Cluster, keys in different slots (no shared hash tag) are checked slot group
-   * by slot group in entry order, and what earlier groups took is given back when a later
-   * one denies (docs/clients.md#identities-stay-apart); give the keys one hash tag to get one
-   * atomic RL.ALL.
+   * order. On a Cluster, give the keys one hash tag ({user42}:rpm, {user42}:tpm) to get one
+   * atomic RL.ALL; keys in several slots are the server's CROSSSLOT error unless
+   * `acrossSlots: true` (see it).
    */
   async checkAll(entries: Entries, options: CheckAllOptions = {}): Promise<Decision> {
-    refuseUnknown(options, ["cost", "peek", "force", "signal"], "checkAll");
+    refuseUnknown(options, ["cost", "peek", "force", "acrossSlots", "signal"], "checkAll");
     const list = this.entries(entries);
     const c = options.cost === undefined ? 1n : cost(options.cost, "cost");
     checkSignal(options.signal);
     const o = { cost: c, peek: options.peek === true, force: options.force === true, signal: options.signal };
-    if (this.transport.cluster) {
+    if (options.acrossSlots === true && this.transport.cluster) {
       const groups = slotGroups(list.map((e) => e.full));
       if (groups.length > 1) return this.acrossSlots(list, groups, o);
     }

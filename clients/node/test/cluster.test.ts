@@ -4,7 +4,7 @@
 // group with refunds when they do not (docs/clients.md#identities-stay-apart), and leases.
 import { describe, test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { GCRA, Window, Lease, RateLimiter, RateLimitedError } from "../src/index.js";
+import { GCRA, Window, Lease, RateLimiter, RateLimitedError, RedisReplyError } from "../src/index.js";
 import { LIBS, startCluster, clusterClientFor, rawCommand, type Server } from "./harness.js";
 import { keySlot } from "../src/slots.js";
 
@@ -58,7 +58,7 @@ for (const module of [true, false]) {
           assert.equal((await limiter.check("{u}:a", a, { cost: 0 })).remaining, 4);
         });
 
-        test("checkAll across slots: group by group, earlier groups refunded when a later one denies", async () => {
+        test("checkAll acrossSlots: group by group, earlier groups refunded when a later one denies", async () => {
           const perUser = new Window({ limit: 10, windowMs: 60_000 });
           const perIp = new GCRA({ burst: 1, rate: 1, periodMs: 60_000 });
           const lease = new Lease({ limit: 3, leaseMs: 60_000 });
@@ -70,10 +70,16 @@ for (const module of [true, false]) {
             ]);
           const slots = [...entries("t").keys()].map((k) => keySlot(`${lib}:${k}`));
           assert.equal(new Set(slots).size, 3);
-          const first = await limiter.checkAll(entries("t1"));
+          // Without acrossSlots: the server's CROSSSLOT error, nothing charged.
+          await assert.rejects(limiter.checkAll(entries("t0")), (e: unknown) => {
+            assert.ok(e instanceof RedisReplyError, String(e));
+            assert.equal(e.replyCode, "CROSSSLOT");
+            return true;
+          });
+          const first = await limiter.checkAll(entries("t1"), { acrossSlots: true });
           assert.equal(first.allowed, true);
           assert.equal(first.perKey!.length, 3);
-          const denied = await limiter.checkAll(entries("t2"));
+          const denied = await limiter.checkAll(entries("t2"), { acrossSlots: true });
           assert.equal(denied.allowed, false);
           assert.ok(denied.retryAfterMs > 0);
           // The denial left no charge behind: the user's window and the lease are as after the first.
