@@ -35,3 +35,5 @@ export type { FailurePolicy, CounterName, CounterSnapshot, LimiterEvent } from "
 export type { Mode } from "./protocol.js";
 export type { SendCommand } from "./transport.js";
 export { LUA_LIBRARY_TEXT, LIBRARY_NAME, LIBRARY_VERSION } from "./lua.js";
+export { decisionHeaders } from "./headers.js";
+export type { HeaderOptions } from "./headers.js";
