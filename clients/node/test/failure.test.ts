@@ -100,6 +100,23 @@ for (const lib of LIBS) {
       }
     });
 
+    test("a lease whose renewals cannot reach Redis for a whole lease time is lost", async () => {
+      const s = await server();
+      const { limiter, close } = await limiterFor(lib, s.port, { timeoutMs: 100 });
+      try {
+        const h = await limiter.acquire("job", new Lease({ limit: 1, leaseMs: 400 }));
+        const lost = new Promise<Error & { reason?: string }>((resolve) => h.once("lost", resolve));
+        await s.kill();
+        const e = await lost;
+        assert.equal(e.reason, "unreachable");
+        await assert.rejects(h.release(), (x: unknown) => x === e);
+        assert.equal(limiter.counters.leasesLost, 1);
+        assert.ok(limiter.counters.errors >= 1);
+      } finally {
+        await close();
+      }
+    });
+
     test("a paused server costs no more than the timeout, and the policy answers", async () => {
       const s = await server();
       const { limiter, close } = await limiterFor(lib, s.port, { timeoutMs: 200 });
