@@ -145,6 +145,34 @@ for (const mode of ["module", "fallback"] as const) {
         assert.equal(no.allowed, false);
       });
 
+      test("the local deny cache denies without a round trip, with the time left, until a refund", async () => {
+        const g = new GCRA({ burst: 2, rate: 1, periodMs: 60_000 });
+        await limiter.check("deny", g, { cost: 2 });
+        const redis = await limiter.check("deny", g);
+        assert.equal(redis.source, mode);
+        assert.equal(redis.allowed, false);
+        const calls = limiter.counters.redisCalls;
+        const before = limiter.counters.deniedLocally;
+        await sleep(20);
+        const local = await limiter.check("deny", g);
+        assert.equal(local.allowed, false);
+        assert.equal(local.source, "local");
+        assert.equal(local.degraded, false);
+        assert.ok(
+          local.retryAfterMs >= 1 && local.retryAfterMs < redis.retryAfterMs,
+          `${local.retryAfterMs}`,
+        );
+        assert.equal(limiter.counters.redisCalls, calls);
+        assert.equal(limiter.counters.deniedLocally, before + 1);
+        // Another limit on the key, a peek, and a cost the limit can never hold go to Redis.
+        assert.equal((await limiter.check("deny", g, { peek: true })).source, mode);
+        assert.equal((await limiter.check("deny", g, { cost: 3 })).never, true);
+        await limiter.refund("deny", 1);
+        const after = await limiter.check("deny", g);
+        assert.equal(after.source, mode);
+        assert.equal(after.allowed, true);
+      });
+
       test("refund gives back what was taken", async () => {
         const w = new Window({ limit: 3, windowMs: 60_000 });
         await limiter.check("refund", w, { cost: 3 });

@@ -70,6 +70,7 @@ test("the limiter's options are validated when it is built", () => {
     [{ client: io, prefix: "{x}" }, "ERR_RL_INVALID_OPTION", /prefix/],
     [{ client: io, timeoutMs: 0 }, "ERR_RL_INVALID_OPTION", /timeoutMs/],
     [{ client: io, onEvent: "log" }, "ERR_RL_INVALID_OPTION", /onEvent must be a function/],
+    [{ client: io, denyCache: "yes" }, "ERR_RL_INVALID_OPTION", /denyCache must be a boolean/],
     [{}, "ERR_RL_USAGE", /needs a client/],
     [{ client: {} }, "ERR_RL_USAGE", /neither an ioredis nor a node-redis client/],
     [{ client: io, sendCommand: async () => 1 }, "ERR_RL_USAGE", /either client or sendCommand/],
