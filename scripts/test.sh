@@ -215,9 +215,9 @@ rm -f "$fuzzlog"
 # a "notrun" line when the run stopped before node's summary.
 noderesults="$work/node.results"
 : >"$noderesults"
-echo "+ node --test build/test/ (clients/node)"
+echo "+ node --test build/test/*.test.js (clients/node)"
 (cd clients/node && node --test --test-concurrency=1 --test-reporter=spec --test-reporter-destination=stdout \
-    --test-reporter=./scripts/results-reporter.mjs --test-reporter-destination="$noderesults" build/test/) 2>&1
+    --test-reporter=./scripts/results-reporter.mjs --test-reporter-destination="$noderesults" build/test/*.test.js) 2>&1
 if [ -s "$noderesults" ]; then
     cat "$noderesults" >>"$results"
 else

@@ -91,9 +91,9 @@ for (const module of [true, false]) {
         });
 
         test("acquire and renew a lease on a Cluster", async () => {
-          const l = new Lease({ limit: 1, leaseMs: 300 });
+          const l = new Lease({ limit: 1, leaseMs: 1200 });
           const h = await limiter.acquire("{job}:x", l);
-          await new Promise((r) => setTimeout(r, 500));
+          await new Promise((r) => setTimeout(r, 1500)); // past the lease time: only the renewals keep it
           await assert.rejects(limiter.acquire("{job}:x", l), RateLimitedError);
           await h.release();
         });
