@@ -136,6 +136,36 @@ describe("as scripts where FUNCTION is refused", () => {
   }
 });
 
+describe("an ACL that refuses some of the forms", () => {
+  let s: Server;
+  before(async () => {
+    s = await new Server(false).start();
+    await s.do("ACL", "SETUSER", "noeval", "on", "nopass", "~*", "&*", "+@all", "-function", "-eval");
+    await s.do("ACL", "SETUSER", "noevalsha", "on", "nopass", "~*", "&*", "+@all", "-function", "-evalsha");
+  });
+  after(async () => s.remove());
+
+  for (const user of ["noeval", "noevalsha"]) {
+    test(`FUNCTION and ${user === "noeval" ? "EVAL" : "EVALSHA"} refused: the other script form answers`, async () => {
+      await s.do("FUNCTION", "FLUSH");
+      await s.do("SCRIPT", "FLUSH");
+      const client = new Redis({ port: s.port, host: "127.0.0.1", username: user, password: "x" });
+      try {
+        const limiter = new RateLimiter({ client, prefix: `${user}:` });
+        const g = new GCRA({ burst: 2, rate: 1, periodMs: 60_000 });
+        assert.equal((await limiter.check("k", g)).remaining, 1);
+        assert.equal((await limiter.check("k", g)).remaining, 0);
+        await s.do("SCRIPT", "FLUSH");
+        const d = await limiter.check("k", g);
+        assert.equal(d.allowed, false);
+        assert.equal(d.source, "fallback");
+      } finally {
+        client.disconnect();
+      }
+    });
+  }
+});
+
 describe("no module and no scripting", () => {
   let s: Server;
   before(async () => {
