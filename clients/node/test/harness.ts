@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Redis, Cluster } from "ioredis";
 import { createClient, createCluster } from "redis";
+import { createClient as createClientV4 } from "redis-v4";
 import { RateLimiter, type RateLimiterOptions } from "../src/index.js";
 
 const ROOT = fileURLToPath(new URL("../../../..", import.meta.url)); // build/test -> repository
@@ -161,8 +162,9 @@ export class Server {
   }
 }
 
-export type Lib = "ioredis" | "node-redis";
-export const LIBS: Lib[] = ["ioredis", "node-redis"];
+export type Lib = "ioredis" | "node-redis" | "node-redis-v4";
+/** The client libraries every test runs on (node-redis v4 on one server: the behaviour suite). */
+export const LIBS: ("ioredis" | "node-redis")[] = ["ioredis", "node-redis"];
 
 /** A client of the server for lib, and how to close it. */
 export async function clientFor(
@@ -173,6 +175,12 @@ export async function clientFor(
     const c = new Redis({ port, host: "127.0.0.1", lazyConnect: false, maxRetriesPerRequest: 1 });
     c.on("error", () => {});
     return { client: c, close: async () => void c.disconnect() };
+  }
+  if (lib === "node-redis-v4") {
+    const c = createClientV4({ socket: { port, host: "127.0.0.1", reconnectStrategy: () => 50 } });
+    c.on("error", () => {});
+    await c.connect();
+    return { client: c, close: async () => void (await c.disconnect().catch(() => {})) };
   }
   const c = createClient({ socket: { port, host: "127.0.0.1", reconnectStrategy: () => 50 } });
   c.on("error", () => {});
