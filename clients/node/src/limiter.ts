@@ -410,7 +410,8 @@ export class RateLimiter {
   async acquire(key: string, lease: Lease, options: AcquireOptions = {}): Promise<LeaseHandle> {
     refuseUnknown(options, ["token", "slots", "signal"], "acquire");
     if (!(lease instanceof Lease)) throw usage("acquire needs a Lease");
-    const token = options.token === undefined ? newToken() : checkToken(options.token);
+    const generated = options.token === undefined;
+    const token = generated ? newToken() : checkToken(options.token);
     const slots = options.slots === undefined ? 1n : toCount(options.slots);
     if (slots === undefined || slots === 0n) throw invalid("quantity must be a positive integer");
     const full = this.fullKey(key);
@@ -421,7 +422,7 @@ export class RateLimiter {
     if (this.health.skip()) d = this.degraded(lease, full, undefined);
     else {
       try {
-        const [v, mode] = await this.guarded("lease", [full], args, options.signal);
+        const [v, mode] = await this.leaseCall(full, args, token, generated, options.signal);
         d = this.decided(fromReply(ints(v, 5), lease, full, mode, false));
       } catch (e) {
         if (!(e instanceof Down)) throw e;
@@ -433,6 +434,63 @@ export class RateLimiter {
   }
 
   // -- internals ---------------------------------------------------------------------------
+
+  /**
+   * Sends acquire's RL.LEASE. The call itself is not cut short by the signal (the limiter's
+   * timeout bounds it): when the signal aborts first, acquire rejects with its reason at once
+   * and the reply is awaited in the background, where a slot it granted under a token this
+   * limiter generated is released (nobody else has that token: the slot would otherwise stay
+   * held until the lease ran out). A token the caller chose is the caller's: this call may only
+   * have renewed a lease the caller holds, so it is left alone (docs/clients.md: an acquire
+   * given up while its RL.LEASE is in flight).
+   */
+  private leaseCall(
+    full: string,
+    args: string[],
+    token: string,
+    generated: boolean,
+    signal: AbortSignal | undefined,
+  ): Promise<[unknown, "module" | "fallback"]> {
+    const call = this.guarded("lease", [full], args, undefined);
+    if (signal === undefined) return call;
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      const onAbort = () => {
+        if (settled) return;
+        settled = true;
+        reject(signal.reason);
+        call.then(
+          ([v]) => {
+            if (!generated) return;
+            let allowed = false;
+            try {
+              allowed = ints(v, 5)[0] === 1;
+            } catch {
+              return;
+            }
+            // A failed release only under-admits: the slot lapses with its lease.
+            if (allowed) this.report("release", full, token, undefined).catch(() => {});
+          },
+          () => {},
+        );
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+      call.then(
+        (r) => {
+          if (settled) return;
+          settled = true;
+          signal.removeEventListener("abort", onAbort);
+          resolve(r);
+        },
+        (e) => {
+          if (settled) return;
+          settled = true;
+          signal.removeEventListener("abort", onAbort);
+          reject(e);
+        },
+      );
+    });
+  }
 
   /** @internal */
   fullKey(key: unknown): string {

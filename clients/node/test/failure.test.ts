@@ -117,6 +117,38 @@ for (const lib of LIBS) {
       }
     });
 
+    test("an acquire given up while its RL.LEASE is in flight releases the slot a generated token took", async () => {
+      const s = await server();
+      const { limiter, close } = await limiterFor(lib, s.port, { timeoutMs: 5000 });
+      const l = new Lease({ limit: 1, leaseMs: 60_000 });
+      try {
+        await limiter.check("warm", w); // detection done: the next call is RL.LEASE itself
+        s.pause();
+        const reason = new Error("given up");
+        const ac = new AbortController();
+        const pending = limiter.acquire("inflight", l, { signal: ac.signal });
+        const mine = limiter.acquire("inflight-own", l, { token: "mine", signal: ac.signal });
+        await sleep(100); // both RL.LEASE sent, the server holds the replies back
+        ac.abort(reason);
+        await assert.rejects(pending, (e) => e === reason);
+        await assert.rejects(mine, (e) => e === reason);
+        s.resume();
+        // The generated token's slot is released once the reply arrives; the caller's token stays held.
+        let free = false;
+        for (let i = 0; i < 50 && !free; i++) {
+          await sleep(20);
+          free = (await limiter.checkAll([["inflight", { limit: l, token: "probe" }]], { peek: true }))
+            .allowed;
+        }
+        assert.equal(free, true);
+        await assert.rejects(limiter.acquire("inflight-own", l), RateLimitedError);
+        await limiter.release("inflight-own", "mine");
+      } finally {
+        s.resume();
+        await close();
+      }
+    });
+
     test("a paused server costs no more than the timeout, and the policy answers", async () => {
       const s = await server();
       const { limiter, close } = await limiterFor(lib, s.port, { timeoutMs: 200 });
