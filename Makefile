@@ -16,13 +16,14 @@ build: deps ## Build the module: target/release/libredis_rl.so
 run: build ## Start redis-server on 127.0.0.1:$(PORT) in the foreground with the module
 	redis-server --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no --loadmodule $(MODULE)
 
-lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe block documented), gofmt, go vet and staticcheck for clients/go, its Lua copy current
+lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe block documented), gofmt, go vet and staticcheck for clients/go, its Lua copy current, tsc --noEmit (strict) and prettier --check for clients/node
 	cargo fmt --all --check
 	cargo fmt --manifest-path fuzz/Cargo.toml --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings
 	@scripts/install-deps.sh staticcheck
 	cd clients/go && git ls-files --error-unmatch redis_rl.lua >/dev/null && { cmp -s ../../scripts/lua/redis_rl.lua redis_rl.lua || { echo "clients/go/redis_rl.lua differs from scripts/lua/redis_rl.lua: run go generate ./... in clients/go and commit the copy (clients/go/GENERATED.md)"; exit 1; }; } && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt -l: $$out"; exit 1; }; } && go vet ./... && sc=$$(go env GOBIN) && sc=$${sc:-$$(go env GOPATH)/bin}/staticcheck && $$sc ./... && (cd rlgin && go vet ./... && $$sc ./...) && cd bench && go vet ./...
+	cd clients/node && { [ -d node_modules ] || npm ci --no-audit --no-fund; } && npm run --silent lint
 
 test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the pure core without the Redis crate, the reference check, the integration
 # suites against a real redis-server (release module; the panic test uses the debug build) and
-# README.md's examples (tests/readme.rs), rl-replay, then the Rust, Python and Go client
+# README.md's examples (tests/readme.rs), rl-replay, then the Rust, Python, Go and Node client
 # packages' tests.
 #
 # Everything is built first, once: a build that fails stops the run there, with a line that
@@ -113,6 +113,15 @@ export RL_PYTHON="$PWD/$PYVENV/bin/python"
 build go -C clients/go test -count=1 -run '^$' ./...
 build go -C clients/go/rlgin test -count=1 -run '^$' ./...
 
+# ---- The Node package (clients/node): its dev dependencies from the lock file (npm ci, when
+# not installed yet), then built as it is packed (dist/: ESM, CommonJS, the Lua fallback from
+# scripts/lua/redis_rl.lua) and its tests compiled (build/).
+if [ ! -d clients/node/node_modules ]; then
+    build npm --prefix clients/node ci --no-audit --no-fund
+fi
+build npm --prefix clients/node run --silent build
+build npm --prefix clients/node run --silent build:test
+
 # ---- Suites.
 built=$SECONDS
 # The pure core, without the Redis crate.
@@ -197,6 +206,23 @@ for target in .:FuzzSafeKeyPart .:FuzzParseLimits .:FuzzParseSeconds ./rlhttp:Fu
     echo "fail clients/go::$fuzz" >>"$results"
 done
 rm -f "$fuzzlog"
+
+# The Node package (clients/node): node --test over its compiled tests, against real servers
+# with the module and without it (the Lua fallback), through ioredis and node-redis, with the
+# failure policies (servers stopped and paused mid-run), a three-master cluster, and the packed
+# package loaded by import and require. Each test counts once (suites do not); its reporter
+# (clients/node/scripts/results-reporter.mjs) writes the outcomes in this file's format and
+# a "notrun" line when the run stopped before node's summary.
+noderesults="$work/node.results"
+: >"$noderesults"
+echo "+ node --test build/test/*.test.js (clients/node)"
+(cd clients/node && node --test --test-concurrency=1 --test-reporter=spec --test-reporter-destination=stdout \
+    --test-reporter=./scripts/results-reporter.mjs --test-reporter-destination="$noderesults" build/test/*.test.js) 2>&1
+if [ -s "$noderesults" ]; then
+    cat "$noderesults" >>"$results"
+else
+    echo "notrun clients/node: node --test wrote no results" >>"$results"
+fi
 
 # ---- Summary.
 passed=$(awk '$1 == "pass" {s += $2} END {print s + 0}' "$results")
