@@ -1,0 +1,2 @@
+//! rl-gateway: a rate-limit service for gateways, deciding with redis-rl.
+#![warn(missing_docs)]
