@@ -42,6 +42,10 @@ struct Args {
     /// Most entries in one descriptor.
     #[arg(long, default_value_t = 32)]
     max_entries: usize,
+    /// A trusted proxy (address or CIDR network; repeat it): its X-Forwarded-For names the
+    /// client of a forward-auth request. Default: loopback.
+    #[arg(long = "trusted-proxy", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
+    trusted_proxies: Vec<String>,
     /// Prefix of every Redis key.
     #[arg(long, default_value = "rl-gateway:")]
     prefix: String,
@@ -125,7 +129,10 @@ async fn run(args: Args) -> Result<(), String> {
             .map_err(|e| format!("http: bind {addr}: {e}"))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
         println!("rl-gateway: http listening on {bound}");
-        let app = rl_gateway::web::router(engine.clone());
+        let client_ip = redis_rl_client::http::ClientIp::new()
+            .trusted(&args.trusted_proxies)
+            .map_err(|e| format!("--trusted-proxy: {e}"))?;
+        let app = rl_gateway::web::router(engine.clone(), rl_gateway::web::WebOptions { client_ip });
         tasks.spawn(async move {
             axum::serve(
                 listener,
