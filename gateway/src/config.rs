@@ -451,6 +451,8 @@ pub struct Config {
     domains: HashMap<String, Domain>,
     /// The files it was loaded from.
     pub files: Vec<PathBuf>,
+    /// A hash of the files' names and texts (a reload of unchanged files does nothing).
+    pub fingerprint: u64,
 }
 
 impl Config {
@@ -513,7 +515,11 @@ impl Config {
 
     /// Builds a configuration from (file name, YAML text) pairs, one domain each.
     pub fn from_texts(texts: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        use std::hash::{Hash, Hasher};
         let mut config = Config::default();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        texts.hash(&mut hasher);
+        config.fingerprint = hasher.finish();
         for (file, text) in texts {
             let domain = parse_domain(file, text)?;
             if config.domains.contains_key(&domain.name) {

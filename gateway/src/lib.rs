@@ -7,10 +7,12 @@
 //! * [`grpc`]: Envoy's v3 rate limit service.
 //! * [`web`]: the HTTP side (forward-auth, `/metrics`, `/healthz`).
 //! * [`metrics`]: the Prometheus metrics.
+//! * [`reload`]: reloading on file change and SIGHUP.
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod decide;
 pub mod grpc;
 pub mod metrics;
+pub mod reload;
 pub mod web;

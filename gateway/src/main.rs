@@ -46,6 +46,9 @@ struct Args {
     /// client of a forward-auth request. Default: loopback.
     #[arg(long = "trusted-proxy", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
     trusted_proxies: Vec<String>,
+    /// Do not watch the configuration for changes (SIGHUP still reloads it).
+    #[arg(long)]
+    no_watch: bool,
     /// Prefix of every Redis key.
     #[arg(long, default_value = "rl-gateway:")]
     prefix: String,
@@ -107,6 +110,11 @@ async fn run(args: Args) -> Result<(), String> {
     );
 
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(rl_gateway::reload::run(
+        engine.clone(),
+        args.config.clone(),
+        !args.no_watch,
+    ));
     if let Some(addr) = args.grpc {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
