@@ -290,7 +290,10 @@ impl LimitSpec {
     pub fn header_name(&self) -> String {
         let raw = match &self.name {
             Some(n) => n.as_str(),
-            None => self.path.split_once('.').map_or(self.path.as_str(), |(_, p)| p),
+            None => self
+                .path
+                .split_once('.')
+                .map_or(self.path.as_str(), |(_, p)| p),
         };
         raw.chars()
             .map(|c| if (' '..='~').contains(&c) { c } else { '_' })
@@ -401,9 +404,7 @@ impl Domain {
                     if wildcard_match(parts, &full) {
                         next = node.children.get(pattern);
                         if next.is_some_and(|n| n.share_threshold) {
-                            shared[i] = pattern
-                                .strip_prefix(&format!("{key}_"))
-                                .map(str::to_owned);
+                            shared[i] = pattern.strip_prefix(&format!("{key}_")).map(str::to_owned);
                         }
                         break;
                     }
@@ -488,7 +489,10 @@ impl Config {
             }
             files.sort();
             if files.is_empty() {
-                return Err(ConfigError::new(&shown, "no *.yaml or *.yml file in the directory"));
+                return Err(ConfigError::new(
+                    &shown,
+                    "no *.yaml or *.yml file in the directory",
+                ));
             }
         } else {
             files.push(path.to_path_buf());
@@ -503,11 +507,14 @@ impl Config {
                     format!("larger than {MAX_FILE_BYTES} bytes"),
                 ));
             }
-            let text = String::from_utf8(bytes)
-                .map_err(|_| ConfigError::new(&name, "not UTF-8 text"))?;
+            let text =
+                String::from_utf8(bytes).map_err(|_| ConfigError::new(&name, "not UTF-8 text"))?;
             texts.push((name, text));
         }
-        let refs: Vec<(&str, &str)> = texts.iter().map(|(n, t)| (n.as_str(), t.as_str())).collect();
+        let refs: Vec<(&str, &str)> = texts
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_str()))
+            .collect();
         let mut config = Config::from_texts(&refs)?;
         config.files = files;
         Ok(config)
@@ -525,7 +532,10 @@ impl Config {
             if config.domains.contains_key(&domain.name) {
                 return Err(ConfigError::new(
                     file,
-                    format!("duplicate domain '{}' (already in another file)", domain.name),
+                    format!(
+                        "duplicate domain '{}' (already in another file)",
+                        domain.name
+                    ),
                 ));
             }
             config.domains.insert(domain.name.clone(), domain);
@@ -708,7 +718,8 @@ fn limit_spec(
             Some(s) => parse_duration_ms(&s.0).map_err(|m| format!("lease: {m}"))?,
             None => 60_000,
         };
-        let lease = Lease::new(slots, Duration::from_millis(lease_ms)).map_err(|e| e.to_string())?;
+        let lease =
+            Lease::new(slots, Duration::from_millis(lease_ms)).map_err(|e| e.to_string())?;
         Action::Limit {
             limit: lease.into(),
             unit: Unit::at_most_ms(lease_ms),
@@ -733,7 +744,11 @@ fn limit_spec(
         if count > u64::from(u32::MAX) {
             return Err(format!("requests_per_unit must be at most {}", u32::MAX));
         }
-        let algorithm = rl.algorithm.as_deref().unwrap_or("fixed").to_ascii_lowercase();
+        let algorithm = rl
+            .algorithm
+            .as_deref()
+            .unwrap_or("fixed")
+            .to_ascii_lowercase();
         let window = Duration::from_millis(window_ms);
         let (limit, shown): (Limit, u64) = match algorithm.as_str() {
             "gcra" => {
@@ -870,8 +885,13 @@ fn http_rule(i: usize, r: YamlHttpRule) -> Result<HttpRule, String> {
         .into_iter()
         .map(|m| m.to_ascii_uppercase())
         .collect();
-    if let Some(bad) = methods.iter().find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic())) {
-        return Err(format!("http rule '{name}': method '{bad}' is not a method"));
+    if let Some(bad) = methods
+        .iter()
+        .find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()))
+    {
+        return Err(format!(
+            "http rule '{name}': method '{bad}' is not a method"
+        ));
     }
     let path = r.path.map(|p| Arc::new(PathPattern::from(p.as_str())));
     if r.descriptors.is_empty() {
@@ -939,14 +959,19 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
         "m" => 60_000.0,
         "h" => 3_600_000.0,
         "d" => 86_400_000.0,
-        other => return Err(format!("unknown unit '{other}' in '{t}' (ms, s, m, h or d)")),
+        other => {
+            return Err(format!(
+                "unknown unit '{other}' in '{t}' (ms, s, m, h or d)"
+            ))
+        }
     };
     let ok = !num.is_empty()
         && num.matches('.').count() <= 1
         && !num.starts_with('.')
         && !num.ends_with('.');
     let value: f64 = if ok {
-        num.parse().map_err(|_| format!("'{t}' is not a duration"))?
+        num.parse()
+            .map_err(|_| format!("'{t}' is not a duration"))?
     } else {
         return Err(format!("'{t}' is not a duration (e.g. 90s, 500ms, 2h)"));
     };
@@ -966,7 +991,10 @@ mod tests {
     }
 
     fn refused(text: &str) -> String {
-        parse_domain("t.yaml", text).map(|_| ()).unwrap_err().to_string()
+        parse_domain("t.yaml", text)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
     }
 
     fn path_of(d: &Domain, entries: &[(&str, &str)]) -> Option<String> {
@@ -1012,9 +1040,18 @@ descriptors:
     #[test]
     fn value_before_wildcard_before_key() {
         let d = domain(EXAMPLE);
-        assert_eq!(path_of(&d, &[("database", "users")]).unwrap(), "mongo_cps.database_users");
-        assert_eq!(path_of(&d, &[("database", "other")]).unwrap(), "mongo_cps.database");
-        assert_eq!(path_of(&d, &[("user", "vip-7")]).unwrap(), "mongo_cps.user_vip*");
+        assert_eq!(
+            path_of(&d, &[("database", "users")]).unwrap(),
+            "mongo_cps.database_users"
+        );
+        assert_eq!(
+            path_of(&d, &[("database", "other")]).unwrap(),
+            "mongo_cps.database"
+        );
+        assert_eq!(
+            path_of(&d, &[("user", "vip-7")]).unwrap(),
+            "mongo_cps.user_vip*"
+        );
         assert_eq!(path_of(&d, &[("user", "bob")]).unwrap(), "mongo_cps.user");
         assert_eq!(
             path_of(&d, &[("remote_address", "1.2.3.4"), ("path", "/login")]).unwrap(),
@@ -1034,7 +1071,11 @@ descriptors:
         assert!(path_of(&d, &[("remote_address", "1.2.3.4")]).is_none());
         assert!(path_of(&d, &[("database", "users"), ("extra", "x")]).is_none());
         assert!(path_of(&d, &[("nothing", "x")]).is_none());
-        assert!(path_of(&d, &[("source_cluster", "other"), ("destination_cluster", "bar")]).is_none());
+        assert!(path_of(
+            &d,
+            &[("source_cluster", "other"), ("destination_cluster", "bar")]
+        )
+        .is_none());
         assert!(path_of(&d, &[]).is_none());
     }
 
@@ -1186,7 +1227,10 @@ descriptors:
     fn duplicate_domains_across_files() {
         let a = "domain: d\n";
         let e = Config::from_texts(&[("a.yaml", a), ("b.yaml", a)]).unwrap_err();
-        assert_eq!(e.message(), "b.yaml: duplicate domain 'd' (already in another file)");
+        assert_eq!(
+            e.message(),
+            "b.yaml: duplicate domain 'd' (already in another file)"
+        );
     }
 
     #[test]
@@ -1210,7 +1254,10 @@ http_rules:
         assert!(d.http_rules[0].matches("POST", "/login"));
         assert!(!d.http_rules[0].matches("GET", "/login"));
         assert!(d.http_rules[1].matches("GET", "/api/x"));
-        assert_eq!(d.http_rules[1].descriptors[0][0].1, Source::Header("x-api-key".into()));
+        assert_eq!(
+            d.http_rules[1].descriptors[0][0].1,
+            Source::Header("x-api-key".into())
+        );
         let e = refused("domain: w\nhttp_rules:\n  - descriptors: [[{key: k, from: cookie}]]\n");
         assert!(e.contains("unknown source 'cookie'"), "{e}");
     }
@@ -1222,7 +1269,17 @@ http_rules:
         assert_eq!(parse_duration_ms("500ms"), Ok(500));
         assert_eq!(parse_duration_ms("2h"), Ok(7_200_000));
         assert_eq!(parse_duration_ms("10"), Ok(10_000));
-        for bad in ["", "s", ".5s", "1..2s", "-1s", "0s", "1e3s", "1 fortnight", "99999999999d"] {
+        for bad in [
+            "",
+            "s",
+            ".5s",
+            "1..2s",
+            "-1s",
+            "0s",
+            "1e3s",
+            "1 fortnight",
+            "99999999999d",
+        ] {
             assert!(parse_duration_ms(bad).is_err(), "{bad}");
         }
     }

@@ -232,7 +232,9 @@ impl Engine {
     pub async fn decide(&self, req: &RequestIn) -> Result<Answer, Refusal> {
         let started = Instant::now();
         if req.domain.is_empty() {
-            return Err(Refusal::Invalid("rate limit domain must not be empty".into()));
+            return Err(Refusal::Invalid(
+                "rate limit domain must not be empty".into(),
+            ));
         }
         if req.descriptors.is_empty() {
             return Err(Refusal::Invalid(
@@ -369,10 +371,7 @@ impl Engine {
                 Ok(None) => {}
                 Err(e) => {
                     self.metrics.redis_error(&req.domain, &p.metric_key);
-                    tracing::warn!(
-                        "usage report on '{}' not recorded: {e}",
-                        p.spec.path
-                    );
+                    tracing::warn!("usage report on '{}' not recorded: {e}", p.spec.path);
                 }
             }
         }
@@ -392,7 +391,8 @@ impl Engine {
             enforced_allowed = d.allowed;
             for p in &enforced {
                 let one = per_key(limiter, &d, &p.key);
-                self.metrics.observe(&req.domain, &p.metric_key, p.hits, one, false);
+                self.metrics
+                    .observe(&req.domain, &p.metric_key, p.hits, one, false);
                 statuses[p.index] = status_of(&p.spec, one);
             }
             if !d.allowed {
@@ -402,7 +402,10 @@ impl Engine {
             }
             let mut names = HashMap::new();
             for p in &enforced {
-                names.insert(format!("{}{}", limiter.prefix(), p.key), p.spec.header_name());
+                names.insert(
+                    format!("{}{}", limiter.prefix(), p.key),
+                    p.spec.header_name(),
+                );
             }
             let options = HeaderOptions {
                 policy_name: enforced.first().map(|p| p.spec.header_name()),
@@ -421,7 +424,8 @@ impl Engine {
             let d = self.combined(limiter, &shadow, !enforced_allowed).await?;
             for p in &shadow {
                 let one = per_key(limiter, &d, &p.key);
-                self.metrics.observe(&req.domain, &p.metric_key, p.hits, one, true);
+                self.metrics
+                    .observe(&req.domain, &p.metric_key, p.hits, one, true);
                 let mut s = status_of(&p.spec, one);
                 s.code = Code::Ok;
                 statuses[p.index] = s;
@@ -473,14 +477,16 @@ impl Engine {
             Ok(d) => {
                 if d.degraded {
                     for p in plans {
-                        self.metrics.redis_error(domain_of(&p.spec.path), &p.metric_key);
+                        self.metrics
+                            .redis_error(domain_of(&p.spec.path), &p.metric_key);
                     }
                 }
                 Ok(d)
             }
             Err(e) => {
                 for p in plans {
-                    self.metrics.redis_error(domain_of(&p.spec.path), &p.metric_key);
+                    self.metrics
+                        .redis_error(domain_of(&p.spec.path), &p.metric_key);
                 }
                 Err(refusal(e))
             }

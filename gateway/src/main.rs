@@ -140,7 +140,8 @@ async fn run(args: Args) -> Result<(), String> {
         let client_ip = redis_rl_client::http::ClientIp::new()
             .trusted(&args.trusted_proxies)
             .map_err(|e| format!("--trusted-proxy: {e}"))?;
-        let app = rl_gateway::web::router(engine.clone(), rl_gateway::web::WebOptions { client_ip });
+        let app =
+            rl_gateway::web::router(engine.clone(), rl_gateway::web::WebOptions { client_ip });
         tasks.spawn(async move {
             axum::serve(
                 listener,

@@ -73,7 +73,11 @@ impl Metrics {
         let config_load_success = Counter::default();
         let config_load_error = Counter::default();
         let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
-        registry.register("total_hits", "Hits asked (the quantity)", total_hits.clone());
+        registry.register(
+            "total_hits",
+            "Hits asked (the quantity)",
+            total_hits.clone(),
+        );
         registry.register("over_limit", "Hits denied", over_limit.clone());
         registry.register(
             "near_limit",
@@ -133,7 +137,9 @@ impl Metrics {
 
     /// Counts `hits` asked of a descriptor that only records (a usage report, a refund).
     pub fn hit(&self, domain: &str, key: &str, hits: u64) {
-        self.total_hits.get_or_create(&Self::labels(domain, key)).inc_by(hits);
+        self.total_hits
+            .get_or_create(&Self::labels(domain, key))
+            .inc_by(hits);
     }
 
     /// Counts a decided descriptor: its hits, and whether they were over, near the limit, or
@@ -154,7 +160,9 @@ impl Metrics {
 
     /// Counts a decision Redis did not make.
     pub fn redis_error(&self, domain: &str, key: &str) {
-        self.redis_errors.get_or_create(&Self::labels(domain, key)).inc();
+        self.redis_errors
+            .get_or_create(&Self::labels(domain, key))
+            .inc();
     }
 
     /// Counts a request for an unknown domain.

@@ -171,7 +171,10 @@ async fn auth(
         Err(Refusal::Invalid(m)) => return plain(StatusCode::BAD_REQUEST, &m),
         Err(Refusal::Internal(m)) => {
             tracing::error!("forward-auth decision failed: {m}");
-            return plain(StatusCode::INTERNAL_SERVER_ERROR, "rate limit decision failed");
+            return plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "rate limit decision failed",
+            );
         }
     };
     let (status, body) = match answer.overall {

@@ -1,6 +1,8 @@
 //! The forward-auth endpoint end to end: the `rl-gateway` binary on a real `redis-server`,
 //! asked over HTTP as Caddy, Traefik and nginx ask it.
 
+// The root crate's harness, written for its older MSRV (1.85).
+#[allow(clippy::manual_is_multiple_of)]
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod support;
@@ -38,13 +40,25 @@ async fn forward_auth_admits_then_denies_with_the_fields() {
     let server = Kind::Module.server();
     let gw = Gateway::start(&url(&server), CONFIG, &[]);
     let addr = gw.http.unwrap();
-    let from = |ip: &'static str| [("X-Forwarded-For", ip), ("X-Forwarded-Method", "GET"), ("X-Forwarded-Uri", "/page?q=1")];
+    let from = |ip: &'static str| {
+        [
+            ("X-Forwarded-For", ip),
+            ("X-Forwarded-Method", "GET"),
+            ("X-Forwarded-Uri", "/page?q=1"),
+        ]
+    };
     for left in ["2", "1", "0"] {
         let (status, hs, _) = http_get(addr, "/auth/web", &from("198.51.100.7")).await;
         assert_eq!(status, 200);
-        assert_eq!(header(&hs, "ratelimit-policy"), Some("\"remote_address\";q=3;w=60"));
+        assert_eq!(
+            header(&hs, "ratelimit-policy"),
+            Some("\"remote_address\";q=3;w=60")
+        );
         let rl = header(&hs, "ratelimit").unwrap();
-        assert!(rl.starts_with(&format!("\"remote_address\";r={left};t=")), "{rl}");
+        assert!(
+            rl.starts_with(&format!("\"remote_address\";r={left};t=")),
+            "{rl}"
+        );
         assert!(header(&hs, "retry-after").is_none());
     }
     let (status, hs, body) = http_get(addr, "/auth/web", &from("198.51.100.7")).await;
@@ -71,13 +85,21 @@ async fn rules_are_chosen_from_the_forwarded_method_path_and_headers() {
     let gw = Gateway::start(&url(&server), CONFIG, &[]);
     let addr = gw.http.unwrap();
     // POST /login: one per minute per client (nginx's X-Original-* headers).
-    let login = [("X-Forwarded-For", "192.0.2.1"), ("X-Original-Method", "POST"), ("X-Original-URI", "/login?next=/")];
+    let login = [
+        ("X-Forwarded-For", "192.0.2.1"),
+        ("X-Original-Method", "POST"),
+        ("X-Original-URI", "/login?next=/"),
+    ];
     assert_eq!(http_get(addr, "/auth/web", &login).await.0, 200);
     let (status, hs, _) = http_get(addr, "/auth/web", &login).await;
     assert_eq!(status, 429);
     assert_eq!(header(&hs, "ratelimit-policy"), Some("\"login\";q=1;w=60"));
     // GET /login is the site rule: its own counter.
-    let get = [("X-Forwarded-For", "192.0.2.1"), ("X-Original-Method", "GET"), ("X-Original-URI", "/login")];
+    let get = [
+        ("X-Forwarded-For", "192.0.2.1"),
+        ("X-Original-Method", "GET"),
+        ("X-Original-URI", "/login"),
+    ];
     assert_eq!(http_get(addr, "/auth/web", &get).await.0, 200);
     // /api/ by API key; without the header the descriptor is dropped: no limit.
     let api = [("X-Forwarded-Uri", "/api/items"), ("X-Api-Key", "k1")];
@@ -103,5 +125,10 @@ async fn forwarded_for_is_read_only_from_trusted_proxies() {
         let want = format!("\"remote_address\";r={};", 2 - i);
         assert!(header(&hs, "ratelimit").unwrap().starts_with(&want));
     }
-    assert_eq!(http_get(addr, "/auth/web", &[("X-Forwarded-For", "4.4.4.4")]).await.0, 429);
+    assert_eq!(
+        http_get(addr, "/auth/web", &[("X-Forwarded-For", "4.4.4.4")])
+            .await
+            .0,
+        429
+    );
 }

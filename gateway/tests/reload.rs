@@ -2,6 +2,8 @@
 //! old configuration keeps serving, under a steady loop of gRPC calls that must never fail
 //! or be mis-decided; SIGHUP reloads without a file watch.
 
+// The root crate's harness, written for its older MSRV (1.85).
+#[allow(clippy::manual_is_multiple_of)]
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod support;
@@ -28,8 +30,15 @@ fn replace(path: &std::path::Path, text: &str) {
 
 async fn probe_limit(gw: &Gateway) -> u32 {
     let mut c = gw.client().await;
-    let r = ask(&mut c, request("edge", vec![support::desc_hits(&[("probe", "p")], 0)], 1)).await;
-    r.statuses[0].current_limit.as_ref().map_or(0, |l| l.requests_per_unit)
+    let r = ask(
+        &mut c,
+        request("edge", vec![support::desc_hits(&[("probe", "p")], 0)], 1),
+    )
+    .await;
+    r.statuses[0]
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,9 +80,11 @@ async fn reload_under_load_never_fails_a_request() {
         .await;
         // A bad file: refused, the version in force keeps serving.
         replace(&gw.config, BAD);
-        support::eventually("the refusal in the log", Duration::from_secs(10), async || {
-            gw.log().matches("configuration refused").count() > round as usize
-        })
+        support::eventually(
+            "the refusal in the log",
+            Duration::from_secs(10),
+            async || gw.log().matches("configuration refused").count() > round as usize,
+        )
         .await;
         assert_eq!(probe_limit(&gw).await, limit);
     }
@@ -82,7 +93,10 @@ async fn reload_under_load_never_fails_a_request() {
     assert!(calls > 50, "{calls} calls");
     // Each refusal is one line naming the file and the problem.
     let log = gw.log();
-    let refused: Vec<&str> = log.lines().filter(|l| l.contains("configuration refused")).collect();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("configuration refused"))
+        .collect();
     assert!(!refused.is_empty());
     for l in refused {
         assert!(l.contains("ratelimit.yaml: domain 'edge': descriptor 'edge.steady': invalid rate limit unit 'fortnight'"), "{l}");
@@ -90,7 +104,10 @@ async fn reload_under_load_never_fails_a_request() {
     let r = ask(&mut c, request("edge", vec![desc(&[("steady", "s")])], 1)).await;
     assert_eq!(r.overall_code, OK);
     let (_, _, metrics) = support::http_get(gw.http.unwrap(), "/metrics", &[]).await;
-    assert!(metrics.contains("rl_gateway_config_load_error_total"), "{metrics}");
+    assert!(
+        metrics.contains("rl_gateway_config_load_error_total"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,8 +115,18 @@ async fn sighup_reloads_without_a_watch() {
     let server = Kind::Module.server();
     let gw = Gateway::start(&url(&server), &version(1), &["--no-watch"]);
     let mut c = gw.client().await;
-    assert_eq!(ask(&mut c, request("edge", vec![desc(&[("probe", "p")])], 1)).await.overall_code, OK);
-    assert_eq!(ask(&mut c, request("edge", vec![desc(&[("probe", "p")])], 1)).await.overall_code, OVER_LIMIT);
+    assert_eq!(
+        ask(&mut c, request("edge", vec![desc(&[("probe", "p")])], 1))
+            .await
+            .overall_code,
+        OK
+    );
+    assert_eq!(
+        ask(&mut c, request("edge", vec![desc(&[("probe", "p")])], 1))
+            .await
+            .overall_code,
+        OVER_LIMIT
+    );
     replace(&gw.config, &version(5));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(probe_limit(&gw).await, 1, "no watch: not reloaded yet");
