@@ -569,7 +569,7 @@ fn status_of(spec: &LimitSpec, d: &Decision) -> Status {
 /// The Redis key of a descriptor: the domain, then each entry's key and value (a
 /// `share_threshold` entry's wildcard pattern instead of its value), each escaped
 /// ([`safe_key_part`]: control bytes, separators and braces percent-encoded, a part over
-/// 128 bytes hashed), joined by `|`, then the limit's kind. Keys of different domains,
+/// 128 bytes hashed), joined by `|`, then the limit's algorithm. Keys of different domains,
 /// descriptors, or entry boundaries never collide.
 pub fn redis_key(
     domain: &str,
@@ -590,11 +590,14 @@ pub fn redis_key(
             None => key.push_str(&safe_key_part(v)),
         }
     }
-    key.push_str(match limit {
-        Limit::Gcra(_) => "|#gcra",
-        Limit::Window(_) => "|#window",
-        Limit::Lease(_) => "|#lease",
-    });
+    // The algorithm is part of the key: a reload that changes it starts a new counter
+    // instead of meeting a key of another kind (an error in Redis until it expires).
+    key.push_str("|#");
+    match limit {
+        Limit::Gcra(_) => key.push_str("gcra"),
+        Limit::Window(w) => key.push_str(&w.algorithm().as_str().to_ascii_lowercase()),
+        Limit::Lease(_) => key.push_str("lease"),
+    }
     key
 }
 
@@ -628,7 +631,7 @@ mod tests {
         assert!(!c.contains('{') && !c.contains('}'), "{c}");
         assert_eq!(
             redis_key("d", &[("k", "b7")], &[Some("b*".into())], &w),
-            "d|k|*b%2A|#window"
+            "d|k|*b%2A|#sliding"
         );
         assert_ne!(
             redis_key("d", &[("k", "*b%2A")], &[None], &w),

@@ -110,11 +110,12 @@ async fn run(args: Args) -> Result<(), String> {
     );
 
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(rl_gateway::reload::run(
+    // The watch and the SIGHUP handler are in place before the listeners are announced.
+    tasks.spawn(rl_gateway::reload::start(
         engine.clone(),
         args.config.clone(),
         !args.no_watch,
-    ));
+    )?);
     if let Some(addr) = args.grpc {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

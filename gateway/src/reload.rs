@@ -49,11 +49,17 @@ pub fn reload(engine: &Engine, path: &Path) -> Reloaded {
     }
 }
 
-/// Reloads on SIGHUP, and (with `watch`) on changes under `path`'s directory, until the
-/// process ends. Events closer than 100 ms together make one reload.
-pub async fn run(engine: Arc<Engine>, path: PathBuf, watch: bool) -> Result<(), String> {
+/// Reloads on SIGHUP, and (with `watch`) on changes under `path`'s directory. The watch and
+/// the signal handler are in place when this returns (a change made after it is never
+/// missed); the returned future does the reloads, until the process ends. Events closer
+/// than 100 ms together make one reload.
+pub fn start(
+    engine: Arc<Engine>,
+    path: PathBuf,
+    watch: bool,
+) -> Result<impl std::future::Future<Output = Result<(), String>>, String> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let _watcher = if watch {
+    let watcher = if watch {
         let dir = if path.is_dir() {
             path.clone()
         } else {
@@ -78,22 +84,29 @@ pub async fn run(engine: Arc<Engine>, path: PathBuf, watch: bool) -> Result<(), 
     };
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| format!("SIGHUP: {e}"))?;
-    let signals = tx.clone();
-    tokio::spawn(async move {
-        while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading the configuration");
-            if signals.send(()).is_err() {
-                break;
-            }
-        }
-    });
-    drop(tx);
-    while rx.recv().await.is_some() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        while rx.try_recv().is_ok() {}
-        let engine = engine.clone();
-        let p = path.clone();
-        let _ = tokio::task::spawn_blocking(move || reload(&engine, &p)).await;
+    if watch {
+        // A change between the first load and the watch: looked at once now.
+        let _ = tx.send(());
     }
-    Ok(())
+    Ok(async move {
+        let _watcher = watcher;
+        let signals = tx.clone();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the configuration");
+                if signals.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+        drop(tx);
+        while rx.recv().await.is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            while rx.try_recv().is_ok() {}
+            let engine = engine.clone();
+            let p = path.clone();
+            let _ = tokio::task::spawn_blocking(move || reload(&engine, &p)).await;
+        }
+        Ok(())
+    })
 }

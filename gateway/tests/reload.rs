@@ -141,3 +141,23 @@ async fn sighup_reloads_without_a_watch() {
     .await;
     assert!(gw.log().contains("SIGHUP: reloading the configuration"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_algorithm_starts_a_new_counter() {
+    let server = Kind::Module.server();
+    let gw = Gateway::start(&url(&server), &version(3), &[]);
+    let mut c = gw.client().await;
+    let r = ask(&mut c, request("edge", vec![desc(&[("probe", "p")])], 2)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    replace(
+        &gw.config,
+        "domain: edge\ndescriptors:\n  - key: probe\n    rate_limit: {unit: hour, requests_per_unit: 4, algorithm: sliding}\n",
+    );
+    support::eventually("the sliding version", Duration::from_secs(10), async || {
+        probe_limit(&gw).await == 4
+    })
+    .await;
+    // Not an error about a key of another kind: a counter of its own.
+    let r = ask(&mut c, request("edge", vec![desc(&[("probe", "p")])], 1)).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 3));
+}
