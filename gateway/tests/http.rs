@@ -132,3 +132,33 @@ async fn forwarded_for_is_read_only_from_trusted_proxies() {
         429
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_is_503_for_a_closed_domain_and_200_for_an_open_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, policy) in [("open", "open"), ("closed", "closed")] {
+        std::fs::write(
+            dir.path().join(format!("{name}.yaml")),
+            format!(
+                "domain: {name}\nfailure_policy: {policy}\ndescriptors:\n  - key: remote_address\n    rate_limit: {{unit: minute, requests_per_unit: 5}}\nhttp_rules:\n  - descriptors: [[{{key: remote_address, from: remote_address}}]]\n"
+            ),
+        )
+        .unwrap();
+    }
+    let mut server = Kind::Module.server();
+    let cfg = dir.path().to_path_buf();
+    let gw = Gateway::start_with(&[&url(&server)], &cfg, dir, &["--redis-timeout-ms", "100"]);
+    let addr = gw.http.unwrap();
+    assert_eq!(http_get(addr, "/auth/closed", &[]).await.0, 200);
+    server.kill();
+    let (status, hs, _) = http_get(addr, "/auth/closed", &[]).await;
+    assert_eq!(status, 503);
+    assert_eq!(header(&hs, "retry-after"), Some("1"));
+    assert!(
+        header(&hs, "ratelimit").is_none(),
+        "nothing is known about the key"
+    );
+    let (status, _, _) = http_get(addr, "/auth/closed?deny_status=403", &[]).await;
+    assert_eq!(status, 403);
+    assert_eq!(http_get(addr, "/auth/open", &[]).await.0, 200);
+}
