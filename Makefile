@@ -2,13 +2,16 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside clean replay-demo bench-replay
+.PHONY: help deps gateway-deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 deps: ## Install redis-server and libclang when missing (apt-get, as root or via sudo)
 	@scripts/install-deps.sh
+
+gateway-deps: ## nginx and Caddy (Debian's packages) for the gateway's proxy tests, when missing
+	@scripts/install-deps.sh nginx caddy
 
 build: deps ## Build the module: target/release/libredis_rl.so
 	cargo build --release
@@ -25,10 +28,10 @@ lint: deps ## Formatting and clippy gates (warnings are errors; every unsafe blo
 	cd clients/go && git ls-files --error-unmatch redis_rl.lua >/dev/null && { cmp -s ../../scripts/lua/redis_rl.lua redis_rl.lua || { echo "clients/go/redis_rl.lua differs from scripts/lua/redis_rl.lua: run go generate ./... in clients/go and commit the copy (clients/go/GENERATED.md)"; exit 1; }; } && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt -l: $$out"; exit 1; }; } && go vet ./... && sc=$$(go env GOBIN) && sc=$${sc:-$$(go env GOPATH)/bin}/staticcheck && $$sc ./... && (cd rlgin && go vet ./... && $$sc ./...) && cd bench && go vet ./...
 	cd clients/node && { [ -d node_modules ] || npm ci --no-audit --no-fund; } && npm run --silent lint
 
-test: deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
+test: deps gateway-deps ## Run every test (every suite, even after a failure); ends with "N passed, N failed, N suites not run (…)"
 	@scripts/test.sh
 
-test-loaded: deps ## make test with one CPU-bound process per core running beside it for the whole run (stress, or busy loops)
+test-loaded: deps gateway-deps ## make test with one CPU-bound process per core running beside it for the whole run (stress, or busy loops)
 	@scripts/test-loaded.sh
 
 test-compat: deps ## Run the integration suites on Redis 7.0, Valkey 8.1 and Valkey 9.1 (same module file)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the pure core without the Redis crate, the reference check, the integration
 # suites against a real redis-server (release module; the panic test uses the debug build) and
-# README.md's examples (tests/readme.rs), rl-replay, then the Rust, Python, Go and Node client
-# packages' tests.
+# README.md's examples (tests/readme.rs), rl-replay, then the Rust client package's tests,
+# the gateway service's (gateway/), then the Python, Go and Node client packages' tests.
 #
 # Everything is built first, once: a build that fails stops the run there, with a line that
 # names it ("build failed: …"). Then every suite runs, whatever happened to the ones before it
@@ -91,6 +91,8 @@ build cargo test --no-run --profile replay -p rl-replay
 # tests/readme.rs runs.
 build cargo test --no-run --profile clients -p redis-rl-client
 build cargo build --profile clients -p readme-snippets
+# The gateway service (gateway/, rl-gateway) in the same profile: it links the client.
+build cargo test --no-run --profile clients -p rl-gateway
 
 # ---- The Python package (clients/python): installed (not editable, as users get it) into the
 # virtualenv .venv-py with its test extras, before the suites: its own tests and
@@ -106,6 +108,17 @@ if [ "$py_ready" -eq 1 ]; then
     "$PYVENV/bin/pip" install -q --disable-pip-version-check "./clients/python[test]" || py_ready=0
 fi
 export RL_PYTHON="$PWD/$PYVENV/bin/python"
+
+# ---- The gateway's Python gRPC client test (gateway/tests/python.rs: stubs compiled at test
+# time from the .proto files envoy-types ships): grpcio and grpcio-tools in a virtualenv of
+# their own, .venv-gateway. Without them that test skips, recorded here as not run.
+GWVENV=.venv-gateway
+if { [ -x "$GWVENV/bin/pip" ] || python3 -m venv "$GWVENV"; } &&
+    "$GWVENV/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools; then
+    export RL_GATEWAY_PYTHON="$PWD/$GWVENV/bin/python"
+else
+    echo "notrun gateway/tests/python.rs: grpcio and grpcio-tools did not install" >>"$results"
+fi
 
 # ---- The Go package (clients/go): its modules downloaded, its tests compiled. No go generate:
 # the suite runs on the committed copy of the Lua library (clients/go/redis_rl.lua), so
@@ -143,6 +156,12 @@ cargo_suites "replay/" --profile replay -p rl-replay
 # (servers stopped and paused mid-run), a three-master cluster and two axum servers sharing
 # one limit, each against real servers with the module and without it (the Lua fallback).
 cargo_suites "clients/rust/" --profile clients -p redis-rl-client
+# The gateway (gateway/): its configuration (envoyproxy/ratelimit's format, a fuzz of the
+# parser), Envoy's rate limit service over gRPC and the forward-auth endpoint, each with the
+# binary run against real servers with the module and without it, Redis stopped mid-run,
+# reloads under load, and real nginx and Caddy in front of an upstream (make gateway-deps
+# installs them, and a proxy test fails without its proxy).
+cargo_suites "gateway/" --profile clients -p rl-gateway
 # The Python client package's pytest suite against real servers (mypy --strict is one of its
 # tests), in the virtualenv installed above.
 pylog="$work/pytest.log"
