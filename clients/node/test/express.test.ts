@@ -4,6 +4,7 @@
 import { describe, test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createServer, type Server as HttpServer, type ServerResponse } from "node:http";
+import { join } from "node:path";
 import express from "express";
 import express4 from "express4";
 import { GCRA, Lease, Window, type RateLimiter, type LeaseHandle } from "../src/index.js";
@@ -402,6 +403,42 @@ for (const module of [true, false]) {
         "an API key equal to an IP is not that IP's bucket",
       );
       assert.equal(l.counters.missingDenied, 1);
+    });
+
+    test('no usable client address (a Unix socket): the one ip:unknown bucket, counted per request, warned once; "unix" trusts the socket\'s proxy', async () => {
+      const l = await limiter("unix");
+      const events: HttpEvent[] = [];
+      const rule = { name: "u", limit: new GCRA({ burst: 2, rate: 2, periodMs: hour }), key: ipKey() };
+      const plain = express();
+      plain.use(rateLimit(l, { rules: [rule], onEvent: (e) => events.push(e) }));
+      const proxied = express();
+      proxied.use(rateLimit(l, { rules: [rule], clientIp: { trustedProxies: ["unix"] } }));
+      const paths: string[] = [];
+      for (const app of [plain, proxied]) {
+        app.get("/", (_q, res) => res.send("ok"));
+        const path = join(redis.dir, `http-${paths.length}.sock`);
+        const s = createServer(app);
+        await new Promise<void>((resolve) => s.listen(path, resolve));
+        closers.push(() => close(s));
+        paths.push(path);
+      }
+      const before = l.counters.peerUnknown;
+      const statuses = [];
+      for (let i = 0; i < 3; i++) statuses.push((await send(0, "/", { socketPath: paths[0]! })).status);
+      assert.deepEqual(statuses, [200, 200, 429], "one shared bucket, never no limit");
+      assert.equal(l.counters.peerUnknown, before + 3);
+      assert.deepEqual(
+        events.map((e) => e.type === "warning" && e.code),
+        ["peer-unknown"],
+      );
+      const xff = (v: string) => ({ socketPath: paths[1]!, headers: { "x-forwarded-for": v } });
+      assert.equal((await send(0, "/", xff("198.51.100.1"))).status, 200);
+      assert.equal(
+        (await send(0, "/", xff("198.51.100.2"))).status,
+        200,
+        "each client its own bucket behind the socket's proxy",
+      );
+      assert.equal(l.counters.peerUnknown, before + 3);
     });
 
     test("route-level middleware keys on express's route template", async () => {

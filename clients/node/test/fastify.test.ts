@@ -12,6 +12,7 @@ import {
   headerKey,
   routeKey,
   type ErrorResponseContext,
+  userKey,
 } from "../src/http/fastify.js";
 import { Server, limiterFor, uniquePrefix } from "./harness.js";
 import { send, sendAndAbandon, until } from "./http-helpers.js";
@@ -178,6 +179,40 @@ for (const module of [true, false]) {
       assert.ok(
         await until(async () => (await send(port, "/quick")).status === 200),
         "released when the client went away",
+      );
+    });
+
+    test('hook: "preHandler" keys on what authentication set', async () => {
+      const l = await limiter("fastify preHandler");
+      const app = Fastify();
+      app.decorateRequest("user", null);
+      app.addHook("onRequest", async (request) => {
+        (request as unknown as { user: string | null }).user =
+          String(request.headers["authorization"] ?? "") || null;
+      });
+      await app.register(redisRateLimit, {
+        limiter: l,
+        hook: "preHandler",
+        rules: [
+          {
+            name: "per-user",
+            limit: new GCRA({ burst: 1, rate: 1, periodMs: hour }),
+            key: userKey((r) => (r as unknown as { user: string | null }).user),
+            missing: "deny",
+          },
+        ],
+      });
+      app.get("/", async () => "ok");
+      const port = await serve(app);
+      const as = (u: string) => ({ headers: { authorization: u } });
+      assert.deepEqual(
+        [
+          await send(port, "/", as("ann")),
+          await send(port, "/", as("ann")),
+          await send(port, "/", as("bob")),
+          await send(port, "/"),
+        ].map((r) => r.status),
+        [200, 429, 200, 401],
       );
     });
 

@@ -14,13 +14,12 @@ export interface Reply {
 export function send(
   port: number,
   path: string,
-  options: { method?: string; headers?: Record<string, string | string[]> } = {},
+  options: { method?: string; headers?: Record<string, string | string[]>; socketPath?: string } = {},
 ): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const req = httpRequest(
       {
-        host: "127.0.0.1",
-        port,
+        ...(options.socketPath ? { socketPath: options.socketPath } : { host: "127.0.0.1", port }),
         path,
         method: options.method ?? "GET",
         headers: options.headers,
