@@ -13,6 +13,8 @@ import {
   ipKey,
   headerKey,
   routeKey,
+  reportCost,
+  identityKey,
   type Denial,
   type RateLimitInfo,
   type HttpEvent,
@@ -279,6 +281,61 @@ for (const module of [true, false]) {
       await sendAndAbandon(port2, "/hang", {}, 200);
       await sendAndAbandon(port2, "/hang", {}, 200);
       assert.equal((await send(port2, "/ok")).status, 429, "requests whose client went away stay charged");
+    });
+
+    test("a cost the handler reports settles the charge on the status: the extra recorded (not on LOG), the rest refunded", async () => {
+      const l = await limiter("report");
+      const events: HttpEvent[] = [];
+      const tok = new GCRA({ burst: 10, rate: 10, periodMs: hour });
+      const log = new Window({ limit: 10, windowMs: hour, algorithm: "LOG" });
+      const app = express();
+      app.use(
+        rateLimit(l, {
+          onEvent: (e) => events.push(e),
+          rules: [
+            {
+              name: "huge",
+              path: "/huge",
+              limit: new Window({ limit: 10, windowMs: hour, algorithm: "FIXED" }),
+              key: ipKey(),
+            },
+            {
+              name: "tokens",
+              limits: [
+                { name: "tok", limit: tok, key: ipKey() },
+                { name: "tok-log", limit: log, key: ipKey() },
+              ],
+            },
+          ],
+        }),
+      );
+      app.get("/use", (req, res) => {
+        assert.equal(reportCost(req, BigInt(String(req.query["n"]))), true);
+        res.send("used");
+        assert.equal(reportCost(req, 1), false, "once the status is sent");
+      });
+      app.get("/huge", (req, res) => {
+        reportCost(req, 18446744073709551615n);
+        res.send("huge");
+      });
+      const port = await serve(app);
+      const left = async () => [
+        (await l.check(identityKey("tok", "ip", "127.0.0.1"), tok, { cost: 0 })).remaining,
+        (await l.check(identityKey("tok-log", "ip", "127.0.0.1"), log, { cost: 0 })).remaining,
+      ];
+      assert.equal((await send(port, "/use?n=5")).status, 200);
+      assert.deepEqual(await left(), [5, 9], "4 more recorded on the GCRA limit, none on LOG");
+      assert.equal((await send(port, "/use?n=0")).status, 200);
+      assert.deepEqual(await left(), [5, 9], "the whole charge refunded, on both");
+      const errors = l.counters.errors;
+      assert.equal((await send(port, "/huge")).status, 200);
+      assert.equal((await send(port, "/huge")).status, 429, "recorded as the most the window holds");
+      assert.equal(l.counters.errors, errors + 1);
+      assert.deepEqual(
+        events.map((e) => e.type === "warning" && e.code),
+        ["log-extra-left-out", "reported-cost-saturated"],
+      );
+      assert.equal(reportCost({}, 1), false);
     });
 
     test("a lease rule is held for the request and released when it ends: finished, failed, or the client gone", async () => {

@@ -9,7 +9,7 @@ import { RateLimitConfigError, RedisUnavailableError, badOption, refuseUnknown, 
 import type { Decision } from "../decision.js";
 import { makeDecision } from "../decision.js";
 import { decisionHeaders } from "../headers.js";
-import { Lease, isLimit, parseLimits, toCount, type Limit } from "../limits.js";
+import { GCRA, Lease, Window, isLimit, parseLimits, toCount, type Limit } from "../limits.js";
 import { RateLimiter, RateLimitedError } from "../limiter.js";
 import type { LeaseHandle } from "../lease.js";
 import { ClientIp, UNKNOWN_IP, type ClientIpOptions } from "./clientip.js";
@@ -190,7 +190,7 @@ export interface Rule<Req> {
 
 /** Something the HTTP layer has to tell (no console output; warnings default to process.emitWarning once each). */
 export type HttpEvent =
-  | { type: "warning"; code: "peer-unknown" | "framework-trusts-proxies"; message: string }
+  | { type: "warning"; code: WarningCode; message: string }
   | { type: "error"; code: "limits" | "cost" | "key" | "limiter" | "settle"; rule: string; error: unknown };
 
 /** Options of the HTTP core, which both middlewares take (validated when built: unknown ones refused). */
@@ -531,6 +531,59 @@ function bindingOf(d: Decision, names: Map<string, string>): [string, string] {
   return [names.get(d.key) ?? "default", d.key];
 }
 
+/** What the HTTP layer warns of, once each. */
+export type WarningCode =
+  "peer-unknown" | "framework-trusts-proxies" | "log-extra-left-out" | "reported-cost-saturated";
+
+interface Settlement {
+  reported: bigint | undefined;
+  done: boolean;
+}
+
+const settlements = new WeakMap<object, Settlement>();
+
+/**
+ * Reports what the request really cost, in its rule's units (tokens, rows), before the
+ * response's status is sent: on that status the charge is settled to it — what was charged
+ * beyond it refunded (RL.REFUND), the extra recorded (FORCE, once per rate limit of the rule;
+ * not on a LOG limit, which cannot record usage past its limit: left out, warned once). A
+ * deductWhen that refuses the status refunds the whole charge instead. Leases are not
+ * settled. `req` is the request the middleware saw (express's req, fastify's request). False
+ * outside a limited request, or once the status is sent.
+ */
+export function reportCost(req: object, n: number | bigint): boolean {
+  const st = settlements.get(req) ?? settlements.get((req as { raw?: object }).raw ?? {});
+  if (!st || st.done) return false;
+  const v = toCount(n);
+  if (v === undefined) throw badOption(`reportCost needs a non-negative integer, not ${String(n)}`);
+  st.reported = v;
+  return true;
+}
+
+const U64_MAX = (1n << 64n) - 1n;
+const DAY_NS = 86_400_000_000_000n;
+
+/**
+ * How many of extra reported units a FORCE on limit can record: all, unless the limit's
+ * arithmetic cannot hold them (the server would answer "arithmetic overflow" and record
+ * nothing). GCRA: the key's time may not pass 2^64 - 1 ns since the epoch (a day's margin for
+ * the server's clock); a window's count may not pass 2^64 - 1.
+ */
+export function recordable(limit: Limit, extra: bigint, nowMs: number): bigint {
+  if (limit instanceof GCRA) {
+    const t = limit.intervalNs > 0n ? limit.intervalNs : 1n;
+    const used = limit.burst * t + BigInt(Math.max(0, Math.floor(nowMs))) * 1_000_000n + DAY_NS;
+    if (used > U64_MAX) return 0n;
+    const most = (U64_MAX - used) / t;
+    return extra < most ? extra : most;
+  }
+  if (limit instanceof Window) {
+    const most = U64_MAX - limit.limit;
+    return extra < most ? extra : most;
+  }
+  return extra;
+}
+
 /**
  * The framework-neutral HTTP limiter: the rules, exemptions and answers both middlewares
  * share. Build it once (its options are checked then); each adapter calls run() per request.
@@ -605,7 +658,7 @@ export class HttpLimiter<Req = unknown> {
     }
   }
 
-  private warnOnce(code: "peer-unknown" | "framework-trusts-proxies", message: string): void {
+  private warnOnce(code: WarningCode, message: string): void {
     if (this.warned.has(code)) return;
     this.warned.add(code);
     this.emit({ type: "warning", code, message });
@@ -828,7 +881,7 @@ export class HttpLimiter<Req = unknown> {
     if (d!.perKey && d!.perKey.length > 0) [policy, bkey] = bindingOf(d!, names);
     if (!d!.allowed) return finish(this.refuse(d!, policy, bkey, h));
     res.removeListener("close", onClose);
-    this.bind(res, rule, rates, cost, d!, guards);
+    this.bind(req, res, rule, rates, cost, d!, guards);
     const byName = new Map<string, LeaseHandle>();
     guards.forEach((g, i) => byName.set(leases[i]!.name, g));
     const decision = d!;
@@ -872,6 +925,7 @@ export class HttpLimiter<Req = unknown> {
    * failed ends in the framework's error answer, which closes it too).
    */
   private bind(
+    req: Req,
     res: ServerResponse,
     rule: CompiledRule<Req>,
     rates: Check[],
@@ -894,30 +948,69 @@ export class HttpLimiter<Req = unknown> {
         res.once("finish", release);
       }
     }
+    if (rates.length === 0 || (d.degraded && d.blind)) return; // open or closed: nothing was charged
     const deduct = rule.deductWhen;
-    if (!deduct || rates.length === 0 || (d.degraded && d.blind) || cost === 0n) return;
-    let settled = false;
+    const st: Settlement = { reported: undefined, done: false };
+    settlements.set(req as object, st);
     const settle = (status: number) => {
-      if (settled) return;
-      settled = true;
+      if (st.done) return;
+      st.done = true;
       let keep = true;
-      try {
-        keep = deduct(status) !== false;
-      } catch (error) {
-        this.emit({ type: "error", code: "settle", rule: rule.name, error });
+      if (deduct) {
+        try {
+          keep = deduct(status) !== false;
+        } catch (error) {
+          this.emit({ type: "error", code: "settle", rule: rule.name, error });
+        }
       }
-      if (keep) return;
-      for (const c of rates) {
-        this.limiter
-          .refund(c.key, cost)
-          .catch((error) => this.emit({ type: "error", code: "settle", rule: rule.name, error }));
+      const failed = (error: unknown) => this.emit({ type: "error", code: "settle", rule: rule.name, error });
+      const reported = st.reported;
+      if (!keep) {
+        if (cost > 0n) for (const c of rates) this.limiter.refund(c.key, cost).catch(failed);
+      } else if (reported !== undefined && reported > cost) {
+        for (const c of rates) this.force(c, reported - cost).catch(failed);
+      } else if (reported !== undefined && reported < cost) {
+        for (const c of rates) this.limiter.refund(c.key, cost - reported).catch(failed);
       }
     };
     const writeHead = res.writeHead;
     res.writeHead = function (this: ServerResponse, status: number, ...rest: unknown[]) {
-      if (status >= 200) settle(status);
+      if (status >= 200) settle(status); // a 1xx informational answer is not the status
       return (writeHead as (...a: unknown[]) => ServerResponse).call(this, status, ...rest);
     } as typeof res.writeHead;
+  }
+
+  /**
+   * Records extra reported units on c's key (RL.GCRA / RL.WINDOW ... FORCE): on a LOG limit it
+   * cannot (FORCE refuses LOG), so they are left out, warned once; beyond what the limit's
+   * arithmetic holds, the most it holds is recorded, counted in errors and warned once
+   * (docs/clients.md#costs-and-settlement).
+   */
+  private async force(c: Check, extra: bigint): Promise<void> {
+    if (c.limit instanceof Window && c.limit.algorithm === "LOG") {
+      this.warnOnce(
+        "log-extra-left-out",
+        `redis-rl: a reported cost above the charge is not recorded on a LOG limit (LOG cannot record usage past its limit): ${c.full}`,
+      );
+      return;
+    }
+    const n = recordable(c.limit, extra, Date.now());
+    let short = n < extra;
+    if (short) {
+      this.warnOnce(
+        "reported-cost-saturated",
+        `redis-rl: a reported cost beyond what the limit's arithmetic holds is recorded as the most it holds (the key is used up as long as it can be); counted in errors: ${c.full}`,
+      );
+    }
+    if (n > 0n) {
+      try {
+        await this.limiter.check(c.key, c.limit, { cost: n, force: true });
+      } catch (error) {
+        short = true;
+        this.emit({ type: "error", code: "settle", rule: "reportCost", error });
+      }
+    }
+    if (short) this.limiter.counter.add("errors");
   }
 
   private identityRequired(policy: string): Denial {

@@ -10,6 +10,8 @@ export {
   headerCost,
   sendDenial,
   headerLines,
+  reportCost,
+  recordable,
 } from "./core.js";
 export type {
   Awaitable,
@@ -23,6 +25,7 @@ export type {
   RateLimitInfo,
   RequestView,
   Rule,
+  WarningCode,
 } from "./core.js";
 export { ClientIp, UNKNOWN_IP } from "./clientip.js";
 export type { ClientIpOptions, ClientAddress } from "./clientip.js";
