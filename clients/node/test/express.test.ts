@@ -26,8 +26,14 @@ type App = ReturnType<typeof express>;
 
 const hour = 3_600_000;
 
-for (const module of [true, false]) {
-  describe(`express middleware (${module ? "module" : "fallback"})`, () => {
+const RUNS = [
+  { module: true, ex: express, version: 5 },
+  { module: false, ex: express, version: 5 },
+  { module: true, ex: express4, version: 4 },
+];
+
+for (const { module, ex, version } of RUNS) {
+  describe(`express ${version} middleware (${module ? "module" : "fallback"})`, () => {
     let redis: Server;
     const closers: (() => Promise<void>)[] = [];
     before(async () => {
@@ -57,7 +63,7 @@ for (const module of [true, false]) {
       const mw = rateLimit(l, {
         rules: [{ name: "api", limit: new GCRA({ burst: 5, rate: 5, periodMs: hour }), key: ipKey() }],
       });
-      const a = express();
+      const a = ex();
       const b = express4();
       for (const app of [a, b]) {
         app.use(mw);
@@ -92,7 +98,7 @@ for (const module of [true, false]) {
 
     test("per-route rules, exempt paths that /static/../api does not escape, CORS preflights, 404s under the default rule", async () => {
       const l = await limiter("routes");
-      const app = express();
+      const app = ex();
       app.use(
         rateLimit(l, {
           exemptPaths: ["/health", "/static/*"],
@@ -158,7 +164,7 @@ for (const module of [true, false]) {
 
     test("413 for what can never pass: a cost above the limit (with the fields), 2^64 or more (no Redis call)", async () => {
       const l = await limiter("never");
-      const app = express();
+      const app = ex();
       app.use(
         rateLimit(l, {
           rules: [
@@ -195,12 +201,12 @@ for (const module of [true, false]) {
       const events: HttpEvent[] = [];
       const l = await limiter("proxies");
       const rule = { name: "per-ip", limit: new GCRA({ burst: 1, rate: 1, periodMs: hour }), key: ipKey() };
-      const own = express();
+      const own = ex();
       own.use(rateLimit(l, { clientIp: { trustedProxies: ["127.0.0.0/8"] }, rules: [rule] }));
-      const framework = express();
+      const framework = ex();
       framework.set("trust proxy", "loopback");
       framework.use(rateLimit(l, { clientIp: { fromFramework: true }, rules: [rule] }));
-      const ignored = express();
+      const ignored = ex();
       ignored.set("trust proxy", "loopback");
       ignored.use(rateLimit(l, { rules: [{ ...rule, name: "peer" }], onEvent: (e) => events.push(e) }));
       for (const app of [own, framework, ignored]) app.get("/", (_q, res) => res.send("ok"));
@@ -231,7 +237,7 @@ for (const module of [true, false]) {
 
     test("deductWhen refunds on the status sent; a client gone before a status stays charged", async () => {
       const l = await limiter("deduct");
-      const app = express();
+      const app = ex();
       app.use(
         rateLimit(l, {
           rules: [
@@ -262,7 +268,7 @@ for (const module of [true, false]) {
         [200, 200, 429],
       );
       const l2 = await limiter("deduct gone");
-      const app2 = express();
+      const app2 = ex();
       app2.use(
         rateLimit(l2, {
           rules: [
@@ -288,7 +294,7 @@ for (const module of [true, false]) {
       const events: HttpEvent[] = [];
       const tok = new GCRA({ burst: 10, rate: 10, periodMs: hour });
       const log = new Window({ limit: 10, windowMs: hour, algorithm: "LOG" });
-      const app = express();
+      const app = ex();
       app.use(
         rateLimit(l, {
           onEvent: (e) => events.push(e),
@@ -340,7 +346,7 @@ for (const module of [true, false]) {
 
     test("a lease rule is held for the request and released when it ends: finished, failed, or the client gone", async () => {
       const l = await limiter("lease");
-      const app = express();
+      const app = ex();
       app.use(
         rateLimit(l, {
           rules: [
@@ -407,7 +413,7 @@ for (const module of [true, false]) {
       const l = await limiter("missing");
       const w = new GCRA({ burst: 1, rate: 1, periodMs: hour });
       const denials: Denial[] = [];
-      const app = express();
+      const app = ex();
       const custom = rateLimit(l, {
         rules: [{ name: "custom", path: "/custom", limit: w, key: ipKey() }],
         onLimit: (_req, _res, d) => denials.push(d),
@@ -466,9 +472,9 @@ for (const module of [true, false]) {
       const l = await limiter("unix");
       const events: HttpEvent[] = [];
       const rule = { name: "u", limit: new GCRA({ burst: 2, rate: 2, periodMs: hour }), key: ipKey() };
-      const plain = express();
+      const plain = ex();
       plain.use(rateLimit(l, { rules: [rule], onEvent: (e) => events.push(e) }));
-      const proxied = express();
+      const proxied = ex();
       proxied.use(rateLimit(l, { rules: [rule], clientIp: { trustedProxies: ["unix"] } }));
       const paths: string[] = [];
       for (const app of [plain, proxied]) {
@@ -500,7 +506,7 @@ for (const module of [true, false]) {
 
     test("route-level middleware keys on express's route template", async () => {
       const l = await limiter("route key");
-      const app = express();
+      const app = ex();
       const byRoute = rateLimit(l, {
         rules: [
           { name: "per-route", limit: new GCRA({ burst: 2, rate: 2, periodMs: hour }), key: routeKey() },

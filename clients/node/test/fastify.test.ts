@@ -11,6 +11,7 @@ import {
   ipKey,
   headerKey,
   routeKey,
+  reportCost,
   type ErrorResponseContext,
   userKey,
 } from "../src/http/fastify.js";
@@ -180,6 +181,28 @@ for (const module of [true, false]) {
         await until(async () => (await send(port, "/quick")).status === 200),
         "released when the client went away",
       );
+    });
+
+    test("deductWhen and reportCost settle on the status fastify sends", async () => {
+      const l = await limiter("fastify settle");
+      const g = new GCRA({ burst: 3, rate: 3, periodMs: hour });
+      const app = Fastify();
+      await app.register(redisRateLimit, {
+        limiter: l,
+        rules: [{ name: "settle", limit: g, key: ipKey(), deductWhen: (status) => status < 500 }],
+      });
+      app.get("/fail", async (_request, reply) => reply.code(502).send("bad gateway"));
+      app.get("/free", async (request) => {
+        reportCost(request, 0);
+        return "free";
+      });
+      app.get("/ok", async () => "ok");
+      const port = await serve(app);
+      for (let i = 0; i < 3; i++) assert.equal((await send(port, "/fail")).status, 502);
+      for (let i = 0; i < 3; i++) assert.equal((await send(port, "/free")).status, 200);
+      const ok = [];
+      for (let i = 0; i < 4; i++) ok.push((await send(port, "/ok")).status);
+      assert.deepEqual(ok, [200, 200, 200, 429], "neither failed nor free requests were charged");
     });
 
     test('hook: "preHandler" keys on what authentication set', async () => {
