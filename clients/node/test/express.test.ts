@@ -68,7 +68,7 @@ for (const { module, ex, version } of RUNS) {
       for (const app of [a, b]) {
         app.use(mw);
         app.get("/x", (req, res) => {
-          const info = (req as unknown as { rateLimit: RateLimitInfo }).rateLimit;
+          const info = req.rateLimit!; // typed by the middleware's Express.Request augmentation
           res.json({ remaining: info.remaining, policy: info.policy, allowed: info.decision.allowed });
         });
       }
@@ -365,7 +365,7 @@ for (const { module, ex, version } of RUNS) {
       let release: (() => void) | undefined;
       app.get("/hold", (req, res) => {
         entered++;
-        held = (req as unknown as { rateLimit: RateLimitInfo }).rateLimit.lease("jobs");
+        held = req.rateLimit!.lease("jobs");
         release = () => res.send("held");
       });
       app.get("/wait", () => {
