@@ -81,7 +81,11 @@ test("the HTTP subpaths install from the packed package and load by import and r
       "es2022",
     ];
     flags.push("--typeRoots", join(pkgDir, "node_modules", "@types"), "--types", "node");
-    execFileSync("node", [tsc, ...flags, "esm.mts", "cjs.cts"], { cwd: app, stdio: "pipe" });
+    try {
+      execFileSync("node", [tsc, ...flags, "esm.mts", "cjs.cts"], { cwd: app, encoding: "utf8" });
+    } catch (e) {
+      assert.fail(String((e as { stdout?: string }).stdout));
+    }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -12,21 +12,8 @@ import {
   sendLimiterError,
   type Denial,
   type HttpOptions,
-  type RateLimitInfo,
   type RequestView,
 } from "./core.js";
-
-declare global {
-  namespace Express {
-    interface Request {
-      /**
-       * redis-rl: the admitted request's RateLimitInfo (with express-rate-limit's limit, used,
-       * remaining, resetTime and key), under the default requestPropertyName.
-       */
-      rateLimit?: RateLimitInfo;
-    }
-  }
-}
 
 /** The parts of an express request the middleware reads (express's Request has them all). */
 export interface ExpressRequest extends IncomingMessage {
