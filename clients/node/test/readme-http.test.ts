@@ -1,0 +1,65 @@
+// The README's HTTP examples run as users run them: each ```js block of the
+// "## HTTP: express, fastify, express-rate-limit" section as its own ES module inside the
+// package (so "redis-rl/express" resolves to the built package), its server on a free port
+// against a real redis-server, asked over HTTP, stopped by its PID.
+import { describe, test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync, writeFileSync, rmSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import { Server, freePort } from "./harness.js";
+import { send, until } from "./http-helpers.js";
+
+const pkg = fileURLToPath(new URL("../..", import.meta.url)); // build/test -> clients/node
+const HEADING = "## HTTP: express, fastify, express-rate-limit";
+
+function examples(): string[] {
+  const text = readFileSync(`${pkg}README.md`, "utf8");
+  const start = text.indexOf(HEADING);
+  assert.ok(start >= 0, "the README has the HTTP section");
+  const next = text.indexOf("\n## ", start + HEADING.length);
+  const section = text.slice(start, next < 0 ? undefined : next);
+  return [...section.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!);
+}
+
+describe("README: the HTTP examples", () => {
+  let redis: Server;
+  before(async () => {
+    redis = await new Server(true).start();
+  });
+  after(async () => redis.remove());
+
+  const blocks = examples();
+  test("the section has its three examples", () => assert.equal(blocks.length, 3));
+  blocks.forEach((code, i) => {
+    test(`example ${i + 1} serves /api/hello with the RateLimit fields`, async () => {
+      const file = `${pkg}build/readme-http-${i + 1}.mjs`;
+      writeFileSync(file, code);
+      const port = await freePort();
+      let child: ChildProcess | undefined;
+      let stderr = "";
+      try {
+        child = spawn(process.execPath, [file], {
+          env: { ...process.env, PORT: String(port), REDIS_URL: `redis://127.0.0.1:${redis.port}` },
+          stdio: ["ignore", "ignore", "pipe"],
+        });
+        child.stderr!.on("data", (d) => (stderr += String(d)));
+        assert.ok(
+          await until(
+            async () => (await send(port, "/api/hello").catch(() => undefined)) !== undefined,
+            10_000,
+          ),
+          `the example did not answer: ${stderr}`,
+        );
+        const r = await send(port, "/api/hello");
+        assert.equal(r.status, 200, r.text + stderr);
+        assert.ok(r.headers["ratelimit"], JSON.stringify(r.headers));
+        assert.ok(r.headers["ratelimit-policy"], JSON.stringify(r.headers));
+        assert.equal(typeof Object.values(r.body ?? {})[0], "number", r.text);
+      } finally {
+        child?.kill("SIGKILL");
+        rmSync(file, { force: true });
+      }
+    });
+  });
+});
