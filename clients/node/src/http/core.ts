@@ -14,7 +14,7 @@ import { RateLimiter, RateLimitedError } from "../limiter.js";
 import type { LeaseHandle } from "../lease.js";
 import { ClientIp, UNKNOWN_IP, type ClientIpOptions } from "./clientip.js";
 import { identityKey, normalizeList } from "./keys.js";
-import { literalPath, matchPath, normalizePath } from "./paths.js";
+import { matchPath, normalizePath } from "./paths.js";
 
 export type Awaitable<T> = T | Promise<T>;
 
@@ -664,18 +664,21 @@ export class HttpLimiter<Req = unknown> {
     this.emit({ type: "warning", code, message });
   }
 
-  /** Whether the request is exempt by path (every spelling of it must be). */
-  private exemptByPath(path: string, literal: string): boolean {
-    const hit = (p: string) => this.exemptPaths.some((x) => matchPath(x, p));
-    return hit(path) && (literal === path || hit(literal));
+  /**
+   * Whether the request is exempt by path. Rules and exemptions match the normalised path,
+   * dot segments resolved, as in the other packages (docs/clients.md#routes): `/static/../api`
+   * is `/api`, the path a resolving router serves.
+   */
+  private exemptByPath(path: string): boolean {
+    return this.exemptPaths.some((x) => matchPath(x, path));
   }
 
-  private ruleFor(rules: readonly CompiledRule<Req>[], view: RequestView, path: string, literal: string) {
+  private ruleFor(rules: readonly CompiledRule<Req>[], view: RequestView, path: string) {
     const method = view.method.toUpperCase();
     return rules.find((r) => {
       if (r.methods && !r.methods.includes(method)) return false;
       if (!r.paths) return true;
-      return r.paths.some((p) => matchPath(p, path) || matchPath(p, literal));
+      return r.paths.some((p) => matchPath(p, path));
     });
   }
 
@@ -698,9 +701,8 @@ export class HttpLimiter<Req = unknown> {
       return { kind: "error", status: 500, body: LIMITER_ERROR_BODY, error };
     }
     const path = normalizePath(view.target);
-    const literal = literalPath(view.target);
-    if (this.exemptPaths.length > 0 && this.exemptByPath(path, literal)) return { kind: "pass" };
-    const rule = this.ruleFor(rules ?? this.rules, view, path, literal);
+    if (this.exemptPaths.length > 0 && this.exemptByPath(path)) return { kind: "pass" };
+    const rule = this.ruleFor(rules ?? this.rules, view, path);
     if (!rule) return { kind: "pass" };
     return this.decide(rule, req, view, res);
   }

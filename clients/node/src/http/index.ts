@@ -30,4 +30,4 @@ export type {
 export { ClientIp, UNKNOWN_IP } from "./clientip.js";
 export type { ClientIpOptions, ClientAddress } from "./clientip.js";
 export { safeKeyPart, identityKey, normalizeList } from "./keys.js";
-export { normalizePath, literalPath, matchPath } from "./paths.js";
+export { normalizePath, matchPath } from "./paths.js";

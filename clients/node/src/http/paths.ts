@@ -81,14 +81,6 @@ export function normalizePath(target: string): string {
 }
 
 /**
- * The normalised path with its `.` and `..` segments left as they are (clients/go's
- * NormalizePath): what a router that does not resolve them routes on.
- */
-export function literalPath(target: string): string {
-  return dropTrailing(decodeCollapse(targetPath(target)));
-}
-
-/**
  * Whether the normalised path matches pattern: a glob when the pattern holds `*` (`*` any run
  * of characters, `/` included; `?` one character; `[abc]`, `[a-z]`, `[!abc]` one of or outside
  * a set; an unclosed `[` is itself); else a prefix when it ends with `/` (`/api/` matches
