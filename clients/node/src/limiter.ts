@@ -60,6 +60,7 @@ import { transportFor, type NodeHandle, type SendCommand, type Transport } from 
 import { LeaseHandle, newToken } from "./lease.js";
 import { DenyCache } from "./denycache.js";
 import { LocalLimits, localDecision, localRefunded } from "./local.js";
+import { Batcher, denialForCost, now as batchNow } from "./batch.js";
 
 /** Options of RateLimiter (validated when it is built: an unknown one is refused). */
 export interface RateLimiterOptions {
@@ -80,6 +81,18 @@ export interface RateLimiterOptions {
    * window's or a lease's limit), so the fleet stays near the limit. 1 by default.
    */
   fleetSize?: number;
+  /**
+   * Batching (off by default; 1 is off): a plain check takes up to this many units in one
+   * call (QUANTITY k), admits the following requests of the same key and limit from them in
+   * this process without a call (source "local", counted allowedLocally), and gives back
+   * what is left after batchHoldMs, or on close(). Every local admission was paid for in
+   * Redis first, so the fleet never admits more than the limit; up to k - 1 units per
+   * process may sit unused for the hold (docs/clients.md#batching-optional). Not batched: LOG
+   * windows, leases, checkAll, and checks with peek, force, maxWaitMs, or a cost of k or more.
+   */
+  batch?: number;
+  /** How long unused batch units are held before they are given back (100 ms). */
+  batchHoldMs?: number;
   /** Prepended to every key sent (no braces: it would become the hash tag). */
   prefix?: string;
   /** Bounds each Redis call (500 ms by default): running out of it is an outage. */
@@ -115,6 +128,8 @@ const LIMITER_OPTIONS = [
   "loadLibrary",
   "denyCache",
   "fleetSize",
+  "batch",
+  "batchHoldMs",
   "onCounter",
   "onEvent",
 ] as const;
@@ -230,6 +245,8 @@ export class RateLimiter {
   private readonly denials: DenyCache | undefined;
   /** @internal The in-memory limits of the "local" policy (undefined under the others). */
   readonly local: LocalLimits | undefined;
+  /** @internal Batch credits (undefined without batching). */
+  readonly batcher: Batcher | undefined;
 
   private resolved: "module" | "fallback" | undefined;
   private detecting: Promise<"module" | "fallback"> | undefined;
@@ -259,6 +276,10 @@ export class RateLimiter {
         "fleetSize must be an integer of at least 1 (the number of processes sharing the limits)",
       );
     }
+    const batch = options.batch;
+    if (batch !== undefined && (typeof batch !== "number" || !Number.isSafeInteger(batch) || batch < 1)) {
+      throw invalid("batch must be a positive integer");
+    }
     const prefix = options.prefix ?? "";
     if (typeof prefix !== "string" || /[{}]/.test(prefix)) {
       throw badOption("prefix must be a string without '{' or '}' (it would become the hash tag)");
@@ -274,6 +295,7 @@ export class RateLimiter {
     this.timeoutMs = duration(options.timeoutMs, "timeoutMs", 500);
     const probe = duration(options.probeIntervalMs, "probeIntervalMs", 1000);
     const closed = duration(options.closedRetryAfterMs, "closedRetryAfterMs", 1000);
+    const hold = duration(options.batchHoldMs, "batchHoldMs", 100);
     this.transport = transportFor(options.client, options.sendCommand);
     this.mode = mode;
     this.prefix = prefix;
@@ -282,6 +304,7 @@ export class RateLimiter {
     this.denials = options.denyCache === false ? undefined : new DenyCache(10_000);
     this.counter = new Counters(options.onCounter);
     this.local = policy === "local" ? new LocalLimits(BigInt(fleet)) : undefined;
+    this.batcher = batch !== undefined && batch > 1 ? new Batcher(BigInt(batch), hold) : undefined;
     this.health = new Health(policy, probe, closed, (e) => this.emit(e));
   }
 
@@ -340,8 +363,16 @@ export class RateLimiter {
     checkSignal(options.signal);
     // A request larger than the limit goes to Redis, which answers never (HTTP 413).
     const plain = !options.peek && !options.force && wait === undefined && c >= 1n && c <= limit.capacity;
-    const ck = plain && this.denials ? `${full}\0${limit.ident()}` : undefined;
+    const ck = plain && (this.denials || this.batcher) ? `${full}\0${limit.ident()}` : undefined;
     const o = { cost: c, peek: options.peek === true, force: options.force === true, maxWaitMs: wait };
+    let batchK = 0n;
+    if (ck !== undefined && this.batcher) {
+      batchK = this.batcher.size(limit, c);
+      if (batchK > 0n) {
+        const d = this.fromCredit(ck, full, limit, c);
+        if (d !== undefined) return d;
+      }
+    }
     if (ck !== undefined && this.denials) {
       const local = this.denials.lookup(ck, c);
       if (local !== undefined) {
@@ -350,6 +381,7 @@ export class RateLimiter {
         return local;
       }
     }
+    if (batchK > 0n) return this.checkBatched(ck!, full, limit, o, batchK, options.signal);
     if (this.health.skip()) return this.degradedCheck(limit, full, undefined, o);
     const args = limit.args();
     if (c !== 1n) args.push("QUANTITY", c.toString());
@@ -478,6 +510,18 @@ export class RateLimiter {
   }
 
   /**
+   * Gives back (RL.REFUND) every batch unit this limiter still holds, where that is still
+   * exact (a window's unit only inside its window, a GCRA unit only while the bucket cannot
+   * have drained past it), and resolves to how many units Redis took back. Without batching
+   * it does nothing. The limiter still works afterwards; the Redis client is not closed. A
+   * refund Redis does not answer is dropped (it only under-admits); one refused with an
+   * error reply that is not an outage rejects, after the others were sent.
+   */
+  async close(): Promise<number> {
+    return this.refundLeftovers(true);
+  }
+
+  /**
    * Takes a slot of `lease` on key (RL.LEASE) and returns a handle that renews it in the
    * background every third of the lease time (RL.LEASE ... RENEW) until release() or
    * `await using`. No free slot: rejects with RateLimitedError. Redis down: the failure
@@ -508,6 +552,148 @@ export class RateLimiter {
     }
     if (!d.allowed) throw new RateLimitedError(d);
     return new LeaseHandle(this, full, lease, token, slots, d);
+  }
+
+  // -- batching (batch.ts) -------------------------------------------------------------------
+
+  /**
+   * Admits cost units of ck from a live credit, if one holds them. Asked before the deny
+   * cache: units paid for in Redis are this process's to hand out even while Redis denies
+   * the key (a denial cached by one call must not strand another's batch).
+   */
+  private fromCredit(ck: string, full: string, limit: Limit, c: bigint): Decision | undefined {
+    const cr = this.batcher!.take(ck, c);
+    if (cr === undefined) return undefined;
+    const d = makeDecision({
+      allowed: true,
+      limit: Number(limit.capacity),
+      remaining: cr.remainingSeen + Number(cr.units),
+      source: "local",
+      spec: limit,
+      key: full,
+    });
+    this.counter.add("allowedLocally");
+    this.counter.countDecision(d);
+    return d;
+  }
+
+  /**
+   * A plain check (no peek, force or maxWaitMs; 1 <= cost < k) under batching that no
+   * credit answered: one call takes up to k units, keeps what is beyond cost as a credit, and
+   * answers (at most three calls when the key has fewer than asked left).
+   */
+  private async checkBatched(
+    ck: string,
+    full: string,
+    limit: GCRA | Window,
+    o: { cost: bigint; peek: boolean; force: boolean; maxWaitMs: number | undefined },
+    k: bigint,
+    signal: AbortSignal | undefined,
+  ): Promise<Decision> {
+    const b = this.batcher!;
+    const c = o.cost;
+    if (this.health.skip()) return this.degradedCheck(limit, full, undefined, o);
+    const op: Op = limit instanceof GCRA ? "gcra" : "window";
+    let want = b.firstTake(ck, limit, c, k);
+    let last: Decision | undefined;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const args = limit.args();
+      if (want !== 1n) args.push("QUANTITY", want.toString());
+      const sent = batchNow();
+      let v: unknown;
+      let mode: "module" | "fallback";
+      try {
+        [v, mode] = await this.guarded(op, [full], args, signal);
+      } catch (e) {
+        if (e instanceof Down) return this.degradedCheck(limit, full, e.cause, o);
+        throw e;
+      }
+      b.observeRTT(sent);
+      let d = fromReply(ints(v, 5), limit, full, mode, false);
+      b.noteRemaining(ck, d.remaining);
+      if (d.allowed) {
+        const units = want - c;
+        if (units > 0n) {
+          const [use, refund] = b.deadlines(limit, want, sent, d.resetAfterMs);
+          const at = batchNow();
+          if (use > at) {
+            // else too close to a window's end: they lapse with it
+            b.put(
+              ck,
+              { key: full, units, useUntil: use, refundUntil: refund, remainingSeen: d.remaining },
+              at,
+            );
+            d = makeDecision({ ...d, remaining: d.remaining + Number(units) });
+            this.ensureSweeper();
+          }
+        }
+        return this.decided(d);
+      }
+      this.denials?.store(ck, [full], want, d, sent);
+      last = d;
+      if (d.never || want === c) break;
+      const derived = denialForCost(limit, d, want, c);
+      if (derived !== undefined) {
+        this.denials?.store(ck, [full], c, derived, sent - 1);
+        last = derived;
+        break;
+      }
+      const fewer = want - 1n < BigInt(d.remaining) ? want - 1n : BigInt(d.remaining);
+      want = fewer > c ? fewer : c;
+    }
+    return this.decided(last!);
+  }
+
+  /** Starts the timer that gives back leftovers every hold/2; it stops once no credit is held. */
+  private ensureSweeper(): void {
+    const b = this.batcher!;
+    if (b.timer !== undefined) return;
+    let sweeping = false;
+    b.timer = setInterval(
+      () => {
+        if (sweeping) return;
+        sweeping = true;
+        this.refundLeftovers(false)
+          .catch(() => {})
+          .finally(() => {
+            sweeping = false;
+            if (b.empty() && b.timer !== undefined) {
+              clearInterval(b.timer);
+              b.timer = undefined;
+            }
+          });
+      },
+      Math.max(1, b.holdMs / 2),
+    );
+    b.timer.unref();
+  }
+
+  /**
+   * Gives back (RL.REFUND) the held units whose hold has passed (every held unit with
+   * everything) where that is still exact; resolves to the units Redis took back. A refund
+   * Redis does not answer is dropped: a lost refund only under-admits.
+   */
+  private async refundLeftovers(everything: boolean): Promise<number> {
+    const b = this.batcher;
+    if (b === undefined) return 0;
+    let total = 0;
+    let first: unknown;
+    for (const cr of b.expired(batchNow(), everything)) {
+      if (batchNow() >= cr.refundUntil) continue; // the window rolled over / the bucket may have drained: let it lapse
+      try {
+        const [v] = await this.guarded("refund", [cr.key], [cr.units.toString()], undefined);
+        this.health.success();
+        const r = ints(v, 3);
+        if (r[0]! > 0) {
+          total += r[0]!;
+          this.counter.add("refunded", r[0]!);
+        }
+      } catch (e) {
+        if (!(e instanceof Down) && first === undefined) first = e;
+      }
+    }
+    if (first !== undefined) throw first;
+    return total;
   }
 
   // -- internals ---------------------------------------------------------------------------
