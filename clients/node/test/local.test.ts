@@ -282,6 +282,48 @@ for (const [lib, module] of modes) {
       }
     });
 
+    test("a limit string with several limits: checkAll decides the same in Redis and in memory", async () => {
+      const { s, limiter, close } = await setup();
+      const limits = parseLimits("3/hour; 5 per day, 4 per 2 hours", "FIXED");
+      const run = async (tag: string) => {
+        const entries = new Map(limits.map((l, i) => [`{${tag}}:${i}`, l] as const));
+        const out: unknown[] = [];
+        for (let i = 0; i < 5; i++) {
+          const d = await limiter.checkAll(entries, { cost: i === 3 ? 2 : 1 });
+          out.push([
+            d.allowed,
+            d.limit,
+            d.remaining,
+            d.degraded,
+            ...d.perKey!.map((p) => [p.allowed, p.limit, p.remaining]),
+          ]);
+        }
+        return out;
+      };
+      try {
+        const redis = await run("r");
+        await s.kill();
+        const memory = await run("m");
+        assert.deepEqual(
+          memory.map((d) => (d as unknown[]).filter((_, i) => i !== 3)),
+          redis.map((d) => (d as unknown[]).filter((_, i) => i !== 3)),
+        );
+        assert.deepEqual(
+          redis.map((d) => (d as unknown[]).slice(0, 4)),
+          [
+            [true, 3, 2, false],
+            [true, 3, 1, false],
+            [true, 3, 0, false],
+            [false, 3, 0, false],
+            [false, 3, 0, false],
+          ],
+        );
+        assert.ok(memory.every((d) => (d as unknown[])[3] === true));
+      } finally {
+        await close();
+      }
+    });
+
     test("a refund after recovery gives memory's charge back to memory, only the rest to Redis", async () => {
       const { s, limiter, close } = await setup();
       const g = new GCRA({ burst: 4, rate: 1, periodMs: 3_600_000 }); // nothing drains during the test
