@@ -23,7 +23,8 @@ import {
 import { Redis } from "ioredis";
 import { createClient } from "redis";
 import { RateLimiter as Limiter, type RateLimiterOptions } from "../src/index.js";
-import { Server, limiterFor, type Lib } from "./harness.js";
+import { Server, limiterFor, startCluster, clusterClientFor, type Lib } from "./harness.js";
+import { keySlot } from "../src/slots.js";
 
 /**
  * A limiter on a client whose offline queue is off: a call the limiter gave up on during the
@@ -435,5 +436,43 @@ test("limits whose share rounds to zero are at least 1, and a share keeps the na
   } finally {
     await close();
     await s.remove();
+  }
+});
+
+test("on a Cluster, a checkAll across slots that memory denies gives the earlier group's charge back to memory", async () => {
+  const nodes = await startCluster(true);
+  const { client, close } = await clusterClientFor("ioredis", nodes);
+  const limiter = new Limiter({ client, onError: "local", timeoutMs: 300, probeIntervalMs: 50 });
+  const w = new Window({ limit: 1, windowMs: 3_600_000 });
+  const a = "{x}:a";
+  const b = "{y}:b";
+  assert.notEqual(keySlot(a), keySlot(b));
+  try {
+    const up = await limiter.checkAll({ "{x}:probe": w, "{y}:probe": w }, { acrossSlots: true });
+    assert.equal(up.degraded, false);
+    for (const n of nodes) await n.kill();
+    const used = await limiter.check(b, w); // b's one unit, taken in memory
+    assert.deepEqual([used.allowed, used.source, used.degraded], [true, "local", true]);
+    const d = await limiter.checkAll(
+      [
+        [a, w],
+        [b, w],
+      ],
+      { acrossSlots: true },
+    );
+    assert.equal(d.allowed, false);
+    assert.deepEqual(
+      d.perKey!.map((p) => [p.allowed, p.source, p.degraded]),
+      [
+        [true, "local", true],
+        [false, "local", true],
+      ],
+    );
+    // a's group was charged in memory, then given back there (Redis never had it).
+    assert.equal(inMemory(limiter, a, w)[2], 1, "the denied request left a charge behind in memory");
+    assert.equal((await limiter.check(a, w)).allowed, true);
+  } finally {
+    await close();
+    for (const n of nodes) await n.remove();
   }
 });
