@@ -325,6 +325,24 @@ for (const [lib, module] of modes) {
       }
     });
 
+    test("a lease taken in memory is renewed there in the background while held", async () => {
+      const { s, limiter, close } = await setup();
+      const l = new Lease({ limit: 1, leaseMs: 600 });
+      try {
+        await decidedByRedis(limiter, "probe", new GCRA({ burst: 1, rate: 1, periodMs: 1000 }));
+        await s.kill();
+        const held = await limiter.acquire("bg", l);
+        assert.equal(held.decision.source, "local");
+        await sleep(1500); // 2.5 lease times: held only if renewed (every 200 ms)
+        await assert.rejects(limiter.acquire("bg", l), RateLimitedError, "the lease lapsed in memory");
+        assert.equal(held.lost, undefined);
+        assert.equal((await held.release()).refunded, 1);
+        await (await limiter.acquire("bg", l)).release();
+      } finally {
+        await close();
+      }
+    });
+
     test("a refund after recovery gives memory's charge back to memory, only the rest to Redis", async () => {
       const { s, limiter, close } = await setup();
       const g = new GCRA({ burst: 4, rate: 1, periodMs: 3_600_000 }); // nothing drains during the test
