@@ -151,10 +151,17 @@ export function fromReply(
 export interface Refunded {
   /** Units given back (slots freed, for a release). */
   readonly refunded: number;
-  /** The key's remaining after it (Redis's figures). */
+  /**
+   * The key's remaining after it: Redis's figures when Redis took part of it, else the
+   * "local" policy's in-memory limiter's.
+   */
   readonly remaining: number;
   readonly resetAfterMs: number;
-  /** Redis did not answer: nothing was given back. */
+  /**
+   * Redis gave nothing back: either it did not answer (nothing was given back, except in the
+   * "local" policy's memory), or under "local" the whole refund went back to the in-memory
+   * limiter that took the charge.
+   */
   readonly degraded: boolean;
 }
 

@@ -120,6 +120,7 @@ export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
     if (this.lostError) throw this.lostError;
     if (this.released) throw usage(`the lease on '${this.key}' was released`);
     if (this.decision.blind) return this.decision; // open policy: holds nothing anywhere
+    if (this.decision.degraded) return this.renewLocally();
     const args = [...this.lease.args(), this.token];
     if (this.slots !== 1n) args.push("QUANTITY", this.slots.toString());
     args.push("RENEW");
@@ -158,7 +159,9 @@ export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
     this.timer = undefined;
     let r: Refunded = Object.freeze({ refunded: 0, remaining: 0, resetAfterMs: 0, degraded: true });
     let err: unknown;
-    if (first && !this.decision.degraded) {
+    if (first && this.decision.degraded && !this.decision.blind && this.limiter.local) {
+      r = this.limiter.releaseLocally(this.key, this.token); // the "local" policy's lease: held in memory
+    } else if (first && !this.decision.degraded) {
       try {
         r = await this.limiter.release(this.key.slice(this.limiter.prefix.length), this.token);
       } catch (e) {
@@ -168,6 +171,20 @@ export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
     if (this.lostError) throw this.lostError;
     if (err !== undefined) throw err;
     return r;
+  }
+
+  /** Renews a lease the "local" policy granted, in memory (RENEW's rule: lost when the token no longer holds it). */
+  private renewLocally(): Decision {
+    let d: Decision;
+    try {
+      d = this.limiter.renewLocally(this.key, this.lease, this.token, this.slots);
+    } catch (e) {
+      if (errorCode(e) === "LEASELOST") throw this.markLost("not-held");
+      throw e;
+    }
+    if (!d.allowed) throw this.markLost("denied");
+    this.lastRenewed = Date.now();
+    return d;
   }
 
   /** `await using lease = await limiter.acquire(...)`: releases at the end of the block. */

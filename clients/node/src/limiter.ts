@@ -59,6 +59,8 @@ import { slotGroups } from "./slots.js";
 import { transportFor, type NodeHandle, type SendCommand, type Transport } from "./transport.js";
 import { LeaseHandle, newToken } from "./lease.js";
 import { DenyCache } from "./denycache.js";
+import { LocalLimits, localDecision, localRefunded } from "./local.js";
+import { Batcher, denialForCost, now as batchNow } from "./batch.js";
 
 /** Options of RateLimiter (validated when it is built: an unknown one is refused). */
 export interface RateLimiterOptions {
@@ -68,8 +70,29 @@ export interface RateLimiterOptions {
   sendCommand?: SendCommand;
   /** "auto" (default: asks the server once), "module" or "fallback". */
   mode?: Mode;
-  /** The failure policy: "open" (default), "closed" or "raise". */
+  /**
+   * The failure policy: "open" (default), "closed", "raise", or "local": while Redis does not
+   * answer, this process enforces the same limits in memory (docs/clients.md#failure-policy-local).
+   */
   onError?: FailurePolicy;
+  /**
+   * Under "local": how many processes share the limits. While Redis is down each process
+   * enforces each limit divided by it (rounding down, at least 1: GCRA's burst and rate, a
+   * window's or a lease's limit), so the fleet stays near the limit. 1 by default.
+   */
+  fleetSize?: number;
+  /**
+   * Batching (off by default; 1 is off): a plain check takes up to this many units in one
+   * call (QUANTITY k), admits the following requests of the same key and limit from them in
+   * this process without a call (source "local", counted allowedLocally), and gives back
+   * what is left after batchHoldMs, or on close(). Every local admission was paid for in
+   * Redis first, so the fleet never admits more than the limit; up to k - 1 units per
+   * process may sit unused for the hold (docs/clients.md#batching-optional). Not batched: LOG
+   * windows, leases, checkAll, and checks with peek, force, maxWaitMs, or a cost of k or more.
+   */
+  batch?: number;
+  /** How long unused batch units are held before they are given back (100 ms). */
+  batchHoldMs?: number;
   /** Prepended to every key sent (no braces: it would become the hash tag). */
   prefix?: string;
   /** Bounds each Redis call (500 ms by default): running out of it is an outage. */
@@ -104,6 +127,9 @@ const LIMITER_OPTIONS = [
   "closedRetryAfterMs",
   "loadLibrary",
   "denyCache",
+  "fleetSize",
+  "batch",
+  "batchHoldMs",
   "onCounter",
   "onEvent",
 ] as const;
@@ -217,6 +243,10 @@ export class RateLimiter {
   readonly counter: Counters;
   private readonly onEvent: ((e: LimiterEvent) => void) | undefined;
   private readonly denials: DenyCache | undefined;
+  /** @internal The in-memory limits of the "local" policy (undefined under the others). */
+  readonly local: LocalLimits | undefined;
+  /** @internal Batch credits (undefined without batching). */
+  readonly batcher: Batcher | undefined;
 
   private resolved: "module" | "fallback" | undefined;
   private detecting: Promise<"module" | "fallback"> | undefined;
@@ -237,11 +267,18 @@ export class RateLimiter {
       throw badOption(`mode must be "auto", "module" or "fallback", not ${JSON.stringify(mode)}`);
     }
     const policy = options.onError ?? "open";
-    if (!["open", "closed", "raise"].includes(policy)) {
+    if (!["open", "closed", "raise", "local"].includes(policy)) {
+      throw badOption(`onError must be "open", "closed", "raise" or "local", not ${JSON.stringify(policy)}`);
+    }
+    const fleet = options.fleetSize ?? 1;
+    if (typeof fleet !== "number" || !Number.isSafeInteger(fleet) || fleet < 1) {
       throw badOption(
-        `onError must be "open", "closed" or "raise", not ${JSON.stringify(policy)}` +
-          ((policy as string) === "local" ? ' ("local" is not offered by this package yet)' : ""),
+        "fleetSize must be an integer of at least 1 (the number of processes sharing the limits)",
       );
+    }
+    const batch = options.batch;
+    if (batch !== undefined && (typeof batch !== "number" || !Number.isSafeInteger(batch) || batch < 1)) {
+      throw invalid("batch must be a positive integer");
     }
     const prefix = options.prefix ?? "";
     if (typeof prefix !== "string" || /[{}]/.test(prefix)) {
@@ -258,6 +295,7 @@ export class RateLimiter {
     this.timeoutMs = duration(options.timeoutMs, "timeoutMs", 500);
     const probe = duration(options.probeIntervalMs, "probeIntervalMs", 1000);
     const closed = duration(options.closedRetryAfterMs, "closedRetryAfterMs", 1000);
+    const hold = duration(options.batchHoldMs, "batchHoldMs", 100);
     this.transport = transportFor(options.client, options.sendCommand);
     this.mode = mode;
     this.prefix = prefix;
@@ -265,6 +303,8 @@ export class RateLimiter {
     this.onEvent = options.onEvent;
     this.denials = options.denyCache === false ? undefined : new DenyCache(10_000);
     this.counter = new Counters(options.onCounter);
+    this.local = policy === "local" ? new LocalLimits(BigInt(fleet)) : undefined;
+    this.batcher = batch !== undefined && batch > 1 ? new Batcher(BigInt(batch), hold) : undefined;
     this.health = new Health(policy, probe, closed, (e) => this.emit(e));
   }
 
@@ -323,16 +363,26 @@ export class RateLimiter {
     checkSignal(options.signal);
     // A request larger than the limit goes to Redis, which answers never (HTTP 413).
     const plain = !options.peek && !options.force && wait === undefined && c >= 1n && c <= limit.capacity;
-    const ck = plain && this.denials ? `${full}\0${limit.ident()}` : undefined;
-    if (ck !== undefined) {
-      const local = this.denials!.lookup(ck, c);
+    const ck = plain && (this.denials || this.batcher) ? `${full}\0${limit.ident()}` : undefined;
+    const o = { cost: c, peek: options.peek === true, force: options.force === true, maxWaitMs: wait };
+    let batchK = 0n;
+    if (ck !== undefined && this.batcher) {
+      batchK = this.batcher.size(limit, c);
+      if (batchK > 0n) {
+        const d = this.fromCredit(ck, full, limit, c);
+        if (d !== undefined) return d;
+      }
+    }
+    if (ck !== undefined && this.denials) {
+      const local = this.denials.lookup(ck, c);
       if (local !== undefined) {
         this.counter.add("deniedLocally");
         this.counter.countDecision(local);
         return local;
       }
     }
-    if (this.health.skip()) return this.degraded(limit, full, undefined);
+    if (batchK > 0n) return this.checkBatched(ck!, full, limit, o, batchK, options.signal);
+    if (this.health.skip()) return this.degradedCheck(limit, full, undefined, o);
     const args = limit.args();
     if (c !== 1n) args.push("QUANTITY", c.toString());
     if (options.peek) args.push("PEEK");
@@ -345,7 +395,7 @@ export class RateLimiter {
     try {
       [v, mode] = await this.guarded(op, [full], args, options.signal);
     } catch (e) {
-      if (e instanceof Down) return this.degraded(limit, full, e.cause);
+      if (e instanceof Down) return this.degradedCheck(limit, full, e.cause, o);
       throw e;
     }
     const d = fromReply(ints(v, 5), limit, full, mode, wait !== undefined);
@@ -377,7 +427,17 @@ export class RateLimiter {
 
   /**
    * Gives back up to n units to key (RL.REFUND): work admitted but not done. Redis down: the
-   * failure policy (open and closed give back nothing, degraded; raise rejects).
+   * failure policy (open and closed give back nothing, degraded; raise rejects; local gives
+   * back in memory).
+   *
+   * Under "local" a refund goes back where the charge was taken: the units the in-memory
+   * limiter charged key while Redis was down and has not given back yet are given back there
+   * first, even once Redis answers again (Redis never had them: refunding them there would
+   * give back other requests' units), and only the rest of n goes to Redis. Memory remembers
+   * those units as long as it holds the key (until the key is idle). A key charged both
+   * during an outage and after it is refunded in memory first; a refund misplaced that way
+   * only under-admits. refundDecision gives back one decision's charge exactly where it was
+   * taken.
    */
   async refund(key: string, n: number | bigint, options: { signal?: AbortSignal } = {}): Promise<Refunded> {
     refuseUnknown(options, ["signal"], "refund");
@@ -386,18 +446,79 @@ export class RateLimiter {
     const full = this.fullKey(key);
     checkSignal(options.signal);
     this.denials?.forget(full);
-    const r = await this.report("refund", full, q.toString(), options.signal);
+    let left = q;
+    let local: Refunded | undefined;
+    if (this.local) {
+      const [taken, m] = this.local.memory.refundOwed(full, left, true);
+      if (taken > 0n) {
+        local = localRefunded(m);
+        this.counter.add("refunded", local.refunded);
+        left -= taken;
+        if (left === 0n) return local;
+      }
+    }
+    const r = await this.report("refund", full, left.toString(), options.signal, true);
+    this.counter.add("refunded", r.refunded);
+    if (local === undefined) return r;
+    return Object.freeze({ ...r, refunded: r.refunded + local.refunded });
+  }
+
+  /**
+   * Gives back up to n units of the charge `decision` took, where it took it: to the "local"
+   * policy's in-memory limiter when it is that limiter's decision (degraded, not blind: taken
+   * in memory while Redis was down), even once Redis answers again; nothing when it is blind
+   * (the open or closed policy charged nothing); else to Redis (RL.REFUND), and when Redis
+   * does not answer that refund is lost (it only under-admits), never taken from memory. It
+   * forgets the local denials of the decision's key. `decision` is one key's decision this
+   * limiter returned (check, or one of a checkAll's perKey); a combined decision, a lease's
+   * and a decision without a key are refused (RateLimitConfigError, ERR_RL_USAGE).
+   */
+  async refundDecision(
+    decision: Decision,
+    n: number | bigint,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<Refunded> {
+    refuseUnknown(options, ["signal"], "refundDecision");
+    const q = toCount(n);
+    if (q === undefined || q === 0n) throw invalid("quantity must be a positive integer");
+    if (!decision || typeof decision !== "object" || decision.perKey !== undefined || !decision.key) {
+      throw usage("refundDecision needs one key's decision (of a checkAll, each of its perKey)");
+    }
+    if (decision.spec instanceof Lease) throw usage("a lease is given back with release, not refundDecision");
+    checkSignal(options.signal);
+    this.denials?.forget(decision.key);
+    const r = await this.refundTo(decision, decision.key, q, options.signal);
     this.counter.add("refunded", r.refunded);
     return r;
   }
 
-  /** Frees the lease token holds on key (RL.RELEASE); harmless twice. */
+  /**
+   * Frees the lease token holds on key (RL.RELEASE); harmless twice. Under "local" a lease
+   * the in-memory limiter granted while Redis was down is freed there too, also once Redis
+   * answers again (`refunded` counts the slots freed in both).
+   */
   async release(key: string, token: string, options: { signal?: AbortSignal } = {}): Promise<Refunded> {
     refuseUnknown(options, ["signal"], "release");
     const full = this.fullKey(key);
     checkToken(token);
     checkSignal(options.signal);
-    return this.report("release", full, token, options.signal);
+    const r = await this.report("release", full, token, options.signal, true);
+    if (r.degraded || !this.local) return r;
+    // Redis answered: a lease memory granted meanwhile is held there, not in Redis.
+    const m = this.local.memory.release(full, token);
+    return m[0] > 0n ? Object.freeze({ ...r, refunded: r.refunded + Number(m[0]) }) : r;
+  }
+
+  /**
+   * Gives back (RL.REFUND) every batch unit this limiter still holds, where that is still
+   * exact (a window's unit only inside its window, a GCRA unit only while the bucket cannot
+   * have drained past it), and resolves to how many units Redis took back. Without batching
+   * it does nothing. The limiter still works afterwards; the Redis client is not closed. A
+   * refund Redis does not answer is dropped (it only under-admits); one refused with an
+   * error reply that is not an outage rejects, after the others were sent.
+   */
+  async close(): Promise<number> {
+    return this.refundLeftovers(true);
   }
 
   /**
@@ -405,7 +526,7 @@ export class RateLimiter {
    * background every third of the lease time (RL.LEASE ... RENEW) until release() or
    * `await using`. No free slot: rejects with RateLimitedError. Redis down: the failure
    * policy (open: a degraded handle that holds nothing; closed: RateLimitedError; raise:
-   * RedisUnavailableError).
+   * RedisUnavailableError; local: a lease taken, renewed and released in memory).
    */
   async acquire(key: string, lease: Lease, options: AcquireOptions = {}): Promise<LeaseHandle> {
     refuseUnknown(options, ["token", "slots", "signal"], "acquire");
@@ -419,18 +540,160 @@ export class RateLimiter {
     const args = [...lease.args(), token];
     if (slots !== 1n) args.push("QUANTITY", slots.toString());
     let d: Decision;
-    if (this.health.skip()) d = this.degraded(lease, full, undefined);
+    if (this.health.skip()) d = this.degradedLease(lease, full, undefined, token, slots);
     else {
       try {
         const [v, mode] = await this.leaseCall(full, args, token, generated, options.signal);
         d = this.decided(fromReply(ints(v, 5), lease, full, mode, false));
       } catch (e) {
         if (!(e instanceof Down)) throw e;
-        d = this.degraded(lease, full, e.cause);
+        d = this.degradedLease(lease, full, e.cause, token, slots);
       }
     }
     if (!d.allowed) throw new RateLimitedError(d);
     return new LeaseHandle(this, full, lease, token, slots, d);
+  }
+
+  // -- batching (batch.ts) -------------------------------------------------------------------
+
+  /**
+   * Admits cost units of ck from a live credit, if one holds them. Asked before the deny
+   * cache: units paid for in Redis are this process's to hand out even while Redis denies
+   * the key (a denial cached by one call must not strand another's batch).
+   */
+  private fromCredit(ck: string, full: string, limit: Limit, c: bigint): Decision | undefined {
+    const cr = this.batcher!.take(ck, c);
+    if (cr === undefined) return undefined;
+    const d = makeDecision({
+      allowed: true,
+      limit: Number(limit.capacity),
+      remaining: cr.remainingSeen + Number(cr.units),
+      source: "local",
+      spec: limit,
+      key: full,
+    });
+    this.counter.add("allowedLocally");
+    this.counter.countDecision(d);
+    return d;
+  }
+
+  /**
+   * A plain check (no peek, force or maxWaitMs; 1 <= cost < k) under batching that no
+   * credit answered: one call takes up to k units, keeps what is beyond cost as a credit, and
+   * answers (at most three calls when the key has fewer than asked left).
+   */
+  private async checkBatched(
+    ck: string,
+    full: string,
+    limit: GCRA | Window,
+    o: { cost: bigint; peek: boolean; force: boolean; maxWaitMs: number | undefined },
+    k: bigint,
+    signal: AbortSignal | undefined,
+  ): Promise<Decision> {
+    const b = this.batcher!;
+    const c = o.cost;
+    if (this.health.skip()) return this.degradedCheck(limit, full, undefined, o);
+    const op: Op = limit instanceof GCRA ? "gcra" : "window";
+    let want = b.firstTake(ck, limit, c, k);
+    let last: Decision | undefined;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const args = limit.args();
+      if (want !== 1n) args.push("QUANTITY", want.toString());
+      const sent = batchNow();
+      let v: unknown;
+      let mode: "module" | "fallback";
+      try {
+        [v, mode] = await this.guarded(op, [full], args, signal);
+      } catch (e) {
+        if (e instanceof Down) return this.degradedCheck(limit, full, e.cause, o);
+        throw e;
+      }
+      b.observeRTT(sent);
+      let d = fromReply(ints(v, 5), limit, full, mode, false);
+      b.noteRemaining(ck, d.remaining);
+      if (d.allowed) {
+        const units = want - c;
+        if (units > 0n) {
+          const [use, refund] = b.deadlines(limit, want, sent, d.resetAfterMs);
+          const at = batchNow();
+          if (use > at) {
+            // else too close to a window's end: they lapse with it
+            b.put(
+              ck,
+              { key: full, units, useUntil: use, refundUntil: refund, remainingSeen: d.remaining },
+              at,
+            );
+            d = makeDecision({ ...d, remaining: d.remaining + Number(units) });
+            this.ensureSweeper();
+          }
+        }
+        return this.decided(d);
+      }
+      this.denials?.store(ck, [full], want, d, sent);
+      last = d;
+      if (d.never || want === c) break;
+      const derived = denialForCost(limit, d, want, c);
+      if (derived !== undefined) {
+        this.denials?.store(ck, [full], c, derived, sent - 1);
+        last = derived;
+        break;
+      }
+      const fewer = want - 1n < BigInt(d.remaining) ? want - 1n : BigInt(d.remaining);
+      want = fewer > c ? fewer : c;
+    }
+    return this.decided(last!);
+  }
+
+  /** Starts the timer that gives back leftovers every hold/2; it stops once no credit is held. */
+  private ensureSweeper(): void {
+    const b = this.batcher!;
+    if (b.timer !== undefined) return;
+    let sweeping = false;
+    b.timer = setInterval(
+      () => {
+        if (sweeping) return;
+        sweeping = true;
+        this.refundLeftovers(false)
+          .catch(() => {})
+          .finally(() => {
+            sweeping = false;
+            if (b.empty() && b.timer !== undefined) {
+              clearInterval(b.timer);
+              b.timer = undefined;
+            }
+          });
+      },
+      Math.max(1, b.holdMs / 2),
+    );
+    b.timer.unref();
+  }
+
+  /**
+   * Gives back (RL.REFUND) the held units whose hold has passed (every held unit with
+   * everything) where that is still exact; resolves to the units Redis took back. A refund
+   * Redis does not answer is dropped: a lost refund only under-admits.
+   */
+  private async refundLeftovers(everything: boolean): Promise<number> {
+    const b = this.batcher;
+    if (b === undefined) return 0;
+    let total = 0;
+    let first: unknown;
+    for (const cr of b.expired(batchNow(), everything)) {
+      if (batchNow() >= cr.refundUntil) continue; // the window rolled over / the bucket may have drained: let it lapse
+      try {
+        const [v] = await this.guarded("refund", [cr.key], [cr.units.toString()], undefined);
+        this.health.success();
+        const r = ints(v, 3);
+        if (r[0]! > 0) {
+          total += r[0]!;
+          this.counter.add("refunded", r[0]!);
+        }
+      } catch (e) {
+        if (!(e instanceof Down) && first === undefined) first = e;
+      }
+    }
+    if (first !== undefined) throw first;
+    return total;
   }
 
   // -- internals ---------------------------------------------------------------------------
@@ -469,7 +732,7 @@ export class RateLimiter {
               return;
             }
             // A failed release only under-admits: the slot lapses with its lease.
-            if (allowed) this.report("release", full, token, undefined).catch(() => {});
+            if (allowed) this.report("release", full, token, undefined, false).catch(() => {});
           },
           () => {},
         );
@@ -536,7 +799,7 @@ export class RateLimiter {
     list: Entry[],
     o: { cost: bigint; peek: boolean; force: boolean; signal: AbortSignal | undefined },
   ): Promise<Decision> {
-    if (this.health.skip()) return this.degradedAll(list, undefined);
+    if (this.health.skip()) return this.degradedAll(list, undefined, o);
     const args: string[] = [];
     for (const e of list) {
       args.push(e.limit.head(), ...e.limit.args());
@@ -556,7 +819,7 @@ export class RateLimiter {
         o.signal,
       );
     } catch (e) {
-      if (e instanceof Down) return this.degradedAll(list, e.cause);
+      if (e instanceof Down) return this.degradedAll(list, e.cause, o);
       throw e;
     }
     this.health.success();
@@ -617,11 +880,14 @@ export class RateLimiter {
       for (const i of g) {
         const e = list[i]!;
         const n = charge(i);
-        if (n === 0n || per[i]?.blind) continue;
+        const d = per[i];
+        if (n === 0n || d === undefined || d.blind) continue;
         try {
-          if (e.limit instanceof Lease) await this.report("release", e.full, e.token!, undefined);
-          else {
-            const r = await this.report("refund", e.full, n.toString(), undefined);
+          if (e.limit instanceof Lease) {
+            if (this.takenLocally(d)) this.local!.memory.release(e.full, e.token!);
+            else await this.report("release", e.full, e.token!, undefined, false);
+          } else {
+            const r = await this.refundTo(d, e.full, n, undefined);
             this.counter.add("refunded", r.refunded);
           }
         } catch {
@@ -631,8 +897,18 @@ export class RateLimiter {
     }
   }
 
-  /** A one-key call that reports without deciding (refund, release). */
-  private async report(op: "refund" | "release", full: string, arg: string, signal: AbortSignal | undefined) {
+  /**
+   * A one-key call that reports without deciding (refund, release). When Redis does not
+   * answer, the "local" policy's memory answers if inMemory, else the policy (a refund or
+   * release of what Redis took is then lost: it only under-admits).
+   */
+  private async report(
+    op: "refund" | "release",
+    full: string,
+    arg: string,
+    signal: AbortSignal | undefined,
+    inMemory: boolean,
+  ): Promise<Refunded> {
     let cause: unknown;
     if (!this.health.skip()) {
       try {
@@ -650,8 +926,30 @@ export class RateLimiter {
         cause = e.cause;
       }
     }
+    if (this.local && inMemory) {
+      // "local": given back in memory (to what the local policy charged).
+      const m = this.local.memory;
+      return localRefunded(op === "refund" ? m.refund(full, BigInt(arg)) : m.release(full, arg));
+    }
     this.health.answer(undefined, full, cause); // rejects under "raise"
     return Object.freeze({ refunded: 0, remaining: 0, resetAfterMs: 0, degraded: true });
+  }
+
+  /** Whether d's charge was taken by the "local" policy's in-memory limiter. @internal */
+  takenLocally(d: Decision): boolean {
+    return this.local !== undefined && d.degraded && !d.blind;
+  }
+
+  /** Gives back n units of full's charge where decision d took it (the counters are the caller's). */
+  private async refundTo(
+    d: Decision,
+    full: string,
+    n: bigint,
+    signal: AbortSignal | undefined,
+  ): Promise<Refunded> {
+    if (d.blind) return Object.freeze({ refunded: 0, remaining: 0, resetAfterMs: 0, degraded: true });
+    if (this.takenLocally(d)) return localRefunded(this.local!.memory.refundOwed(full, n, false)[1]);
+    return this.report("refund", full, n.toString(), signal, false);
   }
 
   private degraded(limit: Limit, full: string, cause: unknown): Decision {
@@ -660,7 +958,70 @@ export class RateLimiter {
     return d;
   }
 
-  private degradedAll(list: Entry[], cause: unknown): Decision {
+  private decidedLocally(d: Decision): Decision {
+    this.counter.add("local");
+    this.counter.countDecision(d);
+    return d;
+  }
+
+  /** The failure policy's answer to a check Redis did not answer: the in-memory limits under "local", else open / closed / raise. */
+  private degradedCheck(
+    limit: GCRA | Window,
+    full: string,
+    cause: unknown,
+    o: { cost: bigint; peek: boolean; force: boolean; maxWaitMs: number | undefined },
+  ): Decision {
+    if (!this.local) return this.degraded(limit, full, cause);
+    const [shown, spec] = this.local.share(limit);
+    const r = this.local.memory.check(full, spec, o.cost, o.peek, o.force, o.maxWaitMs);
+    return this.decidedLocally(localDecision(r, shown, full, o.maxWaitMs !== undefined));
+  }
+
+  /** The failure policy's answer to an acquire Redis did not answer. */
+  private degradedLease(lease: Lease, full: string, cause: unknown, token: string, slots: bigint): Decision {
+    if (!this.local) return this.degraded(lease, full, cause);
+    const [shown, spec] = this.local.share(lease);
+    const r = this.local.memory.lease(full, spec, token, slots, false, false);
+    return this.decidedLocally(localDecision(r, shown, full, false));
+  }
+
+  /**
+   * Renews (renew) or frees a lease the "local" policy granted, in memory: the decision, or
+   * the LEASELOST RedisReplyError when the token no longer holds it. @internal
+   */
+  renewLocally(full: string, lease: Lease, token: string, slots: bigint): Decision {
+    const [shown, spec] = this.local!.share(lease);
+    const r = this.local!.memory.lease(full, spec, token, slots, false, true);
+    return localDecision(r, shown, full, false);
+  }
+
+  /** Frees a lease the "local" policy granted, in memory. @internal */
+  releaseLocally(full: string, token: string): Refunded {
+    return localRefunded(this.local!.memory.release(full, token));
+  }
+
+  /** RL.ALL in memory ("local"); the caller counts the decision. */
+  private localAll(list: Entry[], o: { cost: bigint; peek: boolean; force: boolean }): Decision {
+    const local = this.local!;
+    const shares = list.map((e) => local.share(e.limit));
+    const [combined, each] = local.memory.checkAll(
+      list.map((e, i) => ({ key: e.full, spec: shares[i]![1], cost: e.cost, token: e.token })),
+      o.cost,
+      o.peek,
+      o.force,
+    );
+    const perKey = each.map((r, i) => localDecision(r, shares[i]![0], list[i]!.full, false));
+    const c = localDecision(combined, undefined, "", false);
+    this.counter.add("local");
+    return makeDecision({ ...c, spec: binding(c, perKey), perKey });
+  }
+
+  private degradedAll(
+    list: Entry[],
+    cause: unknown,
+    o: { cost: bigint; peek: boolean; force: boolean },
+  ): Decision {
+    if (this.local) return this.localAll(list, o);
     const d = this.health.answer(undefined, "", cause);
     const perKey = list.map((e) => this.health.answer(e.limit, e.full, cause));
     let bind: Decision | undefined;

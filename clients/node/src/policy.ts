@@ -7,10 +7,11 @@ import type { Limit } from "./limits.js";
 
 /**
  * What a check answers when Redis does not: "open" admits (degraded), "closed" denies with a
- * short retry (degraded), "raise" rejects with RedisUnavailableError. ("local", the
- * in-memory limits of docs/clients.md#failure-policy-local, is not in this package yet.)
+ * short retry (degraded), "raise" rejects with RedisUnavailableError, "local" enforces the
+ * same limits in this process's memory (degraded, with the in-memory limiter's figures;
+ * docs/clients.md#failure-policy-local).
  */
-export type FailurePolicy = "open" | "closed" | "raise";
+export type FailurePolicy = "open" | "closed" | "raise" | "local";
 
 /** The counters, as docs/clients.md#counters names them (camelCased). */
 export const COUNTER_NAMES = [

@@ -6,7 +6,16 @@
 // /usr/bin/redis-server); RL_MODULE the module (default: the repository's
 // target/release/libredis_rl.so).
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import {
+  closeSync,
+  existsSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+  writeSync,
+} from "node:fs";
 import { createServer, connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -83,6 +92,8 @@ export class Server {
   constructor(
     readonly module: boolean,
     readonly extra: string[] = [],
+    /** Added to the server's environment (the clock shim's LD_PRELOAD). */
+    readonly env: Record<string, string> = {},
   ) {}
 
   get args(): string[] {
@@ -98,7 +109,7 @@ export class Server {
 
   async start(): Promise<this> {
     if (this.port === 0) this.port = await freePort();
-    this.proc = spawn(binary(), this.args, { stdio: "ignore" });
+    this.proc = spawn(binary(), this.args, { stdio: "ignore", env: { ...process.env, ...this.env } });
     const deadline = Date.now() + 10_000;
     for (;;) {
       try {
@@ -268,4 +279,35 @@ export async function clusterClientFor(
   c.on("error", () => {});
   await c.connect();
   return { client: c, close: async () => void c.destroy() };
+}
+
+// ---- the clock shim ----------------------------------------------------------------------------
+
+/**
+ * The repository's test clock (tests/support/clock_shim.c), built here with cc: a server
+ * started with `env` reads its real-time clock as freezeAt sets it, exactly.
+ */
+export class FrozenClock {
+  readonly env: Record<string, string>;
+  private readonly fd: number;
+  constructor(readonly dir: string) {
+    const source = join(ROOT, "tests", "support", "clock_shim.c");
+    const shim = join(dir, "libclockshim.so");
+    execFileSync(process.env["CC"] || "cc", ["-O2", "-shared", "-fPIC", "-o", shim, source], {
+      stdio: "pipe",
+    });
+    const path = join(dir, "offset");
+    writeFileSync(path, Buffer.alloc(16));
+    this.fd = openSync(path, "r+");
+    this.env = { LD_PRELOAD: shim, RL_CLOCK_OFFSET_FILE: path };
+  }
+  /** Makes the server's clock read exactly ns since the epoch. */
+  freezeAt(ns: bigint): void {
+    const b = Buffer.alloc(8);
+    b.writeBigUInt64LE(ns > 0n ? ns : 1n);
+    writeSync(this.fd, b, 0, 8, 8);
+  }
+  close(): void {
+    closeSync(this.fd);
+  }
 }

@@ -65,7 +65,16 @@ test("the limiter's options are validated when it is built", () => {
   const io = new Redis({ lazyConnect: true });
   const cases: [object, string, RegExp][] = [
     [{ client: io, bogus: 1 }, "ERR_RL_UNKNOWN_OPTION", /unknown option 'bogus' for RateLimiter/],
-    [{ client: io, onError: "local" }, "ERR_RL_INVALID_OPTION", /not offered by this package yet/],
+    [{ client: io, onError: "lokal" }, "ERR_RL_INVALID_OPTION", /"open", "closed", "raise" or "local"/],
+    [
+      { client: io, onError: "local", fleetSize: 0 },
+      "ERR_RL_INVALID_OPTION",
+      /fleetSize must be an integer of at least 1/,
+    ],
+    [{ client: io, fleetSize: 1.5 }, "ERR_RL_INVALID_OPTION", /fleetSize/],
+    [{ client: io, batch: 0 }, "ERR_RL_INVALID_LIMIT", /batch must be a positive integer/],
+    [{ client: io, batch: "8" }, "ERR_RL_INVALID_LIMIT", /batch must be a positive integer/],
+    [{ client: io, batchHoldMs: 0 }, "ERR_RL_INVALID_OPTION", /batchHoldMs/],
     [{ client: io, mode: "lua" }, "ERR_RL_INVALID_OPTION", /mode must be/],
     [{ client: io, prefix: "{x}" }, "ERR_RL_INVALID_OPTION", /prefix/],
     [{ client: io, timeoutMs: 0 }, "ERR_RL_INVALID_OPTION", /timeoutMs/],

@@ -876,6 +876,7 @@ export class HttpLimiter<Req = unknown> {
         else return finish(fail("limiter", error));
       }
     }
+    const charged = d; // the rate limits' decision: each limit is settled by its own (perKey)
     if (held.length > 0 && (d === undefined || d.allowed)) d = withLeases(d, held);
     const first = all[0]!;
     const h = decisionHeaders(d!, { ...this.headerOptions(first.name), names: Object.fromEntries(names) });
@@ -883,7 +884,7 @@ export class HttpLimiter<Req = unknown> {
     if (d!.perKey && d!.perKey.length > 0) [policy, bkey] = bindingOf(d!, names);
     if (!d!.allowed) return finish(this.refuse(d!, policy, bkey, h));
     res.removeListener("close", onClose);
-    this.bind(req, res, rule, rates, cost, d!, guards);
+    this.bind(req, res, rule, rates, cost, charged ?? d!, guards);
     const byName = new Map<string, LeaseHandle>();
     guards.forEach((g, i) => byName.set(leases[i]!.name, g));
     const decision = d!;
@@ -966,13 +967,20 @@ export class HttpLimiter<Req = unknown> {
         }
       }
       const failed = (error: unknown) => this.emit({ type: "error", code: "settle", rule: rule.name, error });
+      // Each limit is given back where its own decision took the charge (Redis, or the local
+      // policy's memory during an outage, also once Redis answers again): refundDecision.
+      const giveBack = (n: bigint) =>
+        rates.forEach((_, i) => {
+          const own = rates.length === 1 ? d : d.perKey?.[i];
+          if (own) this.limiter.refundDecision(own, n).catch(failed);
+        });
       const reported = st.reported;
       if (!keep) {
-        if (cost > 0n) for (const c of rates) this.limiter.refund(c.key, cost).catch(failed);
+        if (cost > 0n) giveBack(cost);
       } else if (reported !== undefined && reported > cost) {
         for (const c of rates) this.force(c, reported - cost).catch(failed);
       } else if (reported !== undefined && reported < cost) {
-        for (const c of rates) this.limiter.refund(c.key, cost - reported).catch(failed);
+        giveBack(cost - reported);
       }
     };
     const writeHead = res.writeHead;
