@@ -59,7 +59,7 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns (default cap and 10 M) and of the fallback's LEASE at 10,000 holders
 	RL_MODULE=$(MODULE) cargo bench --profile bench-worst --bench worst_case
 
-bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python, Rust and Go clients' fast paths, the Go side-by-side with redis_rate, and the Python side-by-side bench (BENCH_QUICK=1 shortens)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python, Rust and Go clients' fast paths, the Go side-by-side with redis_rate, the Python side-by-side bench, rl-replay's and the gateway's beside envoyproxy/ratelimit (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
