@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps gateway-deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside clean replay-demo bench-replay
+.PHONY: help deps gateway-deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside bench-gateway clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -59,7 +59,7 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns (default cap and 10 M) and of the fallback's LEASE at 10,000 holders
 	RL_MODULE=$(MODULE) cargo bench --profile bench-worst --bench worst_case
 
-bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python, Rust and Go clients' fast paths, the Go side-by-side with redis_rate, and the Python side-by-side bench (BENCH_QUICK=1 shortens)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python, Rust and Go clients' fast paths, the Go side-by-side with redis_rate, the Python side-by-side bench, rl-replay's and the gateway's beside envoyproxy/ratelimit (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
@@ -68,6 +68,7 @@ bench: build ## Speed, memory and instructions per call against INCR, Lua and th
 	cd clients/go/bench && RL_MODULE=$(MODULE) go run ./fastpath $${BENCH_QUICK:+-seconds 1 -samples 2000}
 	$(MAKE) bench-sidebyside
 	$(MAKE) bench-replay
+	$(MAKE) bench-gateway
 
 SIDE_VENV := target/bench-venv-sidebyside
 bench-sidebyside: build ## The same FastAPI and Flask apps limited by redis_rl, slowapi / Flask-Limiter and nothing (own virtualenv; BENCH_QUICK=1 shortens)
@@ -75,6 +76,18 @@ bench-sidebyside: build ## The same FastAPI and Flask apps limited by redis_rl, 
 	$(SIDE_VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/bench/sidebyside/requirements.txt
 	$(SIDE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python
 	RL_MODULE=$(MODULE) $(SIDE_VENV)/bin/python clients/python/bench/sidebyside.py $$([ -n "$${BENCH_QUICK:-}" ] && echo --quick || echo --readme)
+
+# envoyproxy/ratelimit for bench-gateway's side-by-side: go install from the Go module proxy into
+# target/ (never committed); when it does not build, the bench says why and runs ours alone.
+RATELIMIT_GOBIN := $(CURDIR)/target/ratelimit-go
+bench-gateway: build ## rl-gateway's ShouldRateLimit: decisions/s, p50/p99 with 1 and 3 descriptors, Redis calls per request, beside envoyproxy/ratelimit when it builds (BENCH_QUICK=1 shortens)
+	@mkdir -p $(RATELIMIT_GOBIN)
+	@[ -x $(RATELIMIT_GOBIN)/service_cmd ] || GOBIN=$(RATELIMIT_GOBIN) GOFLAGS=-mod=mod timeout 600 \
+		go install github.com/envoyproxy/ratelimit/src/service_cmd@latest >$(RATELIMIT_GOBIN)/install.log 2>&1 || true
+	RL_MODULE=$(MODULE) RATELIMIT_BIN=$(RATELIMIT_GOBIN)/service_cmd \
+		RATELIMIT_WHY="$$(tail -n 1 $(RATELIMIT_GOBIN)/install.log 2>/dev/null)" \
+		RATELIMIT_VERSION="$$(go version -m $(RATELIMIT_GOBIN)/service_cmd 2>/dev/null | awk '$$1 == "mod" {print $$3}')" \
+		cargo bench -p rl-gateway --bench shouldratelimit
 
 bench-cost: build ## Instructions per call under callgrind: INCR, SET PX, the floor, every RL command, the Lua fallback and its reference scripts (~30 min; needs valgrind)
 	python3 bench/cost.py
