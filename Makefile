@@ -80,10 +80,12 @@ bench-sidebyside: build ## The same FastAPI and Flask apps limited by redis_rl, 
 # envoyproxy/ratelimit for bench-gateway's side-by-side: go install from the Go module proxy into
 # target/ (never committed); when it does not build, the bench says why and runs ours alone.
 RATELIMIT_GOBIN := $(CURDIR)/target/ratelimit-go
+# The version gateway/README.md's figures were measured against (its main branch of 2026-01-22).
+RATELIMIT_VERSION ?= v1.4.1-0.20260122083618-3fb702589d36
 bench-gateway: build ## rl-gateway's ShouldRateLimit: decisions/s, p50/p99 with 1 and 3 descriptors, Redis calls per request, beside envoyproxy/ratelimit when it builds (BENCH_QUICK=1 shortens)
 	@mkdir -p $(RATELIMIT_GOBIN)
 	@[ -x $(RATELIMIT_GOBIN)/service_cmd ] || GOBIN=$(RATELIMIT_GOBIN) GOFLAGS=-mod=mod timeout 600 \
-		go install github.com/envoyproxy/ratelimit/src/service_cmd@latest >$(RATELIMIT_GOBIN)/install.log 2>&1 || true
+		go install github.com/envoyproxy/ratelimit/src/service_cmd@$(RATELIMIT_VERSION) >$(RATELIMIT_GOBIN)/install.log 2>&1 || true
 	RL_MODULE=$(MODULE) RATELIMIT_BIN=$(RATELIMIT_GOBIN)/service_cmd \
 		RATELIMIT_WHY="$$(tail -n 1 $(RATELIMIT_GOBIN)/install.log 2>/dev/null)" \
 		RATELIMIT_VERSION="$$(go version -m $(RATELIMIT_GOBIN)/service_cmd 2>/dev/null | awk '$$1 == "mod" {print $$3}')" \
