@@ -117,4 +117,13 @@ async fn python_grpcio_client_from_envoys_protos() {
     );
     assert!(lines[3]["headers"]["retry-after"].is_string());
     assert_eq!(lines[4]["error"], "INVALID_ARGUMENT");
+    // Malformed messages: each an error answer (the protobuf decoder's INTERNAL), never a
+    // hang or a crash, and the next well-formed call is decided.
+    for l in &lines[5..9] {
+        assert_eq!(l["error"], "INTERNAL", "{l}");
+    }
+    assert_eq!(
+        lines[9]["after"], "OK",
+        "the service answers after malformed messages"
+    );
 }

@@ -94,6 +94,27 @@ def main():
             print(json.dumps({"error": None}), flush=True)
         except grpc.RpcError as e:
             print(json.dumps({"error": e.code().name}), flush=True)
+        # Malformed messages, as raw bytes (no serializer): a truncated field, a field with a
+        # length past the message's end, a wrong wire type, 64 KiB of 0xff. Each is one error
+        # answer, and the service goes on answering.
+        raw = channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        for name, body in [
+            ("truncated", b"\x0a"),
+            ("length past the end", b"\x0a\x7fedge"),
+            ("wrong wire type", b"\x0d\x00\x00\x00\x00"),
+            ("garbage", b"\xff" * 65536),
+        ]:
+            try:
+                raw(body, timeout=5)
+                print(json.dumps({"malformed": name, "error": None}), flush=True)
+            except grpc.RpcError as e:
+                print(json.dumps({"malformed": name, "error": e.code().name}), flush=True)
+        other = ratelimit_pb2.RateLimitDescriptor.Entry(key="remote_address", value="198.51.100.8")
+        r = stub.ShouldRateLimit(
+            rls_pb2.RateLimitRequest(domain="edge", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[other])]),
+            timeout=5,
+        )
+        print(json.dumps({"after": rls_pb2.RateLimitResponse.Code.Name(r.overall_code)}), flush=True)
 
 
 if __name__ == "__main__":
