@@ -27,10 +27,16 @@ test("the HTTP subpaths install from the packed package and load by import and r
       join(app, "package.json"),
       JSON.stringify({ name: "app", version: "1.0.0", private: true }),
     );
-    execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", join(dir, info[0]!.filename)], {
-      cwd: app,
-      stdio: "pipe",
-    });
+    // --prefer-offline, not --offline: `npm ci` caches tarballs but not the registry's package
+    // documents, so on a fresh machine resolving fastify-plugin's range needs the registry.
+    execFileSync(
+      "npm",
+      ["install", "--prefer-offline", "--no-audit", "--no-fund", join(dir, info[0]!.filename)],
+      {
+        cwd: app,
+        stdio: "pipe",
+      },
+    );
     const check = `
       const names = [typeof http.HttpLimiter, typeof http.ipKey, typeof ex.rateLimit, typeof ex.headerKey,
         typeof fy.redisRateLimit, typeof fy.default, typeof st.RedisRlStore, typeof st.default];

@@ -29,10 +29,16 @@ test("npm pack installs into an empty project and loads by import and require", 
       join(app, "package.json"),
       JSON.stringify({ name: "app", version: "1.0.0", private: true }),
     );
-    execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", join(dir, info[0]!.filename)], {
-      cwd: app,
-      stdio: "pipe",
-    });
+    // --prefer-offline, not --offline: `npm ci` caches tarballs but not the registry's package
+    // documents, so on a fresh machine resolving fastify-plugin's range needs the registry.
+    execFileSync(
+      "npm",
+      ["install", "--prefer-offline", "--no-audit", "--no-fund", join(dir, info[0]!.filename)],
+      {
+        cwd: app,
+        stdio: "pipe",
+      },
+    );
     const check = `const v = new m.GCRA({ burst: 5, rate: 5, periodMs: 1000 }).args().join(" ");
       if (v !== "5 5 1") throw new Error(v);
       if (m.LIBRARY_VERSION === "" || m.LUA_LIBRARY_TEXT.length < 1000) throw new Error("no library");
