@@ -53,20 +53,20 @@ func TestBatchLeftoversAreRefunded(t *testing.T) {
 		if d := ok(c.Check(ctxT(t), "lo", g, Cost(0))); d.Remaining != 45 {
 			t.Fatalf("Redis after the batch: %+v", d)
 		}
-		deadline := time.Now().Add(3 * time.Second)
-		for time.Now().Before(deadline) {
+		// The counter counts each refund as Redis answers it.
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) && counter(c, "refunded") < 4 {
 			time.Sleep(50 * time.Millisecond)
-			if ok(c.Check(ctxT(t), "lo", g, Cost(0))).Remaining == 49 {
-				break
-			}
+		}
+		if n := counter(c, "refunded"); n != 4 {
+			t.Fatalf("refunded %d, want 4 (%v)", n, c.Counters().Snapshot())
 		}
 		if d := ok(c.Check(ctxT(t), "lo", g, Cost(0))); d.Remaining != 49 {
 			t.Errorf("after the hold: %+v", d)
 		}
-		if n := counter(c, "refunded"); n != 4 {
-			t.Errorf("refunded %d, want 4", n)
-		}
-	}, WithBatch(5), WithBatchHold(100*time.Millisecond))
+		// One refund call per credit, and one past the timeout is lost (it only under-admits):
+		// a timeout no busy CI machine reaches, as this is about the refund, not the timeout.
+	}, WithBatch(5), WithBatchHold(100*time.Millisecond), WithTimeout(10*time.Second))
 }
 
 func TestBatchingNearTheLimitTakesWhatIsLeft(t *testing.T) {

@@ -55,7 +55,9 @@ for (const module of [true, false]) {
     });
 
     test("leftovers go back after the hold", async () => {
-      const l = await limiter({ batch: 5, batchHoldMs: 100 });
+      // One refund call per credit, and one past the timeout is lost (it only under-admits):
+      // a timeout no busy CI machine reaches, as this is about the refund, not the timeout.
+      const l = await limiter({ batch: 5, batchHoldMs: 100, timeoutMs: 10_000 });
       const g = new GCRA({ burst: 50, rate: 1, periodMs: 60_000 });
       const d = await l.check("lo", g);
       assert.ok(d.allowed && d.remaining === 49, `45 left in Redis + 4 held here: ${show(d)}`);
@@ -66,10 +68,10 @@ for (const module of [true, false]) {
         [local.allowed, local.source, local.degraded, local.remaining],
         [true, "local", false, 48],
       );
-      const deadline = Date.now() + 3000;
-      while (Date.now() < deadline && (await l.check("lo", g, { cost: 0 })).remaining !== 48) await sleep(50);
+      const deadline = Date.now() + 20_000;
+      while (Date.now() < deadline && l.counters.refunded < 3) await sleep(50);
+      assert.equal(l.counters.refunded, 3, JSON.stringify(l.counters));
       assert.equal((await l.check("lo", g, { cost: 0 })).remaining, 48, "after the hold");
-      assert.equal(l.counters.refunded, 3);
       assert.equal(l.counters.allowedLocally, 1);
     });
 
