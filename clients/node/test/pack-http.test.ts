@@ -1,11 +1,12 @@
 // The HTTP entry points as users get them: `npm pack`, installed into an empty project, each
 // of redis-rl/http, redis-rl/express, redis-rl/fastify and redis-rl/express-rate-limit loaded
 // by import and by require (without express or fastify installed: they are the app's), and
-// the express and store types for an ESM and a CommonJS TypeScript consumer.
+// the express and store types (req.rateLimit included) for an ESM and a CommonJS TypeScript
+// consumer.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync, existsSync } from "node:fs";
+import { mkdtempSync, rmSync, symlinkSync, writeFileSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -65,16 +66,27 @@ test("the HTTP subpaths install from the packed package and load by import and r
           handler: (_req, res, _next, denial: ex.Denial) => res.end(denial.body),
         });
         const store = new st.RedisRlStore({ limiter, prefix: "x:" });
-        return [mw, store.localKeys] as const;
+        const app = express();
+        app.use(mw);
+        // req.rateLimit is typed by the package's Express.Request augmentation.
+        app.get("/", (req, res) => {
+          const remaining: number | undefined = req.rateLimit?.remaining;
+          const reset: Date | undefined = req.rateLimit?.resetTime;
+          res.json({ remaining, reset, allowed: req.rateLimit?.decision.allowed });
+        });
+        return [app, store.localKeys] as const;
       }\n`;
     writeFileSync(
       join(app, "esm.mts"),
-      `import * as core from "redis-rl"; import * as ex from "redis-rl/express"; import * as st from "redis-rl/express-rate-limit";\n${ts}`,
+      `import * as core from "redis-rl"; import * as ex from "redis-rl/express"; import * as st from "redis-rl/express-rate-limit";\nimport express from "express";\n${ts}`,
     );
     writeFileSync(
       join(app, "cjs.cts"),
-      `import core = require("redis-rl"); import ex = require("redis-rl/express"); import st = require("redis-rl/express-rate-limit");\n${ts}`,
+      `import core = require("redis-rl"); import ex = require("redis-rl/express"); import st = require("redis-rl/express-rate-limit");\nimport express = require("express");\n${ts}`,
     );
+    // The app's express types (a type-only check: express itself is not installed), from
+    // this package's own devDependencies.
+    symlinkSync(join(pkgDir, "node_modules", "@types"), join(app, "node_modules", "@types"), "dir");
     const tsc = join(pkgDir, "node_modules", "typescript", "bin", "tsc");
     const flags = [
       "--noEmit",

@@ -15,6 +15,9 @@ import {
   type RequestView,
 } from "./core.js";
 
+// req.rateLimit is typed for express users by express-request.d.ts (a global augmentation of
+// Express.Request, declared once for ESM and CommonJS consumers alike: scripts/finish-build.mjs).
+
 /** The parts of an express request the middleware reads (express's Request has them all). */
 export interface ExpressRequest extends IncomingMessage {
   ip?: string | undefined;
