@@ -2,7 +2,7 @@
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 
-.PHONY: help deps gateway-deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-sidebyside bench-gateway clean replay-demo bench-replay
+.PHONY: help deps gateway-deps build run lint bench-worst test test-loaded test-compat test-examples fuzz-commands fuzz valgrind demo bench bench-cost bench-node bench-sidebyside bench-gateway clean replay-demo bench-replay
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -59,16 +59,21 @@ clean: ## Remove build output
 bench-worst: build ## Worst single-call server time of the LOG patterns (default cap and 10 M) and of the fallback's LEASE at 10,000 holders
 	RL_MODULE=$(MODULE) cargo bench --profile bench-worst --bench worst_case
 
-bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python, Rust and Go clients' fast paths, the Go side-by-side with redis_rate, the Python side-by-side bench, rl-replay's and the gateway's beside envoyproxy/ratelimit (BENCH_QUICK=1 shortens)
+bench: build ## Speed, memory and instructions per call against INCR, Lua and the floor (BENCHMARKS.md), then the Python, Rust, Go and Node clients' fast paths, the Go side-by-side with redis_rate, the Node one with rate-limit-redis and rate-limiter-flexible, the Python side-by-side bench, rl-replay's and the gateway's beside envoyproxy/ratelimit (BENCH_QUICK=1 shortens)
 	python3 bench/bench.py
 	@[ -x .venv-py/bin/pip ] || python3 -m venv .venv-py
 	.venv-py/bin/pip install -q --disable-pip-version-check ./clients/python
 	.venv-py/bin/python clients/python/bench/fastpath.py $$([ -n "$${BENCH_QUICK:-}" ] && echo --seconds 1 || echo --readme)
 	RL_MODULE=$(MODULE) cargo bench -p redis-rl-client --bench fastpath -- $${BENCH_QUICK:+--seconds 1}
 	cd clients/go/bench && RL_MODULE=$(MODULE) go run ./fastpath $${BENCH_QUICK:+-seconds 1 -samples 2000}
+	$(MAKE) bench-node
 	$(MAKE) bench-sidebyside
 	$(MAKE) bench-replay
 	$(MAKE) bench-gateway
+
+bench-node: build ## The Node package's fast path, and the same express app limited by rate-limit-redis, rate-limiter-flexible, redis-rl and nothing (clients/node/bench; BENCH_QUICK=1 shortens)
+	cd clients/node && { [ -d node_modules ] || npm ci --no-audit --no-fund; } && npm run build >/dev/null
+	cd clients/node && RL_MODULE=$(MODULE) node bench/fastpath.mjs && RL_MODULE=$(MODULE) node bench/sidebyside.mjs
 
 SIDE_VENV := target/bench-venv-sidebyside
 bench-sidebyside: build ## The same FastAPI and Flask apps limited by redis_rl, slowapi / Flask-Limiter and nothing (own virtualenv; BENCH_QUICK=1 shortens)
