@@ -220,6 +220,21 @@ impl Engine {
         }
     }
 
+    /// Whether Redis answers now: a peek (`RL.GCRA … PEEK`, or the fallback's, which changes
+    /// nothing) at a key of its own, bounded by the limiter's timeout. `Ok` with the mode in
+    /// use, or `Err` with why not: Redis did not answer (the failure policy would decide), or
+    /// refused the call.
+    pub async fn redis_health(&self) -> Result<redis_rl_client::Mode, String> {
+        let limit: Limit = redis_rl_client::Gcra::new(1, 1, 1u64)
+            .map_err(|e| e.to_string())?
+            .into();
+        match self.open.check("rl-gateway:healthz", limit).peek().await {
+            Ok(d) if d.degraded => Err("Redis did not answer in time".to_owned()),
+            Ok(_) => self.open.resolved_mode().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// The limiter of a failure policy.
     pub fn limiter(&self, policy: Policy) -> &Limiter {
         match policy {

@@ -1,4 +1,4 @@
-//! A three-master Redis Cluster with the module: descriptors of one request whose keys are
+//! A three-master Redis Cluster, with the module and without it (the Lua fallback): descriptors of one request whose keys are
 //! in several slots are decided slot group by slot group, a later denial refunding what
 //! the earlier groups took.
 
@@ -20,9 +20,18 @@ descriptors:
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn descriptors_across_slots_are_all_or_nothing() {
+async fn descriptors_across_slots_are_all_or_nothing_with_the_module() {
     support::init();
-    let cluster = common::Cluster::start(3);
+    across_slots(common::Cluster::start(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_across_slots_are_all_or_nothing_on_the_fallback() {
+    support::init();
+    across_slots(common::Cluster::start_without_module(3)).await;
+}
+
+async fn across_slots(cluster: common::Cluster) {
     let user_key = "rl-gateway:edge|user|ann|#fixed";
     let plan_key = "rl-gateway:edge|plan|free|#fixed";
     assert_ne!(

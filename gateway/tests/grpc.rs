@@ -10,7 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{ask, desc, desc_hits, request, url, Gateway, Kind, OK, OVER_LIMIT};
+use support::{ask, both_modes, desc, desc_hits, request, url, Gateway, Kind, OK, OVER_LIMIT};
 
 const CONFIG: &str = r#"
 domain: edge
@@ -39,27 +39,6 @@ descriptors:
   - key: logins
     rate_limit: {requests_per_unit: 2, unit: minute, algorithm: log}
 "#;
-
-macro_rules! both_modes {
-    ($($name:ident),* $(,)?) => {
-        mod module {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::support::Kind::Module).await;
-                }
-            )*
-        }
-        mod fallback {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::support::Kind::Fallback).await;
-                }
-            )*
-        }
-    };
-}
 
 both_modes!(
     a_limit_admits_then_denies_with_envoys_fields,

@@ -7,7 +7,7 @@
 mod common;
 mod support;
 
-use support::{header, http_get, url, Gateway, Kind};
+use support::{both_modes, header, http_get, url, Gateway, Kind};
 
 const CONFIG: &str = r#"
 domain: web
@@ -35,9 +35,41 @@ http_rules:
       - [{key: remote_address, from: remote_address}]
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forward_auth_admits_then_denies_with_the_fields() {
-    let server = Kind::Module.server();
+both_modes!(
+    forward_auth_admits_then_denies_with_the_fields,
+    rules_are_chosen_from_the_forwarded_method_path_and_headers,
+    forwarded_for_is_read_only_from_trusted_proxies,
+    redis_down_is_503_for_a_closed_domain_and_200_for_an_open_one,
+    healthz_asks_redis,
+);
+
+async fn healthz_asks_redis(kind: Kind) {
+    let mut server = kind.server();
+    let gw = Gateway::start(&url(&server), CONFIG, &["--redis-timeout-ms", "200"]);
+    let addr = gw.http.unwrap();
+    let mode = match kind {
+        Kind::Module => "module",
+        Kind::Fallback => "fallback",
+    };
+    let (status, _, body) = http_get(addr, "/healthz", &[]).await;
+    assert_eq!(
+        (status, body.trim()),
+        (200, format!("ok: 1 domains, redis: {mode}").as_str())
+    );
+    // The probe changes nothing: the domain's counters are as they were.
+    let (status, hs, _) = http_get(addr, "/auth/web", &[("X-Forwarded-For", "198.51.100.1")]).await;
+    assert_eq!(status, 200);
+    assert!(header(&hs, "ratelimit")
+        .unwrap()
+        .starts_with("\"remote_address\";r=2;"));
+    server.kill();
+    let (status, _, body) = http_get(addr, "/healthz", &[]).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("unhealthy: 1 domains, redis: "), "{body}");
+}
+
+async fn forward_auth_admits_then_denies_with_the_fields(kind: Kind) {
+    let server = kind.server();
     let gw = Gateway::start(&url(&server), CONFIG, &[]);
     let addr = gw.http.unwrap();
     let from = |ip: &'static str| {
@@ -79,9 +111,8 @@ async fn forward_auth_admits_then_denies_with_the_fields() {
     assert_eq!(status, 400);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rules_are_chosen_from_the_forwarded_method_path_and_headers() {
-    let server = Kind::Module.server();
+async fn rules_are_chosen_from_the_forwarded_method_path_and_headers(kind: Kind) {
+    let server = kind.server();
     let gw = Gateway::start(&url(&server), CONFIG, &[]);
     let addr = gw.http.unwrap();
     // POST /login: one per minute per client (nginx's X-Original-* headers).
@@ -113,9 +144,8 @@ async fn rules_are_chosen_from_the_forwarded_method_path_and_headers() {
     assert_eq!((status, body.trim()), (200, "no limit: unknown domain"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forwarded_for_is_read_only_from_trusted_proxies() {
-    let server = Kind::Module.server();
+async fn forwarded_for_is_read_only_from_trusted_proxies(kind: Kind) {
+    let server = kind.server();
     // Loopback is not trusted here: the peer (127.0.0.1) is the client, whatever it says.
     let gw = Gateway::start(&url(&server), CONFIG, &["--trusted-proxy", "10.0.0.0/8"]);
     let addr = gw.http.unwrap();
@@ -133,8 +163,7 @@ async fn forwarded_for_is_read_only_from_trusted_proxies() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_down_is_503_for_a_closed_domain_and_200_for_an_open_one() {
+async fn redis_down_is_503_for_a_closed_domain_and_200_for_an_open_one(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     for (name, policy) in [("open", "open"), ("closed", "closed")] {
         std::fs::write(
@@ -145,7 +174,7 @@ async fn redis_down_is_503_for_a_closed_domain_and_200_for_an_open_one() {
         )
         .unwrap();
     }
-    let mut server = Kind::Module.server();
+    let mut server = kind.server();
     let cfg = dir.path().to_path_buf();
     let gw = Gateway::start_with(&[&url(&server)], &cfg, dir, &["--redis-timeout-ms", "100"]);
     let addr = gw.http.unwrap();

@@ -422,7 +422,8 @@ pub fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> Op
     })
 }
 
-/// A Redis Cluster of `n` masters on loopback, each with the module, joined with
+/// A Redis Cluster of `n` masters on loopback, each with the module (unless started
+/// `without_module`), joined with
 /// `redis-cli --cluster create`; every node is killed on drop.
 pub struct Cluster {
     pub nodes: Vec<Server>,
@@ -430,13 +431,22 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(n: usize) -> Cluster {
+        Cluster::start_nodes(n, true)
+    }
+
+    /// The same cluster with no module loaded on any node (the clients' Lua fallback).
+    pub fn start_without_module(n: usize) -> Cluster {
+        Cluster::start_nodes(n, false)
+    }
+
+    fn start_nodes(n: usize, module: bool) -> Cluster {
         let nodes: Vec<Server> = (0..n)
             .map(|_| {
-                Server::builder()
+                let b = Server::builder()
                     .arg("cluster-enabled", "yes")
                     .arg("cluster-config-file", "nodes.conf")
-                    .arg("cluster-node-timeout", "5000")
-                    .start()
+                    .arg("cluster-node-timeout", "5000");
+                if module { b } else { b.no_module() }.start()
             })
             .collect();
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];

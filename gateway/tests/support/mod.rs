@@ -54,6 +54,32 @@ impl Kind {
     }
 }
 
+/// Defines each named `async fn(Kind)` test twice, in `mod module` and `mod fallback`: on a
+/// server with the module and on one without it (the Lua fallback).
+#[allow(unused_macros)]
+macro_rules! both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Kind::Module).await;
+                }
+            )*
+        }
+        mod fallback {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Kind::Fallback).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both_modes;
+
 pub fn url(server: &Server) -> String {
     format!("redis://127.0.0.1:{}/", server.port)
 }
