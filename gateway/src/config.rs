@@ -527,17 +527,16 @@ impl Config {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         texts.hash(&mut hasher);
         config.fingerprint = hasher.finish();
+        let mut seen: HashMap<String, &str> = HashMap::new();
         for (file, text) in texts {
             let domain = parse_domain(file, text)?;
-            if config.domains.contains_key(&domain.name) {
+            if let Some(first) = seen.get(&domain.name) {
                 return Err(ConfigError::new(
                     file,
-                    format!(
-                        "duplicate domain '{}' (already in another file)",
-                        domain.name
-                    ),
+                    format!("duplicate domain '{}' (already in {first})", domain.name),
                 ));
             }
+            seen.insert(domain.name.clone(), file);
             config.domains.insert(domain.name.clone(), domain);
         }
         Ok(config)
@@ -1229,7 +1228,7 @@ descriptors:
         let e = Config::from_texts(&[("a.yaml", a), ("b.yaml", a)]).unwrap_err();
         assert_eq!(
             e.message(),
-            "b.yaml: duplicate domain 'd' (already in another file)"
+            "b.yaml: duplicate domain 'd' (already in a.yaml)"
         );
     }
 

@@ -229,9 +229,44 @@ impl Engine {
             .map_err(|e| e.to_string())?
             .into();
         match self.open.check("rl-gateway:healthz", limit).peek().await {
-            Ok(d) if d.degraded => Err("Redis did not answer in time".to_owned()),
+            Ok(d) if d.degraded => Err(self.why_unavailable().await),
             Ok(_) => self.open.resolved_mode().await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Why a degraded peek was degraded, in words: a `PING` on the same connection, bounded
+    /// by the same timeout, names the cause (connection refused, a timeout, a loading or
+    /// read-only server, or an error the limiter's mode detection met).
+    async fn why_unavailable(&self) -> String {
+        let ping = redis::cmd("PING");
+        let answer = match self.open.connection() {
+            redis_rl_client::Connection::Single(c) => {
+                let mut c = c.clone();
+                tokio::time::timeout(self.open.timeout(), ping.query_async::<String>(&mut c)).await
+            }
+            redis_rl_client::Connection::Cluster(c) => {
+                let mut c = c.clone();
+                tokio::time::timeout(self.open.timeout(), ping.query_async::<String>(&mut c)).await
+            }
+        };
+        let late = || {
+            format!(
+                "Redis did not answer within {} ms",
+                self.open.timeout().as_millis()
+            )
+        };
+        match answer {
+            Err(_) => late(),
+            // The connection's own response timeout is the same bound.
+            Ok(Err(e)) if e.is_timeout() => late(),
+            Ok(Err(e)) => e.to_string(),
+            // PING answers but the peek did not: the limiter's own call failed (its error
+            // went to the failure policy); its mode detection says why.
+            Ok(Ok(_)) => match self.open.resolved_mode().await {
+                Ok(_) => "Redis answered PING but not the limiter's call".to_owned(),
+                Err(e) => e.to_string(),
+            },
         }
     }
 

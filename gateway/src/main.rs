@@ -69,9 +69,14 @@ fn builder(args: &Args) -> LimiterBuilder {
 async fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal, and never with NO_COLOR set (https://no-color.org): a log
+    // file or a collector gets plain lines.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
     let args = Args::parse();
     if let Err(e) = run(args).await {

@@ -53,26 +53,26 @@ pub fn router(engine: Arc<Engine>, options: WebOptions) -> Router {
 }
 
 /// 200 `ok: N domains, redis: module` (or `fallback`) when Redis answers a peek within the
-/// Redis timeout; 503 `unhealthy: N domains, redis: <why>` when it does not (requests are
+/// Redis timeout; 503 `unhealthy: N domains, redis: <why>` when it does not (`1 domain` for
+/// one) (requests are
 /// then decided by each domain's failure policy), so that a readiness probe takes the
 /// instance out of rotation while it cannot count.
 async fn healthz(State(s): State<AppState>) -> Response {
-    let domains = s.engine.config().domain_names().len();
+    let domains = match s.engine.config().domain_names().len() {
+        1 => "1 domain".to_owned(),
+        n => format!("{n} domains"),
+    };
     match s.engine.redis_health().await {
         Ok(mode) => {
             let mode = match mode {
                 redis_rl_client::Mode::Module => "module",
                 _ => "fallback",
             };
-            (
-                StatusCode::OK,
-                format!("ok: {domains} domains, redis: {mode}\n"),
-            )
-                .into_response()
+            (StatusCode::OK, format!("ok: {domains}, redis: {mode}\n")).into_response()
         }
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("unhealthy: {domains} domains, redis: {why}\n"),
+            format!("unhealthy: {domains}, redis: {why}\n"),
         )
             .into_response(),
     }

@@ -7,6 +7,7 @@
 mod common;
 mod support;
 
+use std::time::Duration;
 use support::{both_modes, header, http_get, url, Gateway, Kind};
 
 const CONFIG: &str = r#"
@@ -54,7 +55,7 @@ async fn healthz_asks_redis(kind: Kind) {
     let (status, _, body) = http_get(addr, "/healthz", &[]).await;
     assert_eq!(
         (status, body.trim()),
-        (200, format!("ok: 1 domains, redis: {mode}").as_str())
+        (200, format!("ok: 1 domain, redis: {mode}").as_str())
     );
     // The probe changes nothing: the domain's counters are as they were.
     let (status, hs, _) = http_get(addr, "/auth/web", &[("X-Forwarded-For", "198.51.100.1")]).await;
@@ -62,10 +63,44 @@ async fn healthz_asks_redis(kind: Kind) {
     assert!(header(&hs, "ratelimit")
         .unwrap()
         .starts_with("\"remote_address\";r=2;"));
+    // Paused, Redis does not answer within the timeout; the body says so.
+    let pid = server.pid().unwrap().to_string();
+    signal("-STOP", &pid);
+    let (status, _, body) = http_get(addr, "/healthz", &[]).await;
+    signal("-CONT", &pid);
+    assert_eq!(
+        (status, body.trim()),
+        (
+            503,
+            "unhealthy: 1 domain, redis: Redis did not answer within 200 ms"
+        )
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, body) = http_get(addr, "/healthz", &[]).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Stopped, the body names the connection's error, not a timeout.
     server.kill();
     let (status, _, body) = http_get(addr, "/healthz", &[]).await;
     assert_eq!(status, 503, "{body}");
-    assert!(body.starts_with("unhealthy: 1 domains, redis: "), "{body}");
+    assert!(body.starts_with("unhealthy: 1 domain, redis: "), "{body}");
+    assert!(!body.contains("did not answer"), "{body}");
+}
+
+fn signal(which: &str, pid: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, pid])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {which} {pid}");
 }
 
 async fn forward_auth_admits_then_denies_with_the_fields(kind: Kind) {

@@ -758,6 +758,11 @@ impl Limiter {
         self.inner.health.closed_retry_after
     }
 
+    /// The bound on every Redis call ([`LimiterBuilder::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
     /// The connection this limiter talks through.
     pub fn connection(&self) -> &Connection {
         &self.inner.conn
