@@ -58,6 +58,7 @@ const asyncDispose: typeof Symbol.asyncDispose =
 export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
   private lostError: LeaseLostError | undefined;
   private released = false;
+  private releasing: Promise<Refunded> | undefined;
   private lastRenewed = Date.now();
   private timer: NodeJS.Timeout | undefined;
   private readonly every: number;
@@ -148,20 +149,25 @@ export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
   }
 
   /**
-   * Stops the renewals and frees the slots (RL.RELEASE); harmless twice. When the lease was
+   * Stops the renewals and frees the slots (RL.RELEASE); harmless twice: a second call
+   * answers as the first did (the same result or rejection) without a call. When the lease was
    * lost while held it rejects with the LeaseLostError (after releasing what may still be
    * held).
    */
-  async release(): Promise<Refunded> {
-    const first = !this.released;
+  release(): Promise<Refunded> {
+    this.releasing ??= this.releaseOnce();
+    return this.releasing;
+  }
+
+  private async releaseOnce(): Promise<Refunded> {
     this.released = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
     let r: Refunded = Object.freeze({ refunded: 0, remaining: 0, resetAfterMs: 0, degraded: true });
     let err: unknown;
-    if (first && this.decision.degraded && !this.decision.blind && this.limiter.local) {
+    if (this.decision.degraded && !this.decision.blind && this.limiter.local) {
       r = this.limiter.releaseLocally(this.key, this.token); // the "local" policy's lease: held in memory
-    } else if (first && !this.decision.degraded) {
+    } else if (!this.decision.degraded) {
       try {
         r = await this.limiter.release(this.key.slice(this.limiter.prefix.length), this.token);
       } catch (e) {

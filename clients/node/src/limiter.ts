@@ -24,7 +24,17 @@ import {
   type Decision,
   type Refunded,
 } from "./decision.js";
-import { GCRA, Lease, Window, checkToken, isLimit, toCount, type Limit, MAX_SECONDS } from "./limits.js";
+import {
+  GCRA,
+  Lease,
+  Window,
+  checkToken,
+  countError,
+  isLimit,
+  toCount,
+  type Limit,
+  MAX_SECONDS,
+} from "./limits.js";
 import { LIBRARY_NAME, LIBRARY_VERSION, LUA_LIBRARY_TEXT, SCRIPT_SHA, SCRIPT_TEXT } from "./lua.js";
 import {
   Counters,
@@ -204,9 +214,33 @@ interface Entry {
   token: string | undefined;
 }
 
+/**
+ * The combinations the module refuses (docs/reference.md#r-force-3), refused here before any
+ * call so that every mode (module, fallback, memory) answers them alike, with its messages.
+ */
+function refuseConflicts(limit: Limit, peek: boolean, force: boolean, maxWait: boolean): void {
+  if (!force) return;
+  if (peek) throw usage("FORCE cannot be used with PEEK: FORCE records usage, PEEK records nothing");
+  if (maxWait) {
+    throw usage(
+      "FORCE cannot be used with MAXWAIT: FORCE records usage that already happened, MAXWAIT reserves a later start",
+    );
+  }
+  if (limit instanceof Lease) {
+    throw usage(
+      "FORCE cannot be used on a LEASE limit: its slots are taken with RL.LEASE and given back with RL.RELEASE",
+    );
+  }
+  if (limit instanceof Window && limit.algorithm === "LOG") {
+    throw usage(
+      "FORCE cannot be used with LOG: a LOG records each admitted request and never holds more than its limit; use FIXED or SLIDING to record usage after the fact",
+    );
+  }
+}
+
 function cost(v: unknown, name: string): bigint {
   const n = toCount(v);
-  if (n === undefined) throw invalid(`${name} must be a non-negative integer`);
+  if (n === undefined) throw countError(v, name, "non-negative");
   return n;
 }
 
@@ -355,10 +389,12 @@ export class RateLimiter {
     const wait = options.maxWaitMs;
     if (wait !== undefined) {
       if (!(limit instanceof GCRA)) throw usage("maxWaitMs (MAXWAIT) is offered by GCRA limits only");
-      if (typeof wait !== "number" || !Number.isFinite(wait) || wait < 0) {
-        throw usage("maxWaitMs must be a non-negative number of milliseconds");
+      // MAXWAIT is whole milliseconds (docs/reference.md#r-arg-2): a fraction is refused, not rounded.
+      if (typeof wait !== "number" || !Number.isSafeInteger(wait) || wait < 0) {
+        throw usage("maxWaitMs must be a whole, non-negative number of milliseconds (a safe integer)");
       }
     }
+    refuseConflicts(limit, options.peek === true, options.force === true, wait !== undefined);
     const full = this.fullKey(key);
     checkSignal(options.signal);
     // A request larger than the limit goes to Redis, which answers never (HTTP 413).
@@ -415,6 +451,7 @@ export class RateLimiter {
     const list = this.entries(entries);
     const c = options.cost === undefined ? 1n : cost(options.cost, "cost");
     checkSignal(options.signal);
+    for (const e of list) refuseConflicts(e.limit, options.peek === true, options.force === true, false);
     const o = { cost: c, peek: options.peek === true, force: options.force === true, signal: options.signal };
     if (options.acrossSlots === true && this.transport.cluster) {
       const groups = slotGroups(list.map((e) => e.full));

@@ -16,10 +16,22 @@ export type Count = number | bigint;
 /** A window algorithm of RL.WINDOW. */
 export type Algorithm = "FIXED" | "SLIDING" | "LOG";
 
-function secondsError(name: string) {
+function spanError(name: string) {
   return invalid(
-    `${name} must be seconds as a plain decimal (digits, optionally '.' and 1 to 9 more digits), > 0 and <= ${MAX_SECONDS}`,
+    `${name}Ms must be a number of milliseconds (to the nanosecond), > 0 and <= ${MAX_SECONDS * 1000} (${MAX_SECONDS} s)`,
   );
+}
+
+/**
+ * Why `v` is not a count for `name`: a number beyond 2^53 - 1 (which a number cannot hold
+ * exactly), a bigint beyond 2^64 - 1, or not an integer of the right sign at all.
+ */
+export function countError(v: unknown, name: string, what: "positive" | "non-negative") {
+  if (typeof v === "number" && Number.isInteger(v) && v > Number.MAX_SAFE_INTEGER) {
+    return invalid(`${name} must be a safe integer (at most 2^53 - 1) or a bigint, not ${v}`);
+  }
+  if (typeof v === "bigint" && v > U64_MAX) return invalid(`${name} must be at most 2^64 - 1`);
+  return invalid(`${name} must be a ${what} integer`);
 }
 
 /** A count as a bigint, or undefined when it is not an integer in 0 .. 2^64-1. */
@@ -31,7 +43,7 @@ export function toCount(v: unknown): bigint | undefined {
 
 function positive(v: unknown, name: string): bigint {
   const n = toCount(v);
-  if (n === undefined || n === 0n) throw invalid(`${name} must be a positive integer`);
+  if (n === undefined || n === 0n) throw countError(v, name, "positive");
   return n;
 }
 
@@ -44,7 +56,7 @@ export function msToNs(ms: number): bigint | undefined {
 
 function span(ms: unknown, name: string): bigint {
   const ns = typeof ms === "number" ? msToNs(ms) : undefined;
-  if (ns === undefined || ns <= 0n || ns > MAX_NS) throw secondsError(name);
+  if (ns === undefined || ns <= 0n || ns > MAX_NS) throw spanError(name);
   return ns;
 }
 

@@ -107,6 +107,37 @@ for (const mode of ["module", "fallback"] as const) {
         );
       });
 
+      test("options the module refuses are refused before any call, in every mode", async () => {
+        const g = new GCRA({ burst: 1, rate: 1, periodMs: 60_000 });
+        const log = new Window({ limit: 5, windowMs: 1000, algorithm: "LOG" });
+        const lease = new Lease({ limit: 1, leaseMs: 1000 });
+        const calls = limiter.counters.redisCalls;
+        const cases: [() => Promise<unknown>, RegExp][] = [
+          [() => limiter.check("o", g, { maxWaitMs: 0.5 }), /^maxWaitMs must be a whole/],
+          [() => limiter.check("o", g, { maxWaitMs: 1e20 }), /^maxWaitMs must be a whole/],
+          [() => limiter.check("o", g, { maxWaitMs: -1 }), /^maxWaitMs must be a whole/],
+          [() => limiter.check("o", g, { peek: true, force: true }), /^FORCE cannot be used with PEEK/],
+          [() => limiter.check("o", g, { maxWaitMs: 5, force: true }), /^FORCE cannot be used with MAXWAIT/],
+          [() => limiter.check("o", log, { force: true }), /^FORCE cannot be used with LOG/],
+          [() => limiter.checkAll({ a: g, b: log }, { force: true }), /^FORCE cannot be used with LOG/],
+          [
+            () => limiter.checkAll({ a: g, b: { limit: lease, token: "t" } }, { force: true }),
+            /^FORCE cannot be used on a LEASE limit/,
+          ],
+          [() => limiter.check("o", g, { cost: 2 ** 60 }), /^cost must be a safe integer/],
+        ];
+        for (const [f, message] of cases) {
+          await assert.rejects(f, (e: unknown) => {
+            assert.ok(e instanceof RateLimitConfigError, String(e));
+            assert.match(e.message, message);
+            return true;
+          });
+        }
+        assert.equal(limiter.counters.redisCalls, calls);
+        // The largest whole wait is sent as digits.
+        assert.equal((await limiter.check("o", g, { maxWaitMs: Number.MAX_SAFE_INTEGER })).allowed, true);
+      });
+
       test("checkAll is atomic and reports each key", async () => {
         const rpm = new Window({ limit: 10, windowMs: 60_000 });
         const tight = new GCRA({ burst: 1, rate: 1, periodMs: 60_000 });
@@ -240,7 +271,10 @@ for (const mode of ["module", "fallback"] as const) {
         const r = await a.release();
         assert.equal(r.refunded, 1);
         assert.equal(a.lost, undefined);
-        await a.release(); // harmless twice
+        // Harmless twice: the second answers as the first did, without a call.
+        const calls = limiter.counters.redisCalls;
+        assert.deepEqual(await a.release(), r);
+        assert.equal(limiter.counters.redisCalls, calls);
         const b = await limiter.acquire("lease", l);
         await b.release();
       });

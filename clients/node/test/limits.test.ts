@@ -15,7 +15,7 @@ function throwsLimit(f: () => unknown, message: string | RegExp, code = "ERR_RL_
 }
 
 const SECONDS = (n: string) =>
-  `${n} must be seconds as a plain decimal (digits, optionally '.' and 1 to 9 more digits), > 0 and <= 315360000`;
+  `${n}Ms must be a number of milliseconds (to the nanosecond), > 0 and <= 315360000000 (315360000 s)`;
 
 test("limits are validated when built, with the module's messages", () => {
   const cases: [() => unknown, string][] = [
@@ -33,7 +33,12 @@ test("limits are validated when built, with the module's messages", () => {
       () => new GCRA({ burst: 2n ** 63n, rate: 1, periodMs: 1000 }),
       "burst is too large: burst * period / rate overflows 64-bit nanoseconds",
     ],
-    [() => new GCRA({ burst: 2n ** 64n, rate: 1, periodMs: 1000 }), "burst must be a positive integer"],
+    [() => new GCRA({ burst: 2n ** 64n, rate: 1, periodMs: 1000 }), "burst must be at most 2^64 - 1"],
+    [
+      () => new GCRA({ burst: 2 ** 53, rate: 1, periodMs: 1000 }),
+      "burst must be a safe integer (at most 2^53 - 1) or a bigint, not 9007199254740992",
+    ],
+    [() => new GCRA({ burst: 1, rate: 1, periodMs: 1e300 }), SECONDS("period")],
     [() => new Window({ limit: 0, windowMs: 1000 }), "limit must be a positive integer"],
     [() => new Window({ limit: 1, windowMs: -5 }), SECONDS("window")],
     [

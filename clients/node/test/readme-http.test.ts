@@ -4,8 +4,9 @@
 // against a real redis-server, asked over HTTP, stopped by its PID.
 import { describe, test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { readFileSync, writeFileSync, rmSync } from "node:fs";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { readFileSync, writeFileSync, rmSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Server, freePort } from "./harness.js";
 import { send, until } from "./http-helpers.js";
@@ -31,6 +32,29 @@ describe("README: the HTTP examples", () => {
 
   const blocks = examples();
   test("the section has its three examples", () => assert.equal(blocks.length, 3));
+
+  // A TypeScript user pastes them too: the express and fastify examples type-check under
+  // --strict as ES modules against the built package's types. (The third is
+  // express-rate-limit's own req.rateLimit, which that package types, as the README says.)
+  test("the express and fastify examples type-check (tsc --strict)", () => {
+    const dir = `${pkg}build/readme-ts`;
+    mkdirSync(dir, { recursive: true });
+    const files = blocks.slice(0, 2).map((code, i) => {
+      const file = join(dir, `example-${i + 1}.mts`);
+      writeFileSync(file, code);
+      return file;
+    });
+    const tsc = join(pkg, "node_modules", "typescript", "bin", "tsc");
+    const flags = ["--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext"];
+    flags.push("--target", "es2022", "--types", "node");
+    try {
+      execFileSync("node", [tsc, ...flags, ...files], { cwd: pkg, encoding: "utf8" });
+    } catch (e) {
+      assert.fail(String((e as { stdout?: string }).stdout));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
   blocks.forEach((code, i) => {
     test(`example ${i + 1} serves /api/hello with the RateLimit fields`, async () => {
       const file = `${pkg}build/readme-http-${i + 1}.mjs`;
