@@ -1,5 +1,5 @@
 // The limiter against a real redis-server with the module (module mode) and without it (the
-// Lua fallback), through ioredis, node-redis (v5) and node-redis v4: the same replies either way.
+// Lua fallback), through ioredis (6 and 5) and node-redis (6, 5 and 4): the same replies either way.
 import { describe, test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import {
@@ -14,7 +14,7 @@ import {
   parseLimits,
   type LeaseHandle,
 } from "../src/index.js";
-import { Server, LIBS, limiterFor, uniquePrefix } from "./harness.js";
+import { Server, LIBS, OLDER_LIBS, limiterFor, uniquePrefix } from "./harness.js";
 
 const servers: Record<"module" | "fallback", Server> = {
   module: new Server(true),
@@ -32,7 +32,7 @@ after(async () => {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 for (const mode of ["module", "fallback"] as const) {
-  for (const lib of [...LIBS, "node-redis-v4"] as const) {
+  for (const lib of [...LIBS, ...OLDER_LIBS] as const) {
     describe(`${mode} via ${lib}`, () => {
       let limiter: RateLimiter;
       let close: () => Promise<void>;

@@ -23,6 +23,8 @@ import { fileURLToPath } from "node:url";
 import { Redis, Cluster } from "ioredis";
 import { createClient, createCluster } from "redis";
 import { createClient as createClientV4 } from "redis-v4";
+import { createClient as createClientV5 } from "redis-v5";
+import { Redis as RedisV5 } from "ioredis-v5";
 import { RateLimiter, type RateLimiterOptions } from "../src/index.js";
 
 const ROOT = fileURLToPath(new URL("../../../..", import.meta.url)); // build/test -> repository
@@ -173,8 +175,13 @@ export class Server {
   }
 }
 
-export type Lib = "ioredis" | "node-redis" | "node-redis-v4";
-/** The client libraries every test runs on (node-redis v4 on one server: the behaviour suite). */
+export type Lib = "ioredis" | "node-redis" | "node-redis-v4" | "node-redis-v5" | "ioredis-v5";
+/** The older majors the behaviour suite also runs on (one server). */
+export const OLDER_LIBS = ["ioredis-v5", "node-redis-v5", "node-redis-v4"] as const;
+/**
+ * The client libraries every test runs on, at their current majors (ioredis 6, node-redis 6;
+ * the older majors on one server: the behaviour suite).
+ */
 export const LIBS: ("ioredis" | "node-redis")[] = ["ioredis", "node-redis"];
 
 /** A client of the server for lib, and how to close it. */
@@ -182,10 +189,17 @@ export async function clientFor(
   lib: Lib,
   port: number,
 ): Promise<{ client: unknown; close: () => Promise<void> }> {
-  if (lib === "ioredis") {
-    const c = new Redis({ port, host: "127.0.0.1", lazyConnect: false, maxRetriesPerRequest: 1 });
+  if (lib === "ioredis" || lib === "ioredis-v5") {
+    const options = { port, host: "127.0.0.1", lazyConnect: false, maxRetriesPerRequest: 1 };
+    const c = lib === "ioredis" ? new Redis(options) : new RedisV5(options);
     c.on("error", () => {});
     return { client: c, close: async () => void c.disconnect() };
+  }
+  if (lib === "node-redis-v5") {
+    const c = createClientV5({ socket: { port, host: "127.0.0.1", reconnectStrategy: () => 50 } });
+    c.on("error", () => {});
+    await c.connect();
+    return { client: c, close: async () => void c.destroy() };
   }
   if (lib === "node-redis-v4") {
     const c = createClientV4({ socket: { port, host: "127.0.0.1", reconnectStrategy: () => 50 } });
