@@ -239,15 +239,15 @@ impl Engine {
     /// by the same timeout, names the cause (connection refused, a timeout, a loading or
     /// read-only server, or an error the limiter's mode detection met).
     async fn why_unavailable(&self) -> String {
-        let ping = redis::cmd("PING");
+        async fn ping(mut c: impl redis::aio::ConnectionLike) -> redis::RedisResult<String> {
+            redis::cmd("PING").query_async(&mut c).await
+        }
         let answer = match self.open.connection() {
             redis_rl_client::Connection::Single(c) => {
-                let mut c = c.clone();
-                tokio::time::timeout(self.open.timeout(), ping.query_async::<String>(&mut c)).await
+                tokio::time::timeout(self.open.timeout(), ping(c.clone())).await
             }
             redis_rl_client::Connection::Cluster(c) => {
-                let mut c = c.clone();
-                tokio::time::timeout(self.open.timeout(), ping.query_async::<String>(&mut c)).await
+                tokio::time::timeout(self.open.timeout(), ping(c.clone())).await
             }
         };
         let late = || {

@@ -52,11 +52,10 @@ pub fn router(engine: Arc<Engine>, options: WebOptions) -> Router {
         })
 }
 
-/// 200 `ok: N domains, redis: module` (or `fallback`) when Redis answers a peek within the
-/// Redis timeout; 503 `unhealthy: N domains, redis: <why>` when it does not (`1 domain` for
-/// one) (requests are
-/// then decided by each domain's failure policy), so that a readiness probe takes the
-/// instance out of rotation while it cannot count.
+/// 200 `ok: N domains, redis: module` (or `fallback`; `1 domain` for one) when Redis answers
+/// a peek within the Redis timeout; 503 `unhealthy: N domains, redis: <why>` when it does not
+/// (requests are then decided by each domain's failure policy), so that a readiness probe
+/// takes the instance out of rotation while it cannot count.
 async fn healthz(State(s): State<AppState>) -> Response {
     let domains = match s.engine.config().domain_names().len() {
         1 => "1 domain".to_owned(),
