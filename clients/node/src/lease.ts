@@ -57,7 +57,7 @@ const asyncDispose: typeof Symbol.asyncDispose =
  */
 export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
   private lostError: LeaseLostError | undefined;
-  private released = false;
+  /** The release, once asked for (a second call answers with it). */
   private releasing: Promise<Refunded> | undefined;
   private lastRenewed = Date.now();
   private timer: NodeJS.Timeout | undefined;
@@ -148,6 +148,10 @@ export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
     return d;
   }
 
+  private get released(): boolean {
+    return this.releasing !== undefined;
+  }
+
   /**
    * Stops the renewals and frees the slots (RL.RELEASE); harmless twice: a second call
    * answers as the first did (the same result or rejection) without a call. When the lease was
@@ -160,7 +164,6 @@ export class LeaseHandle extends EventEmitter<{ lost: [LeaseLostError] }> {
   }
 
   private async releaseOnce(): Promise<Refunded> {
-    this.released = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
     let r: Refunded = Object.freeze({ refunded: 0, remaining: 0, resetAfterMs: 0, degraded: true });

@@ -451,7 +451,8 @@ export class RateLimiter {
     const list = this.entries(entries);
     const c = options.cost === undefined ? 1n : cost(options.cost, "cost");
     checkSignal(options.signal);
-    for (const e of list) refuseConflicts(e.limit, options.peek === true, options.force === true, false);
+    if (options.force === true)
+      for (const e of list) refuseConflicts(e.limit, options.peek === true, true, false);
     const o = { cost: c, peek: options.peek === true, force: options.force === true, signal: options.signal };
     if (options.acrossSlots === true && this.transport.cluster) {
       const groups = slotGroups(list.map((e) => e.full));
